@@ -1,0 +1,78 @@
+"""Shared DRF pieces: the principal permission and the exception handler that turns domain
+errors into clear 4xx responses (never a 500 for bad input)."""
+
+from __future__ import annotations
+
+from rest_framework import status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from apps.accounts.principal import NoMembership, Principal, principal_for_user
+
+
+class DomainError(Exception):
+    """Base of errors a service raises for a caller's mistake or a lost race.
+
+    ``http_status`` is the status the API answers with; ``code`` a stable machine-readable code.
+    """
+
+    http_status = 400
+    code = "bad_request"
+
+    def __init__(self, detail: str, **extra):
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class Conflict(DomainError):
+    http_status = 409
+    code = "conflict"
+
+
+class Unprocessable(DomainError):
+    http_status = 422
+    code = "unprocessable"
+
+
+class NotFound(DomainError):
+    http_status = 404
+    code = "not_found"
+
+
+class Forbidden(DomainError):
+    http_status = 403
+    code = "forbidden"
+
+
+def request_principal(request) -> Principal:
+    """The principal of an authenticated DRF/Django request; 403 when it has no tenant."""
+    try:
+        return principal_for_user(request.user)
+    except NoMembership as exc:
+        raise PermissionDenied("you are not a member of any tenant") from exc
+
+
+class HasPrincipal(BasePermission):
+    """Authenticated and a member of a tenant."""
+
+    def has_permission(self, request, view) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        request_principal(request)
+        return True
+
+
+def exception_handler(exc, context):
+    """DRF exception handler: domain errors become ``{"error": code, "detail": ...}``."""
+    if isinstance(exc, DomainError):
+        body = {"error": exc.code, "detail": exc.detail, **exc.extra}
+        return Response(body, status=exc.http_status)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if response.status_code == status.HTTP_500_INTERNAL_SERVER_ERROR:  # pragma: no cover
+        response.data = {"error": "internal"}
+    return response

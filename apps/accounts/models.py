@@ -1,0 +1,56 @@
+"""Tenants, memberships and roles (DESIGN.md §3 ``accounts``; spec §16.1: identity and
+permissions come from the authenticated principal, never from natural language)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+
+class AccessScope(models.TextChoices):
+    """Knowledge access scopes (DESIGN.md §9)."""
+
+    PUBLIC = "public", "Public"
+    TIER2 = "tier2", "Tier 2"
+    SECURITY = "security", "Security"
+
+
+class Role(models.TextChoices):
+    REQUESTER = "requester", "Requester"
+    APPROVER = "approver", "Approver"
+    ADMIN = "admin", "Admin"
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+def _default_scopes() -> list[str]:
+    return [AccessScope.PUBLIC]
+
+
+class Membership(models.Model):
+    """A user's role in one tenant, and the knowledge scopes that role may read."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    scopes = ArrayField(models.CharField(max_length=32, choices=AccessScope.choices), default=_default_scopes)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant_uniq")]
+        ordering = ["tenant", "user"]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"

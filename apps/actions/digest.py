@@ -1,0 +1,31 @@
+"""Canonical digests (DESIGN.md §6): ``h(a)`` = SHA-256 of the RFC 8785 canonical JSON of
+(tool, tool version, parameters)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import rfc8785
+
+
+def canonical_json(value) -> bytes:
+    """RFC 8785 (JCS) canonical bytes of a JSON-compatible value. Raises ``rfc8785`` errors for
+    values JSON cannot carry (NaN, non-string keys, integers beyond 2**53)."""
+    return rfc8785.dumps(value)
+
+
+def sha256_json(value) -> str:
+    """Hex SHA-256 of :func:`canonical_json` of ``value``."""
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def action_digest(*, tool: str, tool_version: str, params: dict) -> str:
+    """h(a): hex SHA-256 of the canonical JSON of ``{"tool", "tool_version", "params"}``."""
+    return sha256_json({"tool": tool, "tool_version": tool_version, "params": params})
+
+
+def idempotency_key(*, tenant_slug: str, tool: str, task_id: str, digest: str) -> str:
+    """k_a: stable for one logical action — scoped by tenant and operation, derived from the
+    task and h(a), so every retry, restart and re-dispatch of the same action uses the same key."""
+    inner = hashlib.sha256(f"{task_id}:{digest}".encode()).hexdigest()[:32]
+    return f"{tenant_slug}:{tool}:{inner}"

@@ -1,0 +1,79 @@
+"""Action identity and attempts (DESIGN.md §6; spec table 16.2 "动作": action id, tool version,
+parameter digest, idempotency key, status, receipt; one key per logical action, attempts counted
+separately)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class ActionStatus(models.TextChoices):
+    INTENDED = "INTENDED", "Intended"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    UNKNOWN = "UNKNOWN", "Outcome unknown"
+    NOT_SENT = "NOT_SENT", "Not sent"
+
+
+class Action(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="actions")
+    task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="actions")
+    tool = models.CharField(max_length=64)
+    tool_version = models.CharField(max_length=16)
+    params = models.JSONField()
+    params_digest = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=ActionStatus.choices, default=ActionStatus.INTENDED)
+    approval = models.ForeignKey(
+        "approvals.ApprovalRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="actions"
+    )
+    object_version = models.PositiveIntegerField(help_text="V_o the action was authorized against")
+    reservation = models.PositiveIntegerField(default=0)
+    receipt = models.JSONField(null=True, blank=True)
+    external_id = models.CharField(max_length=100, blank=True)
+    external_version = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="action_tenant_key_uniq"),
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.tool} {self.idempotency_key} {self.status}"
+
+
+class AttemptOutcome(models.TextChoices):
+    IN_FLIGHT = "IN_FLIGHT", "In flight"
+    RECEIPT = "RECEIPT", "Receipt"
+    FAILED = "FAILED", "Failed"
+    RETRYABLE = "RETRYABLE", "Retryable failure"
+    UNKNOWN = "UNKNOWN", "Unknown"
+    SKIPPED = "SKIPPED", "Not sent"
+
+
+class ActionAttempt(models.Model):
+    """One try at sending an action. Written *before* the request goes out, so a crash mid-call
+    leaves an ``IN_FLIGHT`` attempt that the reconciler treats as unknown."""
+
+    action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    fencing_token = models.PositiveIntegerField()
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.IN_FLIGHT)
+    error = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["action", "number"], name="attempt_action_number_uniq")]
+        ordering = ["action", "number"]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.action_id}: {self.outcome}"

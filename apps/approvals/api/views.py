@@ -1,0 +1,82 @@
+"""Approval API (DESIGN.md §7): the queue and decisions. Concurrent decisions: one wins, the
+others get 409 with the current decision."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.api import HasPrincipal, NotFound, request_principal
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.approvals.selectors import approval_get, approval_list
+from apps.approvals.services import approval_decide
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    task_id = serializers.UUIDField(source="task.id")
+    device = serializers.CharField(source="task.device.asset_tag")
+    requested_by = serializers.CharField(source="requested_by.username")
+    decided_by = serializers.CharField(source="decided_by.username", allow_null=True, default=None)
+
+    class Meta:
+        model = ApprovalRequest
+        fields = [
+            "id", "task_id", "device", "tool", "tool_version", "params", "action_digest", "object_type", "object_id",
+            "object_version", "policy_version", "scope", "side_effects", "evidence", "expires_at", "status",
+            "requested_by", "decided_by", "decided_at", "reason", "created_at",
+        ]
+
+
+class DecisionSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class ApprovalListApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(responses=ApprovalSerializer(many=True))
+    def get(self, request):
+        status = request.query_params.get("status")
+        if status and status not in ApprovalStatus.values:
+            status = None
+        qs = approval_list(principal=request_principal(request), status=status)
+        if task_id := request.query_params.get("task"):
+            qs = qs.filter(task_id=task_id) if _is_uuid(task_id) else qs.none()
+        return Response(ApprovalSerializer(qs[:100], many=True).data)
+
+
+class ApprovalDetailApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(responses=ApprovalSerializer)
+    def get(self, request, approval_id):
+        approval = approval_get(principal=request_principal(request), approval_id=approval_id)
+        if approval is None:
+            raise NotFound("approval not found")
+        return Response(ApprovalSerializer(approval).data)
+
+
+class ApprovalDecisionApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(request=DecisionSerializer, responses={200: ApprovalSerializer})
+    def post(self, request, approval_id):
+        ser = DecisionSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        approval = approval_decide(principal=request_principal(request), approval_id=approval_id,
+                                   **ser.validated_data)
+        approval.refresh_from_db()
+        return Response(ApprovalSerializer(approval).data)
+
+
+def _is_uuid(value: str) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True

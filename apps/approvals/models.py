@@ -1,0 +1,68 @@
+"""Approval policy and approval requests (DESIGN.md §7; spec §16.6, table 16.2 "审批": action
+digest, object version, approver, scope, expiry — never reused for changed parameters or object)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class ApprovalPolicy(models.Model):
+    """A tenant's approval policy; ``version`` is V_p. ``rules`` maps a tool name to
+    ``{"requires_approval": bool, "ttl_minutes": int}``. The highest active version applies."""
+
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.CASCADE, related_name="approval_policies")
+    version = models.PositiveIntegerField()
+    rules = models.JSONField()
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "version"], name="policy_tenant_version_uniq")]
+        ordering = ["tenant", "-version"]
+
+    def __str__(self) -> str:
+        return f"policy v{self.version} of {self.tenant}"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "PENDING", "Pending"
+    APPROVED = "APPROVED", "Approved"
+    REJECTED = "REJECTED", "Rejected"
+    EXPIRED = "EXPIRED", "Expired"
+    INVALIDATED = "INVALIDATED", "Invalidated"
+
+
+class ApprovalRequest(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="approvals")
+    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="approvals")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    tool = models.CharField(max_length=64)
+    tool_version = models.CharField(max_length=16)
+    params = models.JSONField()
+    action_digest = models.CharField(max_length=64, help_text="h(a) the approval binds")
+    object_type = models.CharField(max_length=32)
+    object_id = models.CharField(max_length=64)
+    object_version = models.PositiveIntegerField(help_text="V_o the approval binds")
+    policy_version = models.PositiveIntegerField(help_text="V_p the approval was asked under")
+    scope = models.CharField(max_length=200, help_text="tenant:tool:object the approval covers")
+    side_effects = models.TextField()
+    evidence = models.JSONField(default=list)
+    expires_at = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "status", "created_at"], name="approval_queue_idx")]
+
+    def __str__(self) -> str:
+        return f"approval {self.id} {self.tool} {self.status}"

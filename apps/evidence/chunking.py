@@ -1,0 +1,145 @@
+"""Structure-aware chunking of Markdown, HTML and plain text (DESIGN.md §9).
+
+A chunk keeps its location: the section heading path it lies under and its character offsets in
+the normalised document text, so that a citation can say "document, version, section".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from html.parser import HTMLParser
+
+MAX_CHUNK_CHARS = 1200
+
+_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """One chunk before embedding: ``section`` is the heading path ("Title › Section")."""
+
+    ordinal: int
+    section: str
+    start: int
+    end: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ParsedDocument:
+    title: str
+    text: str
+    chunks: list[ChunkSpec]
+
+
+def _split_long(start: int, body: str) -> list[tuple[int, str]]:
+    """Split ``body`` (starting at absolute offset ``start``) at paragraph breaks so that no piece
+    exceeds :data:`MAX_CHUNK_CHARS` (a single longer paragraph stays whole)."""
+    pieces: list[tuple[int, str]] = []
+    cur_start, cur = start, ""
+    pos = start
+    for para in re.split(r"(\n\s*\n)", body):
+        if cur and len(cur) + len(para) > MAX_CHUNK_CHARS and para.strip():
+            pieces.append((cur_start, cur))
+            cur_start, cur = pos, ""
+        cur += para
+        pos += len(para)
+    if cur.strip():
+        pieces.append((cur_start, cur))
+    return pieces
+
+
+def chunk_markdown(text: str, *, fallback_title: str) -> ParsedDocument:
+    """Chunk Markdown along its headings. The first H1 is the title; each ``##``/``###`` section
+    (with its heading line) becomes one chunk, split further at paragraphs when long."""
+    text = text.replace("\r\n", "\n")
+    headings = list(_HEADING.finditer(text))
+    title = fallback_title
+    for m in headings:
+        if len(m.group(1)) == 1:
+            title = m.group(2).strip()
+            break
+    bounds = [m.start() for m in headings if len(m.group(1)) >= 2]
+    starts = [0, *bounds]
+    ends = [*bounds, len(text)]
+    specs: list[ChunkSpec] = []
+    for s, e in zip(starts, ends, strict=True):
+        body = text[s:e]
+        if not body.strip():
+            continue
+        m = _HEADING.match(text, s)
+        section = m.group(2).strip() if m and len(m.group(1)) >= 2 else "Summary"
+        for piece_start, piece in _split_long(s, body):
+            stripped = piece.strip()
+            if not stripped:
+                continue
+            lead = len(piece) - len(piece.lstrip())
+            specs.append(
+                ChunkSpec(
+                    ordinal=len(specs),
+                    section=section,
+                    start=piece_start + lead,
+                    end=piece_start + lead + len(stripped),
+                    text=stripped,
+                )
+            )
+    return ParsedDocument(title=title, text=text, chunks=specs)
+
+
+class _HTMLToMarkdown(HTMLParser):
+    """Minimal HTML → Markdown-ish text: headings become ``#`` lines, block tags break lines,
+    script/style are dropped."""
+
+    _BLOCK = {"p", "div", "li", "tr", "br", "section", "article", "pre", "table", "ul", "ol"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.out: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style"):
+            self._skip += 1
+        elif re.fullmatch(r"h[1-6]", tag):
+            self.out.append("\n\n" + "#" * int(tag[1]) + " ")
+        elif tag in self._BLOCK:
+            self.out.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style"):
+            self._skip = max(0, self._skip - 1)
+        elif re.fullmatch(r"h[1-6]", tag):
+            self.out.append("\n\n")
+        elif tag in self._BLOCK:
+            self.out.append("\n")
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.out.append(data)
+
+
+def html_to_markdown(html: str) -> str:
+    parser = _HTMLToMarkdown()
+    parser.feed(html)
+    text = "".join(parser.out)
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+
+
+def parse_document(name: str, raw: str) -> ParsedDocument:
+    """Parse a file's text by its extension (``.md``, ``.html``/``.htm``, ``.txt``)."""
+    stem = re.sub(r"[-_]+", " ", name.rsplit("/", 1)[-1].rsplit(".", 1)[0]).strip().capitalize()
+    lower = name.lower()
+    if lower.endswith((".html", ".htm")):
+        return chunk_markdown(html_to_markdown(raw), fallback_title=stem)
+    if lower.endswith(".md"):
+        return chunk_markdown(raw, fallback_title=stem)
+    # Plain text: paragraphs only, the first line is the title.
+    text = raw.replace("\r\n", "\n")
+    first = text.strip().split("\n", 1)[0].strip() or stem
+    specs = [
+        ChunkSpec(ordinal=i, section="Text", start=s, end=s + len(p.strip()), text=p.strip())
+        for i, (s, p) in enumerate(_split_long(0, text))
+    ]
+    return ParsedDocument(title=first[:300], text=text, chunks=specs)

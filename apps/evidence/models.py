@@ -1,0 +1,89 @@
+"""Documents, versions, chunks and embeddings (DESIGN.md §9; spec §16.2 table 16.2 "evidence
+reference": source, version, location, access scope, content digest)."""
+
+from __future__ import annotations
+
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVectorField
+from django.db import models
+from pgvector.django import HnswIndex, VectorField
+
+from apps.accounts.models import AccessScope
+
+EMBEDDING_DIMENSIONS = 384
+
+
+class Document(models.Model):
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.CASCADE, related_name="documents")
+    source = models.CharField(max_length=500, help_text="where the document came from (relative path)")
+    title = models.CharField(max_length=300)
+    scope = models.CharField(max_length=32, choices=AccessScope.choices, default=AccessScope.PUBLIC)
+    current_version = models.PositiveIntegerField(default=0)
+    retired = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "source"], name="document_tenant_source_uniq")]
+        ordering = ["tenant", "source"]
+
+    def __str__(self) -> str:
+        return f"{self.title} (v{self.current_version}, {self.scope})"
+
+
+class DocumentVersion(models.Model):
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    content_digest = models.CharField(max_length=64)
+    content = models.TextField()
+    ingested_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["document", "version"], name="docversion_doc_version_uniq"),
+        ]
+        ordering = ["document", "version"]
+
+    def __str__(self) -> str:
+        return f"{self.document.source} v{self.version}"
+
+
+class Chunk(models.Model):
+    """A retrievable piece of one document version, with its location.
+
+    ``tenant`` and ``scope`` are copied from the document so the ranking query filters on the
+    chunk row itself (permissions applied in SQL before ranking, DESIGN.md §9).
+    """
+
+    document_version = models.ForeignKey(DocumentVersion, on_delete=models.CASCADE, related_name="chunks")
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.CASCADE, related_name="+")
+    scope = models.CharField(max_length=32, choices=AccessScope.choices)
+    is_current = models.BooleanField(default=True)
+    ordinal = models.PositiveIntegerField()
+    section = models.CharField(max_length=300, blank=True)
+    start_offset = models.PositiveIntegerField()
+    end_offset = models.PositiveIntegerField()
+    text = models.TextField()
+    content_digest = models.CharField(max_length=64)
+    embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS)
+    search_vector = SearchVectorField(null=True)
+
+    class Meta:
+        ordering = ["document_version", "ordinal"]
+        indexes = [
+            HnswIndex(
+                name="chunk_embedding_hnsw",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
+            GinIndex(fields=["search_vector"], name="chunk_search_vector_gin"),
+            models.Index(fields=["tenant", "scope", "is_current"], name="chunk_tenant_scope_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["document_version", "ordinal"], name="chunk_version_ordinal_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"chunk {self.pk} of {self.document_version} §{self.section}"

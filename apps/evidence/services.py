@@ -1,0 +1,142 @@
+"""Ingestion of knowledge documents (DESIGN.md §9).
+
+A document is identified by (tenant, source). Re-ingesting unchanged content costs nothing; changed
+content creates a new :class:`DocumentVersion` whose chunks are embedded and become current, while
+the chunks of older versions stay (evidence references point at a version) but are no longer
+retrieved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.contrib.postgres.search import SearchVector
+from django.db import transaction
+
+from apps.accounts.models import AccessScope, Tenant
+from apps.evidence.chunking import parse_document
+from apps.evidence.embedding import embed_texts
+from apps.evidence.models import Chunk, Document, DocumentVersion
+
+SUPPORTED_SUFFIXES = (".md", ".txt", ".html", ".htm")
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class IngestReport:
+    """Counts of one ingestion run."""
+
+    created: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    chunks_embedded: int = 0
+
+
+def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tuple[Document, str]:
+    """Ingest one document's text. Returns ``(document, outcome)`` with outcome ``"created"``,
+    ``"updated"`` or ``"unchanged"``.
+
+    Raises ``ValueError`` for an unknown scope or a document without text.
+    """
+    if scope not in AccessScope.values:
+        raise ValueError(f"unknown scope {scope!r}; expected one of {AccessScope.values}")
+    parsed = parse_document(source, raw)
+    if not parsed.chunks:
+        raise ValueError(f"{source}: no text to ingest")
+    digest = sha256_text(parsed.text)
+    existing = Document.objects.filter(tenant=tenant, source=source).first()
+    if existing is not None and not existing.retired:
+        current = existing.versions.filter(version=existing.current_version).first()
+        if current is not None and current.content_digest == digest and existing.scope == scope:
+            return existing, "unchanged"
+    # Embed outside the transaction: it is the slow part and touches no rows.
+    vectors = embed_texts([f"{parsed.title}. {c.section}. {c.text}" for c in parsed.chunks])
+    with transaction.atomic():
+        if existing is None:
+            document = Document.objects.create(tenant=tenant, source=source, title=parsed.title, scope=scope)
+            outcome = "created"
+        else:
+            document = Document.objects.select_for_update().get(pk=existing.pk)
+            outcome = "updated"
+        version = DocumentVersion.objects.create(
+            document=document, version=document.current_version + 1, content_digest=digest, content=parsed.text
+        )
+        Chunk.objects.filter(document_version__document=document, is_current=True).update(is_current=False)
+        Chunk.objects.bulk_create(
+            [
+                Chunk(
+                    document_version=version,
+                    tenant=tenant,
+                    scope=scope,
+                    is_current=True,
+                    ordinal=spec.ordinal,
+                    section=spec.section[:300],
+                    start_offset=spec.start,
+                    end_offset=spec.end,
+                    text=spec.text,
+                    content_digest=sha256_text(spec.text),
+                    embedding=vector,
+                )
+                for spec, vector in zip(parsed.chunks, vectors, strict=True)
+            ]
+        )
+        Chunk.objects.filter(document_version=version).update(
+            search_vector=SearchVector("section", weight="A", config="english")
+            + SearchVector("text", weight="B", config="english")
+        )
+        document.title = parsed.title
+        document.scope = scope
+        document.retired = False
+        document.current_version = version.version
+        document.save(update_fields=["title", "scope", "retired", "current_version", "updated_at"])
+    return document, outcome
+
+
+def _iter_files(path: Path) -> Iterable[Path]:
+    if path.is_file():
+        yield path
+        return
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES and p.name.lower() != "readme.md":
+            yield p
+
+
+def source_name(path: Path, root: Path) -> str:
+    """The stable source name of ``path``: relative to ``root``'s parent (so ``kb/public/x.md``)."""
+    try:
+        return str(path.resolve().relative_to(root.resolve().parent))
+    except ValueError:
+        return str(path.resolve())
+
+
+def path_ingest(
+    *, tenant: Tenant, path: Path, scope: str, progress: Callable[[int, int, str, str], None] | None = None
+) -> IngestReport:
+    """Ingest every ``.md``/``.txt``/``.html`` file under ``path`` (a README.md is skipped) with
+    ``scope``. ``progress(i, n, source, outcome)`` is called after each file.
+
+    Raises ``FileNotFoundError`` when ``path`` does not exist and ``ValueError`` for a bad scope.
+    """
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if scope not in AccessScope.values:
+        raise ValueError(f"unknown scope {scope!r}; expected one of {AccessScope.values}")
+    files = list(_iter_files(path))
+    report = IngestReport()
+    for i, file in enumerate(files, start=1):
+        source = source_name(file, path if path.is_dir() else path.parent)
+        document, outcome = document_ingest(
+            tenant=tenant, source=source, raw=file.read_text(encoding="utf-8"), scope=scope
+        )
+        setattr(report, outcome, getattr(report, outcome) + 1)
+        if outcome != "unchanged":
+            report.chunks_embedded += document.versions.get(version=document.current_version).chunks.count()
+        if progress:
+            progress(i, len(files), source, outcome)
+    return report

@@ -1,0 +1,40 @@
+"""Transactional outbox rows (DESIGN.md §6; spec table 16.2 "发件箱": message id, action id, order,
+send status — written in the same transaction as the action intent)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "PENDING", "Pending"
+    IN_FLIGHT = "IN_FLIGHT", "In flight"
+    DELIVERED = "DELIVERED", "Delivered"
+    UNKNOWN = "UNKNOWN", "Outcome unknown"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled before send"
+
+
+class OutboxMessage(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="+")
+    action = models.OneToOneField("actions.Action", on_delete=models.PROTECT, related_name="outbox")
+    ordering_key = models.CharField(max_length=200, help_text="messages with one key are sent in order")
+    status = models.CharField(max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)
+    available_at = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_generation = models.PositiveIntegerField(default=0, help_text="fencing token sent with the request")
+    last_error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["status", "available_at"], name="outbox_status_available_idx")]
+
+    def __str__(self) -> str:
+        return f"outbox {self.id} {self.status}"

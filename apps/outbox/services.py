@@ -1,0 +1,296 @@
+"""The outbox dispatcher and the reconciler (DESIGN.md §6, §7; spec §16.4, algorithm 16.1 steps
+4–6, table 16.5).
+
+Dispatch of one row:
+
+1. claim: ``SELECT … FOR UPDATE SKIP LOCKED`` a batch of due rows, lease them and bump each row's
+   fencing token (``lease_generation``), which travels with the request;
+2. re-authorize at the moment of dispatch (TOCTOU): task not cancelled, approval binding (h(a),
+   V_o now, expiry, approver's current role);
+3. write the attempt row *before* sending, so a crash mid-call leaves evidence of an attempt;
+4. send with the action's stable idempotency key and record exactly one of: receipt, definite
+   failure, retryable refusal (back to PENDING with backoff), or unknown (reconcile).
+
+Per-ticket ordering: a row is only claimed when no older row with the same ``ordering_key`` is
+still undelivered.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from apps.actions import errors
+from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.actions.registry import tool_get
+from apps.approvals.services import approval_check_binding, approval_invalidate
+from apps.devices.selectors import device_read
+from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.services import StaleWrite, task_append_with_retry, worker_identity
+from apps.tickets.connectors import Receipt, connector_for
+from apps.tickets.models import TicketMirror
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 8
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 60.0
+
+
+def backoff_delay(attempt: int, *, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter: uniform(0, min(cap, base · 2^attempt)) seconds."""
+    rng = rng or random.Random()  # noqa: S311 - jitter, not security
+    return rng.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2**attempt)))
+
+
+def outbox_claim_batch(*, owner: str, limit: int, now=None) -> list[OutboxMessage]:
+    """Claim up to ``limit`` due rows (PENDING and available, or IN_FLIGHT with an expired lease),
+    skipping rows locked by other dispatchers and rows behind an undelivered older row with the
+    same ordering key. Each claimed row gets a new fencing token."""
+    now = now or timezone.now()
+    lease = timedelta(seconds=settings.FAULTDESK["OUTBOX_LEASE_SECONDS"])
+    older_open = OutboxMessage.objects.filter(
+        ordering_key=OuterRef("ordering_key"),
+        created_at__lt=OuterRef("created_at"),
+        status__in=[OutboxStatus.PENDING, OutboxStatus.IN_FLIGHT, OutboxStatus.UNKNOWN],
+    )
+    due = Q(status=OutboxStatus.PENDING, available_at__lte=now) | Q(
+        status=OutboxStatus.IN_FLIGHT, lease_expires_at__lt=now
+    )
+    with transaction.atomic():
+        rows = list(
+            OutboxMessage.objects.select_for_update(skip_locked=True)
+            .filter(due)
+            .filter(~Exists(older_open))
+            .order_by("created_at")[:limit]
+        )
+        for row in rows:
+            row.status = OutboxStatus.IN_FLIGHT
+            row.lease_owner = owner
+            row.lease_expires_at = now + lease
+            row.lease_generation += 1
+            row.save(update_fields=["status", "lease_owner", "lease_expires_at", "lease_generation"])
+    return rows
+
+
+def outbox_dispatch_batch(*, limit: int | None = None) -> int:
+    """Claim and deliver one batch. Returns how many rows were processed."""
+    owner = worker_identity()
+    rows = outbox_claim_batch(owner=owner, limit=limit or settings.FAULTDESK["OUTBOX_BATCH"])
+    for row in rows:
+        try:
+            outbox_deliver(message_id=row.pk, fencing_token=row.lease_generation, owner=owner)
+        except Exception:  # noqa: BLE001 - one bad row must not stop the batch; its lease expires
+            log.exception("delivering outbox message %s failed", row.pk)
+    return len(rows)
+
+
+def _still_ours(message_id, fencing_token: int):
+    return OutboxMessage.objects.select_for_update().filter(pk=message_id, lease_generation=fencing_token)
+
+
+def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
+    """Deliver one claimed outbox row. Returns the outcome: ``"receipt"``, ``"failed"``,
+    ``"retry"``, ``"unknown"``, ``"cancelled"``, ``"invalidated"`` or ``"lost_lease"``."""
+    message = OutboxMessage.objects.select_related("action", "action__approval").get(pk=message_id)
+    action = message.action
+    task = Task.objects.select_related("tenant").get(pk=action.task_id)
+    now = timezone.now()
+
+    # 2. re-authorize at the moment of dispatch
+    if task.status == reducer.CANCELLED or task.state.get("cancel_requested"):
+        _finish_not_sent(message, action, fencing_token, OutboxStatus.CANCELLED, "cancelled before send")
+        return "cancelled"
+    if action.approval_id is not None:
+        current = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
+        check = approval_check_binding(
+            approval=action.approval, action_digest=action.params_digest,
+            object_version=current["version"] if current else -1, now=now,
+        )
+        if not check.ok:
+            with transaction.atomic():
+                if not _still_ours(message.pk, fencing_token).exists():
+                    return "lost_lease"
+                approval_invalidate(approval=action.approval, reason=check.reason)
+                Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT,
+                                                           last_error={"reason": check.reason})
+                OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED,
+                                                                   last_error={"reason": check.reason})
+                task_append_with_retry(
+                    task_id=task.pk, event_type="approval.invalidated", actor=f"dispatcher:{owner}",
+                    payload_fn=lambda t: {"approval_id": str(action.approval_id), "reason": check.reason,
+                                          "action_not_sent": True},
+                )
+                _kick_agent(task.pk)
+            return "invalidated"
+
+    # 3. the attempt row is durable before the request leaves
+    with transaction.atomic():
+        if not _still_ours(message.pk, fencing_token).exists():
+            return "lost_lease"
+        number = action.attempts.count() + 1
+        attempt = ActionAttempt.objects.create(
+            action=action, number=number, fencing_token=fencing_token, started_at=timezone.now(), worker=owner,
+        )
+        OutboxMessage.objects.filter(pk=message.pk).update(attempts=number)
+
+    # 4. send with the stable idempotency key; the timeout is bounded by the task's deadline
+    contract = tool_get(action.tool)
+    remaining = (task.deadline_at - timezone.now()).total_seconds() - 2.0
+    timeout = max(0.5, min(contract.deadline_seconds, remaining))
+    try:
+        receipt = connector_for(action.tool).create_ticket(
+            idempotency_key=action.idempotency_key, fencing_token=fencing_token, params=action.params,
+            timeout=timeout,
+        )
+    except errors.ToolError as exc:
+        return _record_error(message, action, attempt, task, exc, fencing_token, owner)
+    receipt_record(action_id=action.pk, receipt=receipt, attempt_id=attempt.pk, actor=f"dispatcher:{owner}")
+    return "receipt"
+
+
+def _kick_agent(task_id) -> None:
+    from apps.tasks.tasks import enqueue_agent_step
+
+    enqueue_agent_step(task_id)
+
+
+def _finish_not_sent(message, action, fencing_token, status, reason) -> None:
+    with transaction.atomic():
+        if not _still_ours(message.pk, fencing_token).exists():
+            return
+        Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error={"reason": reason})
+        OutboxMessage.objects.filter(pk=message.pk).update(status=status, last_error={"reason": reason})
+        try:
+            task_append_with_retry(
+                task_id=action.task_id, event_type="dispatch.failed", actor="dispatcher",
+                payload_fn=lambda t: {"action_id": str(action.pk), "error": reason, "executed": False},
+            )
+        except reducer.IllegalTransition:
+            pass
+
+
+def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing_token, owner) -> str:
+    now = timezone.now()
+    actor = f"dispatcher:{owner}"
+    err = exc.as_dict()
+    with transaction.atomic():
+        if isinstance(exc, errors.OutcomeUnknown) or (
+            isinstance(exc, errors.PreconditionFailed) and exc.body.get("error") == "stale_fencing_token"
+        ):
+            # Sent and unanswered — or a newer dispatcher holds this key: either way the effect may
+            # exist. Never a new logical request: the reconciler looks it up by key.
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.UNKNOWN, error=err,
+                                                               finished_at=now)
+            Action.objects.filter(pk=action.pk).update(status=ActionStatus.UNKNOWN, last_error=err)
+            OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.UNKNOWN, last_error=err,
+                                                               lease_owner=None, lease_expires_at=None)
+            task_append_with_retry(task_id=task.pk, event_type="outcome.unknown", actor=actor,
+                                   payload_fn=lambda t: {"action_id": str(action.pk), "error": err})
+            return "unknown"
+        retry_ok = (
+            exc.retryable
+            and message.attempts < MAX_ATTEMPTS
+            and tool_get(action.tool).idempotent_by_key
+            and task.deadline_at > now
+        )
+        if retry_ok:
+            delay = backoff_delay(message.attempts)
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.RETRYABLE, error=err,
+                                                               finished_at=now)
+            OutboxMessage.objects.filter(pk=message.pk).update(
+                status=OutboxStatus.PENDING, available_at=now + timedelta(seconds=delay), last_error=err,
+                lease_owner=None, lease_expires_at=None,
+            )
+            return "retry"
+        ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err, finished_at=now)
+        Action.objects.filter(pk=action.pk).update(status=ActionStatus.FAILED, last_error=err)
+        OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED, last_error=err,
+                                                           lease_owner=None, lease_expires_at=None)
+        task_append_with_retry(task_id=task.pk, event_type="dispatch.failed", actor=actor,
+                               payload_fn=lambda t: {"action_id": str(action.pk), "error": err["code"],
+                                                     "detail": err["detail"], "executed": False})
+    return "failed"
+
+
+def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str) -> None:
+    """Record a receipt (DESIGN.md §1 step 8): action SUCCEEDED, ticket mirror, outbox DELIVERED
+    and the task's ``receipt.recorded`` event (settling the budget reservation) in one
+    transaction; then the agent composes the answer. Idempotent: a second receipt for the same
+    action changes nothing."""
+    now = timezone.now()
+    with transaction.atomic():
+        action = Action.objects.select_for_update().get(pk=action_id)
+        if action.status == ActionStatus.SUCCEEDED:
+            return
+        if attempt_id is not None:
+            ActionAttempt.objects.filter(pk=attempt_id).update(outcome=AttemptOutcome.RECEIPT, finished_at=now)
+        action.status = ActionStatus.SUCCEEDED
+        action.receipt = receipt.as_dict()
+        action.external_id = receipt.external_id
+        action.external_version = receipt.version
+        action.save(update_fields=["status", "receipt", "external_id", "external_version", "updated_at"])
+        TicketMirror.objects.update_or_create(
+            action=action,
+            defaults={"tenant_id": action.tenant_id, "connector": receipt.as_dict()["connector"],
+                      "external_id": receipt.external_id, "external_version": receipt.version,
+                      "status": receipt.status, "data": receipt.body},
+        )
+        OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.DELIVERED, delivered_at=now,
+                                                            lease_owner=None, lease_expires_at=None)
+        task_append_with_retry(
+            task_id=action.task_id, event_type="receipt.recorded", actor=actor,
+            payload_fn=lambda t: {"action_id": str(action.pk), "receipt": receipt.as_dict(),
+                                  "cost": action.reservation, "recorded_at": now.isoformat()},
+        )
+        _kick_agent(action.task_id)
+
+
+def actions_reconcile(*, limit: int = 50) -> int:
+    """The reconciler (DESIGN.md §6): for each action whose outcome is unknown, look it up by its
+    idempotency key. Found → adopt the ticket as the receipt. Not found and the connector is
+    idempotent by key → re-queue the same outbox row (same key, never a new logical action).
+    Lookup failing → leave it for the next tick. Returns the number of actions examined."""
+    unknown = list(Action.objects.filter(status=ActionStatus.UNKNOWN).order_by("updated_at")[:limit])
+    for action in unknown:
+        try:
+            found = connector_for(action.tool).lookup_by_key(idempotency_key=action.idempotency_key)
+        except errors.ToolError as exc:
+            log.info("reconcile %s: lookup failed (%s)", action.pk, exc)
+            continue
+        if found is not None:
+            receipt_record(action_id=action.pk, receipt=found, actor="reconciler")
+            continue
+        if tool_get(action.tool).idempotent_by_key:
+            with transaction.atomic():
+                claimed = Action.objects.select_for_update(skip_locked=True).filter(
+                    pk=action.pk, status=ActionStatus.UNKNOWN
+                ).first()
+                if claimed is None:
+                    continue
+                Action.objects.filter(pk=action.pk).update(status=ActionStatus.INTENDED)
+                OutboxMessage.objects.filter(action=action).update(
+                    status=OutboxStatus.PENDING, available_at=timezone.now(), lease_owner=None,
+                    lease_expires_at=None,
+                )
+                try:
+                    task_append_with_retry(
+                        task_id=action.task_id, event_type="reconciliation.retry", actor="reconciler",
+                        payload_fn=lambda t: {"action_id": str(action.pk), "reason": "not found by key"},
+                    )
+                except (reducer.IllegalTransition, StaleWrite):
+                    # A cancelled task refuses the retry event; the dispatcher then sees the
+                    # cancellation before sending and records the action as not sent.
+                    pass
+            from apps.outbox.tasks import enqueue_dispatch
+
+            transaction.on_commit(enqueue_dispatch)
+    return len(unknown)

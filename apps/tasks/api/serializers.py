@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.urls import reverse
+from rest_framework import serializers
+
+from apps.tasks.models import Task, Urgency
+
+
+class TaskCreateSerializer(serializers.Serializer):
+    device_id = serializers.IntegerField(min_value=1)
+    symptom = serializers.CharField(max_length=4000, trim_whitespace=True)
+    urgency = serializers.ChoiceField(choices=Urgency.choices, default=Urgency.NORMAL)
+
+
+class TaskSerializer(serializers.ModelSerializer):
+    device = serializers.CharField(source="device.asset_tag")
+    requester = serializers.CharField(source="requester.username")
+    answer = serializers.SerializerMethodField()
+    proposal = serializers.SerializerMethodField()
+    receipt = serializers.SerializerMethodField()
+    approval = serializers.SerializerMethodField()
+    waiting_for = serializers.SerializerMethodField()
+    questions = serializers.SerializerMethodField()
+    links = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Task
+        fields = [
+            "id", "status", "version", "device", "requester", "symptom", "urgency", "termination_reason",
+            "waiting_for", "questions", "answer", "proposal", "approval", "receipt", "budget_total", "budget_used",
+            "budget_reserved", "deadline_at", "artifact_bundle", "created_at", "updated_at", "links",
+        ]
+
+    def get_answer(self, obj: Task) -> dict | None:
+        return obj.state.get("answer")
+
+    def get_proposal(self, obj: Task) -> dict | None:
+        return obj.state.get("proposal")
+
+    def get_receipt(self, obj: Task) -> dict | None:
+        return obj.state.get("receipt")
+
+    def get_approval(self, obj: Task) -> dict | None:
+        return obj.state.get("approval")
+
+    def get_questions(self, obj: Task) -> list[str] | None:
+        return obj.state.get("questions")
+
+    def get_waiting_for(self, obj: Task) -> str | None:
+        return {
+            "WAITING_INPUT": "requester input",
+            "WAITING_APPROVAL": "an approver's decision",
+            "WAITING_RECONCILIATION": "reconciliation of an unknown outcome",
+        }.get(obj.status)
+
+    def get_links(self, obj: Task) -> dict:
+        base = settings.FAULTDESK["PUBLIC_BASE_URL"].rstrip("/")
+        return {
+            "self": base + reverse("api-task-detail", args=[obj.pk]),
+            "page": base + reverse("task-detail", args=[obj.pk]),
+            "trace": base + reverse("task-trace", args=[obj.pk]),
+        }
+
+
+class EventSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    type = serializers.CharField()
+    payload = serializers.JSONField()
+    payload_digest = serializers.CharField()
+    occurred_at = serializers.DateTimeField()
+    recorded_at = serializers.DateTimeField()
+    actor = serializers.CharField()
+    lease_generation = serializers.IntegerField(allow_null=True)
+
+
+class CancelSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class InputSerializer(serializers.Serializer):
+    text = serializers.CharField(max_length=4000)

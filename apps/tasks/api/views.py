@@ -1,0 +1,97 @@
+"""Task API (DESIGN.md §1 step 1): file a request (with ``Idempotency-Key``), read it, cancel it,
+answer the agent's questions, read its events (admins)."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.api import Forbidden, HasPrincipal, NotFound, request_principal
+from apps.tasks.api.serializers import (
+    CancelSerializer,
+    EventSerializer,
+    InputSerializer,
+    TaskCreateSerializer,
+    TaskSerializer,
+)
+from apps.tasks.selectors import task_events, task_get, task_list
+from apps.tasks.services import task_cancel, task_provide_input, task_submit
+
+
+class TaskListCreateApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(responses=TaskSerializer(many=True))
+    def get(self, request):
+        principal = request_principal(request)
+        qs = task_list(principal=principal)
+        if s := request.query_params.get("status"):
+            qs = qs.filter(status=s)
+        return Response(TaskSerializer(qs[:100], many=True).data)
+
+    @extend_schema(
+        request=TaskCreateSerializer,
+        responses={201: TaskSerializer, 200: TaskSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                                     description="same key + same body → the same task; different body → 422")],
+    )
+    def post(self, request):
+        principal = request_principal(request)
+        ser = TaskCreateSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        result = task_submit(principal=principal, request_key=request.headers.get("Idempotency-Key"),
+                             **ser.validated_data)
+        return Response(
+            TaskSerializer(result.task).data, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+        )
+
+
+class TaskDetailApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(responses=TaskSerializer)
+    def get(self, request, task_id):
+        task = task_get(principal=request_principal(request), task_id=task_id)
+        if task is None:
+            raise NotFound("task not found")
+        return Response(TaskSerializer(task).data)
+
+
+class TaskCancelApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(request=CancelSerializer, responses=TaskSerializer)
+    def post(self, request, task_id):
+        ser = CancelSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        task = task_cancel(principal=request_principal(request), task_id=task_id, reason=ser.validated_data["reason"])
+        return Response(TaskSerializer(task).data)
+
+
+class TaskInputApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(request=InputSerializer, responses=TaskSerializer)
+    def post(self, request, task_id):
+        ser = InputSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        task = task_provide_input(principal=request_principal(request), task_id=task_id,
+                                  text=ser.validated_data["text"])
+        return Response(TaskSerializer(task).data)
+
+
+class TaskEventsApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(responses=EventSerializer(many=True))
+    def get(self, request, task_id):
+        principal = request_principal(request)
+        if not principal.is_admin:
+            raise Forbidden("only admins may read traces")
+        task = task_get(principal=principal, task_id=task_id)
+        if task is None:
+            raise NotFound("task not found")
+        return Response(EventSerializer(task_events(principal=principal, task=task), many=True).data)

@@ -1,0 +1,293 @@
+"""The agent controller (DESIGN.md §1 steps 2–6, §5; spec algorithm 16.1 steps 1–3).
+
+Each step runs under a lease on the task and commits through :func:`task_append_event` with the
+lease's fencing token, so a worker that lost its lease cannot commit. Non-deterministic inputs
+(retrieval, device reads, model output, the clock) are recorded as events before anything uses
+them. The controller is re-entrant: it looks at the recorded state and does the next thing, so a
+crash anywhere resumes from the last event.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from apps.actions.digest import action_digest, idempotency_key
+from apps.actions.models import Action
+from apps.actions.registry import tool_get
+from apps.approvals.models import ApprovalRequest
+from apps.approvals.services import approval_check_binding, approval_invalidate, policy_decide
+from apps.devices.selectors import device_read
+from apps.evidence.selectors import evidence_retrieve
+from apps.llm.drafter import local_draft
+from apps.llm.parser import draft_validate
+from apps.outbox.models import OutboxMessage
+from apps.tasks import reducer
+from apps.tasks.answer import answer_compose
+from apps.tasks.models import Task
+from apps.tasks.services import Lease, StaleWrite, task_append_event, task_claim, task_release
+
+log = logging.getLogger(__name__)
+
+MAX_REDRAFTS = 2
+MAX_STEPS_PER_RUN = 20
+
+
+def _actor(lease: Lease) -> str:
+    return f"worker:{lease.owner}"
+
+
+def _principal_scopes(task: Task) -> list[str]:
+    from apps.accounts.principal import principal_current
+
+    p = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)
+    return list(p.scopes) if p else []
+
+
+def _query_text(task: Task, device: dict | None) -> str:
+    state = task.state
+    parts = [task.symptom, *state.get("answers", [])]
+    if device:
+        parts += [device.get("kind", ""), device.get("alert_code", ""), device.get("alert_message", "")]
+    return " ".join(p for p in parts if p)
+
+
+def context_read(*, task_id: uuid.UUID) -> None:
+    """The ``tools`` step: retrieval and the device read, each recorded as an event
+    (``evidence.retrieved``, ``device.read``). Runs only in ``RETRIEVING``."""
+    lease = task_claim(task_id=task_id)
+    if lease is None:
+        return
+    try:
+        task = Task.objects.select_related("device", "tenant").get(pk=task_id)
+        if task.status != reducer.RETRIEVING:
+            return
+        gen = lease.generation
+        reading = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
+        if task.state["evidence"] is None:
+            refs = evidence_retrieve(
+                tenant_id=task.tenant_id,
+                scopes=_principal_scopes(task),
+                query=_query_text(task, reading),
+                k=settings.FAULTDESK["RETRIEVAL_TOP_K"],
+            )
+            task = task_append_event(
+                task=task, event_type="evidence.retrieved", actor=_actor(lease), lease_generation=gen,
+                payload={"query": _query_text(task, reading), "refs": [r.as_dict() for r in refs],
+                         "retrieved_at": timezone.now().isoformat()},
+            )
+        if reading is None:
+            task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=gen,
+                              payload={"reason": "device no longer exists in the tenant"})
+            return
+        task = task_append_event(
+            task=task, event_type="device.read", actor=_actor(lease), lease_generation=gen,
+            payload={"reading": reading, "read_at": timezone.now().isoformat()},
+        )
+    except StaleWrite:
+        log.info("context_read lost the lease on %s", task_id)
+        return
+    finally:
+        task_release(lease=lease)
+    from apps.tasks.tasks import enqueue_agent_step
+
+    enqueue_agent_step(task_id)
+
+
+def agent_run(*, task_id: uuid.UUID) -> None:
+    """Run the agent's next steps for ``task_id`` until it waits, ends or hands work to another
+    queue. Returns quietly when another worker holds the lease or the task is terminal."""
+    lease = task_claim(task_id=task_id)
+    if lease is None:
+        return
+    try:
+        for _ in range(MAX_STEPS_PER_RUN):
+            task = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
+            if not _step(task, lease):
+                break
+    except StaleWrite:
+        log.info("agent_run lost the lease on %s", task_id)
+    finally:
+        task_release(lease=lease)
+
+
+def _step(task: Task, lease: Lease) -> bool:
+    """Do one step; return True when another step should follow immediately."""
+    from apps.tasks.tasks import enqueue_read_context
+
+    gen, actor = lease.generation, _actor(lease)
+    status = task.status
+    if status in reducer.TERMINAL:
+        return False
+    if task.deadline_at <= timezone.now() and status not in (reducer.DISPATCHING, reducer.WAITING_RECONCILIATION):
+        task_append_event(task=task, event_type="task.failed", actor=actor, lease_generation=gen,
+                          payload={"reason": "deadline_exceeded", "at": timezone.now().isoformat()})
+        return False
+    if status == reducer.ACCEPTED:
+        task_append_event(task=task, event_type="retrieval.started", actor=actor, lease_generation=gen, payload={})
+        enqueue_read_context(task.pk)
+        return False
+    if status == reducer.RETRIEVING:
+        enqueue_read_context(task.pk)
+        return False
+    if status == reducer.PROPOSING:
+        return _propose(task, lease)
+    if status == reducer.VALIDATING:
+        return _validate_and_authorize(task, lease)
+    if status == reducer.WAITING_APPROVAL:
+        return _resume_after_approval(task, lease)
+    if status == reducer.DISPATCHING and task.state["receipt"] is not None:
+        task_append_event(task=task, event_type="task.completed", actor=actor, lease_generation=gen,
+                          payload={"reason": "ticket_created", "answer": answer_compose(task.state)})
+        return False
+    return False  # WAITING_INPUT, DISPATCHING without receipt, WAITING_RECONCILIATION: someone else acts
+
+
+def _propose(task: Task, lease: Lease) -> bool:
+    state = task.state
+    if state["redrafts"] > MAX_REDRAFTS:
+        task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=lease.generation,
+                          payload={"reason": f"no valid draft after {MAX_REDRAFTS} re-drafts"})
+        return False
+    draft = local_draft(
+        request=state["request"], device=state["device"], evidence=state["evidence"] or [],
+        tenant=task.tenant.slug, requester=task.requester.get_username(),
+    )
+    tool = tool_get("ticket.create")
+    digest = action_digest(tool=tool.name, tool_version=tool.version, params=draft["ticket"])
+    if digest in state["rejected_digests"]:
+        # The local drafter is deterministic: it cannot propose something materially different.
+        final = {**state, "proposal": None, "termination_reason": "proposal_rejected"}
+        task_append_event(task=task, event_type="task.completed", actor=_actor(lease), lease_generation=lease.generation,
+                          payload={"reason": "proposal_rejected", "answer": answer_compose(final)})
+        return False
+    task_append_event(
+        task=task, event_type="draft.proposed", actor=_actor(lease), lease_generation=lease.generation,
+        payload={"draft": draft, "model": draft["model"], "prompt_template": task.artifact_bundle["prompt_template"],
+                 "proposed_at": timezone.now().isoformat()},
+    )
+    return True
+
+
+def _validate_and_authorize(task: Task, lease: Lease) -> bool:
+    state, gen, actor = task.state, lease.generation, _actor(lease)
+    draft, device = state["draft"], state["device"]
+    problems = draft_validate(
+        draft=draft, evidence_ids={str(r["chunk_id"]) for r in state["evidence"] or []},
+        device_asset_tag=device["asset_tag"], tenant=task.tenant.slug,
+    )
+    if problems:
+        if not state["evidence"]:
+            task_append_event(task=task, event_type="task.failed", actor=actor, lease_generation=gen,
+                              payload={"reason": "no readable evidence for this device and symptom"})
+            return False
+        task_append_event(task=task, event_type="draft.invalid", actor=actor, lease_generation=gen,
+                          payload={"problems": problems})
+        return True
+    if draft["missing_information"]:
+        task_append_event(task=task, event_type="input.requested", actor=actor, lease_generation=gen,
+                          payload={"questions": draft["missing_information"]})
+        return False
+    tool = tool_get("ticket.create")
+    params = draft["ticket"]
+    digest = action_digest(tool=tool.name, tool_version=tool.version, params=params)
+    proposal = {"tool": tool.name, "tool_version": tool.version, "params": params, "digest": digest}
+    decision = policy_decide(tenant_id=task.tenant_id, tool=tool.name)
+    if decision.requires_approval:
+        approval_id = uuid.uuid4()
+        expires_at = timezone.now() + decision.ttl
+
+        def create_approval(t: Task, event) -> None:
+            ApprovalRequest.objects.create(
+                id=approval_id, tenant_id=t.tenant_id, task_id=t.pk, requested_by_id=t.requester_id,
+                tool=tool.name, tool_version=tool.version, params=params, action_digest=digest,
+                object_type="device", object_id=str(device["device_id"]), object_version=device["version"],
+                policy_version=decision.policy_version,
+                scope=f"{t.tenant.slug}:{tool.name}:device/{device['asset_tag']}",
+                side_effects=f"Creates one ticket in the reference ticket system for {device['asset_tag']} "
+                             f"with priority {params['priority']}.",
+                evidence=state["evidence"], expires_at=expires_at,
+            )
+
+        task_append_event(
+            task=task, event_type="approval.requested", actor=actor, lease_generation=gen,
+            payload={"approval_id": str(approval_id), "proposal": proposal, "object_version": device["version"],
+                     "policy_version": decision.policy_version, "expires_at": expires_at.isoformat()},
+            side_effects=create_approval,
+        )
+        return False
+    _commit_intent(task, lease, proposal=proposal, approval=None, object_version=device["version"])
+    return False
+
+
+def _resume_after_approval(task: Task, lease: Lease) -> bool:
+    """WAITING_APPROVAL: when the approval is granted, re-check the premises (device version,
+    binding, expiry, approver's role) and commit the intent; otherwise invalidate and re-plan."""
+    state, gen, actor = task.state, lease.generation, _actor(lease)
+    a = state["approval"]
+    approval = ApprovalRequest.objects.filter(pk=a["id"], tenant_id=task.tenant_id).first()
+    if approval is None:
+        return False
+    now = timezone.now()
+    if a["status"] == "PENDING":
+        expires = parse_datetime(a["expires_at"])
+        if expires is not None and expires <= now and approval.status == "PENDING":
+            approval_invalidate(approval=approval, reason="approval expired before a decision")
+            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                              payload={"approval_id": a["id"], "reason": "expired"})
+            return True
+        return False
+    if a["status"] != "APPROVED":
+        return False
+    current = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
+    check = approval_check_binding(
+        approval=approval, action_digest=state["proposal"]["digest"],
+        object_version=current["version"] if current else -1, now=now,
+    )
+    if not check.ok:
+        with transaction.atomic():
+            approval_invalidate(approval=approval, reason=check.reason)
+            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                              payload={"approval_id": a["id"], "reason": check.reason,
+                                       "device_version_now": current["version"] if current else None})
+        return True
+    _commit_intent(task, lease, proposal=state["proposal"], approval=approval, object_version=approval.object_version)
+    return False
+
+
+def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: ApprovalRequest | None,
+                   object_version: int) -> None:
+    """DESIGN.md §1 step 6: in ONE transaction — CAS on task version + fencing token, budget
+    reservation (checked by δ: U + R + r ≤ B), the action identity with its idempotency key, the
+    intent event and the outbox row. The dispatcher is kicked on commit."""
+    from apps.outbox.tasks import enqueue_dispatch
+
+    tool = tool_get(proposal["tool"])
+    action_id = uuid.uuid4()
+    key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
+                          digest=proposal["digest"])
+
+    def write_action(t: Task, event) -> None:
+        action = Action.objects.create(
+            id=action_id, tenant_id=t.tenant_id, task_id=t.pk, tool=tool.name, tool_version=tool.version,
+            params=proposal["params"], params_digest=proposal["digest"], idempotency_key=key,
+            approval=approval, object_version=object_version, reservation=tool.cost_units,
+        )
+        OutboxMessage.objects.create(
+            tenant_id=t.tenant_id, action=action, ordering_key=f"{tool.name}:{key}", available_at=timezone.now(),
+        )
+        transaction.on_commit(enqueue_dispatch)
+
+    task_append_event(
+        task=task, event_type="intent.committed", actor=_actor(lease), lease_generation=lease.generation,
+        payload={"action_id": str(action_id), "idempotency_key": key, "digest": proposal["digest"],
+                 "reservation": tool.cost_units, "approval_required": approval is not None,
+                 "approval_id": str(approval.pk) if approval else None,
+                 "proposal": proposal if approval is None else None, "object_version": object_version},
+        side_effects=write_action,
+    )

@@ -1,0 +1,19 @@
+from django import forms
+
+from apps.tasks.models import Urgency
+
+
+class FaultRequestForm(forms.Form):
+    device = forms.ChoiceField(label="Device")
+    symptom = forms.CharField(label="What is wrong?", widget=forms.Textarea(attrs={"rows": 4}), max_length=4000)
+    urgency = forms.ChoiceField(choices=Urgency.choices, initial=Urgency.NORMAL)
+
+    def __init__(self, *args, devices=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["device"].choices = [
+            (d.pk, f"{d.asset_tag} — {d.name} ({d.site}) [{d.state}]") for d in devices
+        ]
+
+
+class InputForm(forms.Form):
+    text = forms.CharField(label="Your answer", widget=forms.Textarea(attrs={"rows": 3}), max_length=4000)

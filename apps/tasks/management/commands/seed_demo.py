@@ -1,0 +1,34 @@
+"""``python manage.py seed_demo [--no-kb]``: demo tenant, users (passwords printed), device fleet
+and the knowledge base (ingested per scope folder)."""
+
+from django.core.management.base import BaseCommand
+
+from apps.accounts.models import AccessScope, Tenant
+from apps.evidence.services import path_ingest
+from apps.tasks.demo_data import KB_DIR, demo_seed
+from config.env import VAR_DIR
+
+
+class Command(BaseCommand):
+    help = "Seed the demo tenant, users, devices and knowledge base."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-kb", action="store_true", help="skip knowledge-base ingestion")
+
+    def handle(self, *args, no_kb=False, **options):
+        creds = demo_seed(credentials_path=VAR_DIR / "demo-credentials.json")
+        self.stdout.write("Demo users (tenant acme; gus is in tenant globex):")
+        for username, password in creds.items():
+            self.stdout.write(f"  {username:6s} password: {password}")
+        if no_kb:
+            return
+        acme = Tenant.objects.get(slug="acme")
+        for scope in AccessScope.values:
+            report = path_ingest(
+                tenant=acme, path=KB_DIR / scope, scope=scope,
+                progress=lambda i, n, src, outcome: self.stdout.write(f"  [{i}/{n}] {outcome:9s} {src}"),
+            )
+            self.stdout.write(
+                f"knowledge base {scope}: {report.created} created, {report.updated} updated, "
+                f"{report.unchanged} unchanged, {report.chunks_embedded} chunks embedded"
+            )

@@ -1,0 +1,81 @@
+"""The task aggregate (DESIGN.md §4, §5, §8; spec table 16.2 "任务": tenant, task id, state
+version, deadline, budget, artifact bundle; tenant + task id unique).
+
+``status``, ``state`` and the budget columns are the materialized state: they always equal the
+replay of the task's events. ``version`` equals the seq of the last event. ``lease_*`` fields are
+ownership metadata (not part of the replayed state): a worker holds the lease with fencing token
+``lease_generation`` and every commit checks it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from apps.tasks import reducer
+
+
+class Urgency(models.TextChoices):
+    LOW = "low", "Low"
+    NORMAL = "normal", "Normal"
+    HIGH = "high", "High"
+    CRITICAL = "critical", "Critical"
+
+
+class Task(models.Model):
+    Status = models.TextChoices("Status", [(s, s.replace("_", " ").title()) for s in reducer.STATUSES])
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="tasks")
+    requester = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="tasks")
+    device = models.ForeignKey("devices.Device", on_delete=models.PROTECT, related_name="tasks")
+    symptom = models.TextField()
+    urgency = models.CharField(max_length=16, choices=Urgency.choices, default=Urgency.NORMAL)
+
+    status = models.CharField(max_length=32, choices=Status.choices, default=reducer.ACCEPTED)
+    version = models.PositiveIntegerField(default=0)
+    state = models.JSONField(default=reducer.initial_state)
+    termination_reason = models.CharField(max_length=300, blank=True)
+
+    deadline_at = models.DateTimeField()
+    budget_total = models.PositiveIntegerField()
+    budget_used = models.PositiveIntegerField(default=0)
+    budget_reserved = models.PositiveIntegerField(default=0)
+    artifact_bundle = models.JSONField()
+
+    request_key = models.CharField(max_length=200, null=True, blank=True)
+    request_digest = models.CharField(max_length=64)
+
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_generation = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "request_key"],
+                condition=models.Q(request_key__isnull=False),
+                name="task_tenant_request_key_uniq",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(budget_used__lte=models.F("budget_total") - models.F("budget_reserved")),
+                name="task_budget_u_plus_r_le_b",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "status"], name="task_tenant_status_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="task_status_lease_idx"),
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"task {self.id} {self.status} v{self.version}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in reducer.TERMINAL

@@ -1,0 +1,28 @@
+"""Tenant-scoped reads of tasks and their events. Every function takes the principal: there is no
+way to fetch a task without naming whose eyes read it."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from apps.accounts.principal import Principal
+from apps.events.models import TaskEvent
+from apps.tasks.models import Task
+
+
+def task_list(*, principal: Principal) -> QuerySet[Task]:
+    """Tasks the principal may see: requesters their own, approvers and admins the tenant's."""
+    qs = Task.objects.filter(tenant_id=principal.tenant_id).select_related("device", "requester")
+    if not (principal.is_approver or principal.is_admin):
+        qs = qs.filter(requester_id=principal.user_id)
+    return qs.order_by("-created_at")
+
+
+def task_get(*, principal: Principal, task_id) -> Task | None:
+    """One task visible to the principal, or None (also for another tenant's task)."""
+    return task_list(principal=principal).filter(pk=task_id).first()
+
+
+def task_events(*, principal: Principal, task: Task) -> QuerySet[TaskEvent]:
+    """The task's events in seq order (the caller has already checked access to ``task``)."""
+    return TaskEvent.objects.filter(task_id=task.pk, tenant_id=principal.tenant_id).order_by("seq")

@@ -1,0 +1,349 @@
+"""Writes to the task aggregate: submit, the CAS commit of an event, leases with fencing tokens
+(DESIGN.md §4, §5; spec §16.3 "并发恢复版本约束").
+
+Commit = ``UPDATE task SET … , version = v + 1 WHERE id = ? AND version = v [AND lease_generation
+= g]`` plus the event insert, in one transaction. Zero rows updated means the writer lost: it
+re-reads, it never overwrites.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.accounts.api import Conflict, Forbidden, NotFound, Unprocessable
+from apps.accounts.principal import Principal
+from apps.actions.digest import sha256_json
+from apps.actions.registry import TOOLS
+from apps.devices.selectors import device_get
+from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
+from apps.llm.drafter import LOCAL_MODEL_ID, PROMPT_TEMPLATE_VERSION
+from apps.llm.parser import PARSER_VERSION
+from apps.tasks import reducer
+from apps.tasks.models import Task, Urgency
+
+CONTROLLER_VERSION = "controller/1"
+
+
+class StaleWrite(Exception):
+    """The CAS lost: the task moved past ``expected_version`` or the lease passed to another
+    worker (fencing token ``lease_generation`` no longer current)."""
+
+
+def worker_identity() -> str:
+    """``host:pid`` of this process — the lease owner string."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def artifact_bundle_current() -> dict:
+    """The artifact bundle pinned on a new task (spec §16.2: model, prompt template, tool
+    schemas, controller and parser versions; plus the reducer version replay must use)."""
+    provider = settings.FAULTDESK["MODEL_PROVIDER"]
+    return {
+        "model_provider": provider,
+        "model": LOCAL_MODEL_ID if provider == "local" else provider,
+        "prompt_template": PROMPT_TEMPLATE_VERSION,
+        "tool_schemas": {name: contract.version for name, contract in TOOLS.items()},
+        "controller": CONTROLLER_VERSION,
+        "parser": PARSER_VERSION,
+        "reducer": reducer.REDUCER_VERSION,
+        "embedding_model": settings.FAULTDESK["EMBEDDING_MODEL"],
+    }
+
+
+def _state_digest(state: dict) -> str:
+    return sha256_json(state)
+
+
+def _apply_row(task: Task, new_state: dict) -> dict:
+    """Columns of the materialized state derived from the reducer state."""
+    b = new_state["budget"]
+    return {
+        "status": new_state["status"],
+        "state": new_state,
+        "termination_reason": (new_state.get("termination_reason") or "")[:300],
+        "budget_total": b["total"],
+        "budget_used": b["used"],
+        "budget_reserved": b["reserved"],
+    }
+
+
+def task_append_event(
+    *,
+    task: Task,
+    event_type: str,
+    payload: dict,
+    actor: str,
+    lease_generation: int | None = None,
+    causation_id: uuid.UUID | None = None,
+    occurred_at=None,
+    side_effects: Callable[[Task, TaskEvent], None] | None = None,
+) -> Task:
+    """Apply δ to ``task`` (as read, at ``task.version``) and commit the event with CAS.
+
+    When ``lease_generation`` is given, the commit also requires the task's fencing token to be
+    still ``lease_generation`` (only the lease holder may commit). ``side_effects(task, event)``
+    runs inside the same transaction (approval rows, action + outbox rows, ...).
+
+    Returns the updated task. Raises :class:`reducer.IllegalTransition` (after recording a
+    :class:`RefusedEvent`) when δ refuses the event, and :class:`StaleWrite` when the CAS loses.
+    """
+    try:
+        new_state = reducer.reduce(task.state, event_type, payload)
+    except reducer.IllegalTransition as exc:
+        RefusedEvent.objects.create(
+            task=task, tenant_id=task.tenant_id, at_version=task.version, type=event_type,
+            payload=payload, reason=exc.reason[:300], actor=actor, lease_generation=lease_generation,
+        )
+        raise
+    expected = task.version
+    now = timezone.now()
+    with transaction.atomic():
+        filt = Q(pk=task.pk, version=expected)
+        if lease_generation is not None:
+            filt &= Q(lease_generation=lease_generation)
+        columns = _apply_row(task, new_state)
+        updated = Task.objects.filter(filt).update(version=expected + 1, updated_at=now, **columns)
+        if updated != 1:
+            raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
+        event = TaskEvent.objects.create(
+            task_id=task.pk,
+            tenant_id=task.tenant_id,
+            seq=expected + 1,
+            type=event_type,
+            payload=payload,
+            payload_digest=sha256_json(payload),
+            occurred_at=occurred_at or now,
+            causation_id=causation_id,
+            actor=actor,
+            lease_generation=lease_generation if lease_generation is not None else task.lease_generation,
+        )
+        for field, value in columns.items():
+            setattr(task, field, value)
+        task.version = expected + 1
+        every = settings.FAULTDESK["SNAPSHOT_EVERY"]
+        if every and task.version % every == 0:
+            TaskSnapshot.objects.create(
+                task_id=task.pk, seq=task.version, state=new_state, digest=_state_digest(new_state),
+                reducer_version=reducer.REDUCER_VERSION,
+            )
+        if side_effects is not None:
+            side_effects(task, event)
+    return task
+
+
+def task_append_with_retry(
+    *, task_id: uuid.UUID, event_type: str, payload_fn: Callable[[Task], dict], actor: str, attempts: int = 5,
+    side_effects: Callable[[Task, TaskEvent], None] | None = None,
+) -> Task:
+    """Append an event that does not need the lease (a person's decision, a receipt): re-read
+    the task and retry the CAS up to ``attempts`` times. ``payload_fn(task)`` builds the payload
+    from the freshly read task. Raises :class:`StaleWrite` if every attempt lost."""
+    for _ in range(attempts):
+        task = Task.objects.get(pk=task_id)
+        try:
+            return task_append_event(
+                task=task, event_type=event_type, payload=payload_fn(task), actor=actor, side_effects=side_effects
+            )
+        except StaleWrite:
+            continue
+    raise StaleWrite(f"task {task_id}: {attempts} CAS attempts lost")
+
+
+# --- submit ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SubmitResult:
+    task: Task
+    created: bool
+
+
+def _request_body(*, device_id: int, symptom: str, urgency: str) -> dict:
+    return {"device_id": int(device_id), "symptom": symptom, "urgency": urgency}
+
+
+def task_submit(
+    *, principal: Principal, device_id: int, symptom: str, urgency: str = Urgency.NORMAL,
+    request_key: str | None = None,
+) -> SubmitResult:
+    """File a fault request as ``principal`` (DESIGN.md §1 step 1).
+
+    Creates the task pinned to tenant, principal, device, deadline, budget and artifact bundle,
+    with its ``task.accepted`` event, and enqueues the first agent step on commit. The same
+    ``request_key`` with the same body returns the existing task (``created=False``).
+
+    Raises ``Forbidden`` (principal may not file), ``NotFound`` (device not in the tenant),
+    ``Unprocessable`` (invalid fields, or the same key with a different body).
+    """
+    from apps.tasks.tasks import enqueue_agent_step
+
+    if not principal.is_requester:
+        raise Forbidden("only requesters may file fault requests")
+    symptom = (symptom or "").strip()
+    if not symptom or len(symptom) > 4000:
+        raise Unprocessable("symptom must be 1..4000 characters")
+    if urgency not in Urgency.values:
+        raise Unprocessable(f"urgency must be one of {Urgency.values}")
+    if request_key is not None and not (1 <= len(request_key) <= 200):
+        raise Unprocessable("Idempotency-Key must be 1..200 characters")
+    device = device_get(tenant_id=principal.tenant_id, device_id=device_id)
+    if device is None:
+        raise NotFound(f"device {device_id} not found")
+    body = _request_body(device_id=device.pk, symptom=symptom, urgency=urgency)
+    digest = sha256_json({"user": principal.user_id, **body})
+
+    if request_key is not None:
+        existing = Task.objects.filter(tenant_id=principal.tenant_id, request_key=request_key).first()
+        if existing is not None:
+            return _same_key(existing, digest)
+
+    conf = settings.FAULTDESK
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            task = Task.objects.create(
+                tenant_id=principal.tenant_id,
+                requester_id=principal.user_id,
+                device=device,
+                symptom=symptom,
+                urgency=urgency,
+                status=reducer.ACCEPTED,
+                deadline_at=now + timedelta(seconds=conf["TASK_DEADLINE_SECONDS"]),
+                budget_total=conf["TASK_BUDGET_UNITS"],
+                artifact_bundle=artifact_bundle_current(),
+                request_key=request_key,
+                request_digest=digest,
+                version=0,
+                state=reducer.initial_state(),
+            )
+            task_append_event(
+                task=task,
+                event_type="task.accepted",
+                payload={
+                    "request": {**body, "asset_tag": device.asset_tag, "requester": principal.username,
+                                "tenant": principal.tenant_slug},
+                    "budget_total": task.budget_total,
+                    "deadline_at": task.deadline_at.isoformat(),
+                    "artifact_bundle": task.artifact_bundle,
+                },
+                actor=principal.as_actor(),
+                occurred_at=now,
+            )
+            enqueue_agent_step(task.pk)
+    except IntegrityError:
+        # A concurrent submit with the same key won the unique constraint.
+        existing = Task.objects.get(tenant_id=principal.tenant_id, request_key=request_key)
+        return _same_key(existing, digest)
+    return SubmitResult(task=task, created=True)
+
+
+def _same_key(existing: Task, digest: str) -> SubmitResult:
+    if existing.request_digest != digest:
+        raise Unprocessable(
+            "Idempotency-Key was already used with a different request body",
+            task_id=str(existing.pk),
+        )
+    return SubmitResult(task=existing, created=False)
+
+
+# --- leases ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim on a task: ``generation`` is the fencing token every commit must carry."""
+
+    task_id: uuid.UUID
+    owner: str
+    generation: int
+
+
+def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | None = None) -> Lease | None:
+    """Claim the lease of a non-terminal task that nobody holds (or whose lease expired).
+
+    Increments the fencing token. Returns the :class:`Lease`, or None when another worker holds
+    a live lease or the task is terminal / gone.
+    """
+    owner = owner or worker_identity()
+    seconds = seconds or settings.FAULTDESK["LEASE_SECONDS"]
+    now = timezone.now()
+    with transaction.atomic():
+        task = (
+            Task.objects.select_for_update(skip_locked=True)
+            .filter(pk=task_id)
+            .exclude(status__in=reducer.TERMINAL)
+            .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now))
+            .first()
+        )
+        if task is None:
+            return None
+        task.lease_owner = owner
+        task.lease_expires_at = now + timedelta(seconds=seconds)
+        task.lease_generation += 1
+        task.save(update_fields=["lease_owner", "lease_expires_at", "lease_generation"])
+    return Lease(task_id=task.pk, owner=owner, generation=task.lease_generation)
+
+
+def task_release(*, lease: Lease) -> bool:
+    """Give the lease back if it is still ours (same fencing token). Returns True if released."""
+    return bool(
+        Task.objects.filter(pk=lease.task_id, lease_generation=lease.generation).update(
+            lease_owner=None, lease_expires_at=None
+        )
+    )
+
+
+def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -> Task:
+    """Cancel a task (DESIGN.md §8): a ``cancel.requested`` event first; it stops new dispatch.
+
+    Raises ``NotFound`` (not visible to the principal), ``Forbidden`` (not the requester or an
+    admin) and ``Conflict`` (already terminal).
+    """
+    task = Task.objects.filter(pk=task_id, tenant_id=principal.tenant_id).first()
+    if task is None:
+        raise NotFound("task not found")
+    if task.requester_id != principal.user_id and not principal.is_admin:
+        raise Forbidden("only the requester or an admin may cancel")
+    try:
+        return task_append_with_retry(
+            task_id=task.pk, event_type="cancel.requested", payload_fn=lambda t: {"reason": reason[:200]},
+            actor=principal.as_actor(),
+        )
+    except reducer.IllegalTransition as exc:
+        raise Conflict(f"cannot cancel: {exc.reason}", status=task.status) from exc
+
+
+def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -> Task:
+    """The requester answers the agent's questions (WAITING_INPUT → re-plan). Enqueues the agent.
+
+    Raises ``NotFound``, ``Forbidden`` (not the requester), ``Unprocessable`` (empty text) and
+    ``Conflict`` (the task is not waiting for input).
+    """
+    from apps.tasks.tasks import enqueue_agent_step
+
+    text = (text or "").strip()
+    if not text:
+        raise Unprocessable("the answer is empty")
+    task = Task.objects.filter(pk=task_id, tenant_id=principal.tenant_id).first()
+    if task is None:
+        raise NotFound("task not found")
+    if task.requester_id != principal.user_id:
+        raise Forbidden("only the requester may answer")
+    try:
+        with transaction.atomic():
+            task = task_append_with_retry(
+                task_id=task.pk, event_type="input.provided", payload_fn=lambda t: {"text": text[:4000]},
+                actor=principal.as_actor(),
+            )
+            enqueue_agent_step(task.pk)
+    except reducer.IllegalTransition as exc:
+        raise Conflict(f"the task is not waiting for input: {exc.reason}") from exc
+    return task

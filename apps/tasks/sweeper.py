@@ -1,0 +1,27 @@
+"""The lease sweeper's selector (DESIGN.md §5): runnable tasks whose lease expired, or that sat
+idle without a lease longer than ``idle`` (a lost Celery message)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+
+from apps.tasks import reducer
+from apps.tasks.models import Task
+
+RUNNABLE = (reducer.ACCEPTED, reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING)
+
+
+def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 200) -> list[tuple[str, str]]:
+    """``[(status, task_id)]`` of tasks to re-queue. Also includes tasks waiting for an approval
+    that was decided (state says APPROVED) and DISPATCHING tasks whose receipt is recorded."""
+    expired = Q(lease_owner__isnull=False, lease_expires_at__lt=now)
+    idle_free = Q(lease_owner__isnull=True, updated_at__lt=now - idle)
+    runnable = (
+        Q(status__in=RUNNABLE)
+        | Q(status=reducer.WAITING_APPROVAL, state__approval__status="APPROVED")
+        | (Q(status=reducer.DISPATCHING) & ~Q(state__receipt=None))
+    )
+    rows = Task.objects.filter(runnable).filter(expired | idle_free).values_list("status", "id")[:limit]
+    return [(s, str(i)) for s, i in rows]

@@ -1,0 +1,61 @@
+"""Celery tasks of the task runtime: thin wrappers (ids in, call a service). Enqueueing always
+goes through :func:`enqueue_agent_step` / :func:`enqueue_read_context`, which defer to
+``transaction.on_commit`` so a message is never sent for a row that is not committed."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+
+from celery import shared_task
+from django.db import transaction
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+
+def _send(task_fn, task_id) -> None:
+    def go():
+        try:
+            task_fn.delay(str(task_id))
+        except Exception:  # noqa: BLE001 - broker down: the lease sweeper re-queues the task
+            log.exception("could not enqueue %s for %s", task_fn.name, task_id)
+
+    transaction.on_commit(go)
+
+
+def enqueue_agent_step(task_id) -> None:
+    """Run the agent controller for ``task_id`` after the current transaction commits."""
+    _send(agent_step, task_id)
+
+
+def enqueue_read_context(task_id) -> None:
+    """Run the retrieval + device read (``tools`` queue) after the current transaction commits."""
+    _send(read_context, task_id)
+
+
+@shared_task(name="apps.tasks.tasks.agent_step")
+def agent_step(task_id: str) -> None:
+    from apps.tasks.controller import agent_run
+
+    agent_run(task_id=uuid.UUID(task_id))
+
+
+@shared_task(name="apps.tasks.tasks.read_context")
+def read_context(task_id: str) -> None:
+    from apps.tasks.controller import context_read
+
+    context_read(task_id=uuid.UUID(task_id))
+
+
+@shared_task(name="apps.tasks.tasks.sweep_leases")
+def sweep_leases() -> int:
+    """Beat: re-queue work that is runnable but idle — a lease that expired (its worker died) or
+    a runnable task nobody has touched for a while (a lost broker message). Returns the count."""
+    from apps.tasks.sweeper import tasks_needing_work
+
+    ids = tasks_needing_work(now=timezone.now(), idle=timedelta(seconds=10))
+    for status, task_id in ids:
+        (read_context if status == "RETRIEVING" else agent_step).delay(str(task_id))
+    return len(ids)

@@ -1,0 +1,112 @@
+"""Requester pages (DESIGN.md §1): file a request, watch it live (HTMX polling until terminal),
+answer questions, cancel. Views only call services/selectors."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from apps.accounts.api import DomainError
+from apps.accounts.principal import NoMembership, principal_for_user
+from apps.devices.selectors import device_list
+from apps.tasks.forms import FaultRequestForm, InputForm
+from apps.tasks.selectors import task_get, task_list
+from apps.tasks.services import task_cancel, task_provide_input, task_submit
+
+
+def _principal(request):
+    try:
+        return principal_for_user(request.user)
+    except NoMembership as exc:
+        raise Http404("no tenant") from exc
+
+
+@require_GET
+def healthz(request):
+    return HttpResponse("ok", content_type="text/plain")
+
+
+@login_required
+@require_GET
+def home(request):
+    p = _principal(request)
+    if p.is_admin:
+        return redirect("admin-tasks")
+    if p.is_approver:
+        return redirect("approval-queue")
+    return redirect("request-list")
+
+
+@login_required
+@require_GET
+def request_list(request):
+    p = _principal(request)
+    return render(request, "tasks/request_list.html", {"tasks": task_list(principal=p)[:50]})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def request_new(request):
+    p = _principal(request)
+    devices = list(device_list(principal=p))
+    form = FaultRequestForm(request.POST or None, devices=devices)
+    if request.method == "POST" and form.is_valid():
+        try:
+            result = task_submit(
+                principal=p, device_id=int(form.cleaned_data["device"]), symptom=form.cleaned_data["symptom"],
+                urgency=form.cleaned_data["urgency"], request_key=request.POST.get("request_key") or None,
+            )
+        except DomainError as exc:
+            form.add_error(None, exc.detail)
+        else:
+            return redirect("task-detail", task_id=result.task.pk)
+    return render(request, "tasks/request_new.html", {"form": form}, status=422 if form.errors else 200)
+
+
+def _task_context(request, task_id):
+    p = _principal(request)
+    task = task_get(principal=p, task_id=task_id)
+    if task is None:
+        raise Http404("task not found")
+    return {"task": task, "state": task.state, "principal": p, "input_form": InputForm()}
+
+
+@login_required
+@require_GET
+def task_detail(request, task_id):
+    ctx = _task_context(request, task_id)
+    template = "tasks/_status.html" if request.htmx and not request.htmx.history_restore_request else \
+        "tasks/task_detail.html"
+    response = render(request, template, ctx)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+@login_required
+@require_POST
+def task_cancel_view(request, task_id):
+    p = _principal(request)
+    try:
+        task_cancel(principal=p, task_id=task_id, reason=request.POST.get("reason", ""))
+    except DomainError as exc:
+        messages.error(request, exc.detail)
+    return redirect("task-detail", task_id=task_id)
+
+
+@login_required
+@require_POST
+def task_input_view(request, task_id):
+    p = _principal(request)
+    form = InputForm(request.POST)
+    if form.is_valid():
+        try:
+            task_provide_input(principal=p, task_id=task_id, text=form.cleaned_data["text"])
+        except DomainError as exc:
+            messages.error(request, exc.detail)
+    else:
+        messages.error(request, "Please write an answer.")
+    return redirect("task-detail", task_id=task_id)

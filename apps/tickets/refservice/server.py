@@ -1,0 +1,398 @@
+"""HTTP layer of the reference ticket service: routing, auth, faults and JSON I/O.
+
+The API is documented in the package docstring (:mod:`apps.tickets.refservice`).
+Route handlers are plain functions ``handler(server, request) -> Response | None``;
+``None`` means "close the connection without answering" (the lost-response fault).
+"""
+
+import hmac
+import json
+import logging
+import re
+import socketserver
+import threading
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from . import store as storage
+from .faults import FaultInjector
+from .validation import (
+    ApiError,
+    body_digest,
+    invalid,
+    parse_fencing_token,
+    parse_idempotency_key,
+    parse_if_match,
+    parse_json_object,
+    validate_create,
+    validate_faults,
+    validate_patch,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+@dataclass
+class Request:
+    """A parsed request as route handlers see it.
+
+    ``query`` maps each query parameter to its first value; ``params`` holds the
+    named groups of the route pattern (e.g. ``ticket_id``); ``body`` is raw bytes.
+    """
+
+    method: str
+    path: str
+    query: dict
+    headers: object
+    body: bytes
+    params: dict
+
+
+@dataclass
+class Response:
+    """A JSON response: HTTP ``status``, ``body`` (serialised to JSON) and extra ``headers``."""
+
+    status: int
+    body: object
+    headers: dict = field(default_factory=dict)
+
+
+def _ticket_response(status, ticket, **headers):
+    return Response(status, ticket, {"ETag": f'"{ticket["version"]}"', **headers})
+
+
+# --- route handlers ---------------------------------------------------------------------------
+
+
+def healthz(server, request):
+    """``GET /healthz`` -> 200 ``{"ok": true}`` (no authentication)."""
+    return Response(200, {"ok": True})
+
+
+def create_ticket(server, request):
+    """``POST /tickets``: idempotent, fenced ticket creation, with injected faults applied.
+
+    Validates headers and body first (400s use up no fault), then applies the
+    next armed fault: ``fail_503`` answers 503 without touching storage,
+    ``delay`` sleeps before processing, ``drop_after_commit`` commits and
+    returns None so the connection is closed unanswered.
+    """
+    key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
+    fencing_token = parse_fencing_token(request.headers.get("X-Fencing-Token"))
+    payload = parse_json_object(request.body)
+    fields = validate_create(payload)
+    digest = body_digest(payload)
+
+    fault = server.faults.take()
+    if fault and fault.mode == "fail_503":
+        log.warning("fault fail_503: rejecting POST /tickets key=%s", key)
+        return Response(503, {"error": "temporarily_unavailable"}, {"Retry-After": "1"})
+    if fault and fault.mode == "delay":
+        time.sleep(fault.delay_seconds)
+
+    try:
+        result = server.store.create_ticket(key, digest, fields, fencing_token)
+    except storage.StaleFencingToken as exc:
+        raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
+    except storage.IdempotencyKeyReused:
+        raise ApiError(
+            422,
+            "idempotency_key_reused",
+            detail="this Idempotency-Key was already used with a different request body",
+        ) from None
+
+    if fault and fault.mode == "drop_after_commit":
+        log.warning("fault drop_after_commit: committed %s, dropping the response", result.body["id"])
+        return None
+    headers = {"Location": f"/tickets/{result.body['id']}"}
+    if result.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return _ticket_response(result.status, result.body, **headers)
+
+
+def lookup_tickets(server, request):
+    """``GET /tickets?idempotency_key=K`` -> 200 ``{"results": [ticket]}`` (0 or 1 entries)."""
+    key = request.query.get("idempotency_key")
+    if not key:
+        raise invalid("query parameter idempotency_key is required")
+    ticket = server.store.find_by_idempotency_key(key)
+    return Response(200, {"results": [ticket] if ticket else []})
+
+
+def get_ticket(server, request):
+    """``GET /tickets/<id>`` -> 200 ticket with ``ETag``, or 404 ``not_found``."""
+    ticket = server.store.get_ticket(request.params["ticket_id"])
+    if ticket is None:
+        raise ApiError(404, "not_found")
+    return _ticket_response(200, ticket)
+
+
+def patch_ticket(server, request):
+    """``PATCH /tickets/<id>`` with ``If-Match``: 200 new version, 404, 412 or 428."""
+    expected_version = parse_if_match(request.headers.get("If-Match"))
+    changes = validate_patch(parse_json_object(request.body))
+    try:
+        ticket = server.store.update_ticket(request.params["ticket_id"], expected_version, changes)
+    except storage.NotFound:
+        raise ApiError(404, "not_found") from None
+    except storage.VersionMismatch as exc:
+        raise ApiError(
+            412,
+            "version_mismatch",
+            headers={"ETag": f'"{exc.current_version}"'},
+            current_version=exc.current_version,
+        ) from None
+    return _ticket_response(200, ticket)
+
+
+def admin_effects(server, request):
+    """``GET /_admin/effects?idempotency_key=K`` -> ``{"idempotency_key": K, "effects": N}``."""
+    key = request.query.get("idempotency_key")
+    if not key:
+        raise invalid("query parameter idempotency_key is required")
+    return Response(200, {"idempotency_key": key, "effects": server.store.effects(key)})
+
+
+def admin_tickets(server, request):
+    """``GET /_admin/tickets`` -> ``{"results": [every ticket, oldest first]}``."""
+    return Response(200, {"results": server.store.list_tickets()})
+
+
+def admin_faults(server, request):
+    """``POST /_admin/faults`` -> arm a fault; 200 ``{"mode", "remaining", "delay_seconds"}``."""
+    mode, count, delay_seconds = validate_faults(parse_json_object(request.body))
+    state = server.faults.arm(mode, count, delay_seconds)
+    log.info("faults armed: %s", state)
+    return Response(200, state)
+
+
+def admin_reset(server, request):
+    """``POST /_admin/reset`` -> wipe tickets, keys and faults; 200 ``{"ok": true}``."""
+    server.store.reset()
+    server.faults.clear()
+    log.info("reset: all tickets, idempotency keys and faults wiped")
+    return Response(200, {"ok": True})
+
+
+@dataclass(frozen=True)
+class Route:
+    """A path ``pattern`` (full match), its ``methods`` (name -> handler) and whether it is ``public``."""
+
+    pattern: re.Pattern
+    methods: dict
+    public: bool = False
+
+
+ROUTES = (
+    Route(re.compile(r"/healthz"), {"GET": healthz}, public=True),
+    Route(re.compile(r"/tickets"), {"GET": lookup_tickets, "POST": create_ticket}),
+    Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)"), {"GET": get_ticket, "PATCH": patch_ticket}),
+    Route(re.compile(r"/_admin/effects"), {"GET": admin_effects}),
+    Route(re.compile(r"/_admin/tickets"), {"GET": admin_tickets}),
+    Route(re.compile(r"/_admin/faults"), {"POST": admin_faults}),
+    Route(re.compile(r"/_admin/reset"), {"POST": admin_reset}),
+)
+
+
+def find_route(path):
+    """Return ``(route, params)`` for ``path``, or ``(None, {})`` when no route matches."""
+    for route in ROUTES:
+        match = route.pattern.fullmatch(path)
+        if match:
+            return route, match.groupdict()
+    return None, {}
+
+
+# --- HTTP plumbing -----------------------------------------------------------------------------
+
+_ERROR_NAMES = {
+    400: "bad_request",
+    408: "request_timeout",
+    414: "uri_too_long",
+    431: "headers_too_large",
+    501: "not_implemented",
+    505: "http_version_not_supported",
+}
+
+
+class RefServiceHandler(BaseHTTPRequestHandler):
+    """Per-connection request handler: reads the body, authenticates, routes, answers JSON.
+
+    Expected errors become their JSON error response; anything else is logged
+    and answered with 500 ``{"error":"internal"}``.
+    """
+
+    server_version = "faultdesk-refservice/1"
+    protocol_version = "HTTP/1.1"
+    timeout = 60  # seconds an idle keep-alive connection may hold its thread
+
+    def do_GET(self):
+        """Dispatch a GET request."""
+        self._dispatch()
+
+    do_POST = do_PATCH = do_PUT = do_DELETE = do_HEAD = do_OPTIONS = do_GET
+
+    def _dispatch(self):
+        try:
+            response = self._handle()
+        except ApiError as exc:
+            response = Response(exc.status, exc.body, exc.headers)
+        except Exception:
+            log.exception("internal error handling %s %s", self.command, self.path)
+            response = Response(500, {"error": "internal"})
+        if response is None:
+            self.close_connection = True  # lost response: close without writing anything
+            return
+        self._send(response)
+
+    def _handle(self):
+        body = self._read_body()
+        url = urlsplit(self.path)
+        route, params = find_route(url.path)
+        if route is None or not route.public:
+            self._authenticate()
+        if route is None:
+            raise ApiError(404, "not_found")
+        handler = route.methods.get(self.command)
+        if handler is None:
+            allowed = sorted(route.methods)
+            raise ApiError(405, "method_not_allowed", headers={"Allow": ", ".join(allowed)}, allowed=allowed)
+        query = {name: values[0] for name, values in parse_qs(url.query).items()}
+        request = Request(self.command, url.path, query, self.headers, body, params)
+        return handler(self.server, request)
+
+    def _read_body(self):
+        """Read the whole body (always, so keep-alive stays in sync); 411/413/400 on bad framing."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            raise ApiError(
+                411, "length_required", detail="send a Content-Length; chunked bodies are not supported"
+            )
+        length = self.headers.get("Content-Length")
+        if length is None:
+            return b""
+        try:
+            size = int(length)
+            if size < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            raise invalid("Content-Length: must be a non-negative integer") from None
+        if size > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise ApiError(413, "payload_too_large", detail=f"bodies are limited to {MAX_BODY_BYTES} bytes")
+        return self.rfile.read(size)
+
+    def _authenticate(self):
+        api_key = self.server.api_key
+        if not api_key:
+            return
+        supplied = self.headers.get("Authorization", "")
+        scheme, _, token = supplied.partition(" ")
+        valid = scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode("utf-8", "surrogateescape"), api_key.encode("utf-8")
+        )
+        if not valid:
+            raise ApiError(401, "unauthorized", headers={"WWW-Authenticate": "Bearer"})
+
+    def _send(self, response):
+        payload = json.dumps(response.body, ensure_ascii=False).encode("utf-8")
+        self.send_response(response.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in response.headers.items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def send_error(self, code, message=None, explain=None):
+        """Answer protocol-level errors (malformed request, unknown method) with JSON, not HTML."""
+        self.close_connection = True
+        detail = message or HTTPStatus(code).phrase
+        self._send(Response(code, {"error": _ERROR_NAMES.get(code, "bad_request"), "detail": detail}))
+
+    def log_message(self, format, *args):
+        """Send the access log to the ``logging`` module instead of stderr."""
+        log.info("%s %s", self.address_string(), format % args)
+
+
+class RefServiceServer(ThreadingHTTPServer):
+    """Threaded HTTP server holding the service state: ``store``, ``faults``, ``api_key``.
+
+    ``url`` is the base URL. :meth:`shutdown` stops serving, joins the thread
+    started by :func:`serve_in_thread` and closes the socket; it is idempotent.
+    """
+
+    daemon_threads = True
+    request_queue_size = 128  # listen backlog; the stdlib default of 5 resets bursts of clients
+
+    def __init__(self, server_address, store, api_key=None):
+        self.store = store
+        self.faults = FaultInjector()
+        self.api_key = api_key or None
+        self.thread = None
+        self._serving = False
+        super().__init__(server_address, RefServiceHandler)
+
+    def server_bind(self):
+        """Bind without the reverse-DNS lookup ``HTTPServer.server_bind`` does."""
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    @property
+    def url(self):
+        """Base URL, e.g. ``http://127.0.0.1:8765``."""
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def serve_forever(self, poll_interval=0.5):
+        """Serve until :meth:`shutdown` (see ``socketserver.BaseServer.serve_forever``)."""
+        self._serving = True
+        try:
+            super().serve_forever(poll_interval)
+        finally:
+            self._serving = False
+
+    def shutdown(self):
+        """Stop serving (if running), join the serving thread, close the listening socket."""
+        if self._serving or (self.thread is not None and self.thread.is_alive()):
+            super().shutdown()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        self.server_close()
+
+    def handle_error(self, request, client_address):
+        """Log errors that escape a handler (e.g. the client hung up) instead of printing them."""
+        log.warning("connection error with %s", client_address, exc_info=True)
+
+
+def make_server(host, port, db_path, api_key=None):
+    """Create (but do not start) the service on ``host:port`` with its SQLite file at ``db_path``.
+
+    ``port`` 0 picks a free port (see ``server.server_address``). With a falsy
+    ``api_key`` authentication is off. Returns a :class:`RefServiceServer`;
+    run it with ``serve_forever()``.
+    """
+    return RefServiceServer((host, port), storage.TicketStore(db_path), api_key)
+
+
+def serve_in_thread(host, port, db_path, api_key=None):
+    """Like :func:`make_server`, but already serving from a daemon thread (for tests).
+
+    Returns the :class:`RefServiceServer`; call ``shutdown()`` to stop it.
+    """
+    server = make_server(host, port, db_path, api_key)
+    server.thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="refservice", daemon=True
+    )
+    server.thread.start()
+    return server

@@ -1,0 +1,248 @@
+"""SQLite storage for the reference ticket service.
+
+One file database in WAL mode. Every call opens its own connection, so each
+request thread has its own; writes run inside ``BEGIN IMMEDIATE`` transactions,
+which take SQLite's write lock up front. That serialises concurrent creates for
+the same ``Idempotency-Key``: the first one inserts the ticket, every later one
+sees the stored key and replays. The storage survives restarts.
+
+Tables:
+
+* ``tickets`` -- one row per ticket; ``doc`` is the ticket JSON, ``seq`` gives
+  the sequential id (``REF-000001``...).
+* ``idempotency_keys`` -- per key: body digest, ticket id, the stored create
+  response, the highest fencing token seen and the effects counter.
+"""
+
+import json
+import os
+import sqlite3
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tickets (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    version INTEGER NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key TEXT PRIMARY KEY,
+    body_digest TEXT NOT NULL,
+    ticket_id TEXT NOT NULL,
+    response_status INTEGER NOT NULL,
+    response_body TEXT NOT NULL,
+    highest_fencing_token INTEGER,
+    effects INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL
+);
+"""
+
+
+class NotFound(Exception):
+    """The ticket does not exist."""
+
+
+class VersionMismatch(Exception):
+    """``If-Match`` named a version other than ``current_version``."""
+
+    def __init__(self, current_version):
+        super().__init__(f"current version is {current_version}")
+        self.current_version = current_version
+
+
+class StaleFencingToken(Exception):
+    """The request's fencing token is below ``highest``, the maximum seen for its key."""
+
+    def __init__(self, highest):
+        super().__init__(f"highest fencing token seen is {highest}")
+        self.highest = highest
+
+
+class IdempotencyKeyReused(Exception):
+    """The idempotency key was first used with a different request body."""
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    """Outcome of :meth:`TicketStore.create_ticket`.
+
+    ``status`` and ``body`` are the response to send; ``replayed`` is True when
+    they are the stored response of an earlier request with the same key.
+    """
+
+    status: int
+    body: dict
+    replayed: bool
+
+
+def utc_now():
+    """Return the current UTC time as ISO 8601 with milliseconds, e.g. ``2025-01-02T03:04:05.678Z``."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def format_ticket_id(seq):
+    """Return the public id for sequence number ``seq``: 123 -> ``REF-000123``."""
+    return f"REF-{seq:06d}"
+
+
+class TicketStore:
+    """Tickets and idempotency records in one SQLite file at ``db_path``.
+
+    Safe to share between threads: each method opens and closes its own
+    connection. ``db_path`` must be a file path (not ``:memory:``); missing
+    parent directories are created. Writers wait up to ``busy_timeout`` seconds
+    for the write lock before ``sqlite3.OperationalError`` is raised.
+    """
+
+    def __init__(self, db_path, busy_timeout=30.0):
+        self.db_path = os.fspath(db_path)
+        self.busy_timeout = busy_timeout
+        parent = os.path.dirname(os.path.abspath(self.db_path))
+        os.makedirs(parent, exist_ok=True)
+        with closing(self._connect()) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(SCHEMA)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _connect(self):
+        # isolation_level=None: autocommit, so transactions are exactly the BEGIN/COMMIT we issue.
+        return sqlite3.connect(self.db_path, timeout=self.busy_timeout, isolation_level=None)
+
+    @contextmanager
+    def _read(self):
+        with closing(self._connect()) as conn:
+            yield conn
+
+    @contextmanager
+    def _write(self):
+        """Yield a connection inside ``BEGIN IMMEDIATE``; commit on success, roll back on error."""
+        with closing(self._connect()) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def create_ticket(self, key, digest, fields, fencing_token=None):
+        """Create the ticket for idempotency ``key`` once; replay it afterwards.
+
+        ``fields`` are validated ticket fields, ``digest`` the request body
+        digest, ``fencing_token`` an int or None (not fenced). Returns a
+        :class:`CreateResult`: 201 with the new ticket, or the stored response
+        with ``replayed=True`` when ``key`` was already used with ``digest``.
+        An accepted token above the stored maximum raises it.
+
+        Raises :class:`StaleFencingToken` when ``fencing_token`` is below the
+        maximum seen for ``key`` and :class:`IdempotencyKeyReused` when ``key``
+        was used with another digest; neither changes anything.
+        """
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT body_digest, response_status, response_body, highest_fencing_token"
+                " FROM idempotency_keys WHERE key = ?",
+                (key,),
+            ).fetchone()
+            if row is not None:
+                stored_digest, status, body, highest = row
+                if fencing_token is not None and highest is not None and fencing_token < highest:
+                    raise StaleFencingToken(highest)
+                if stored_digest != digest:
+                    raise IdempotencyKeyReused()
+                if fencing_token is not None and (highest is None or fencing_token > highest):
+                    conn.execute(
+                        "UPDATE idempotency_keys SET highest_fencing_token = ? WHERE key = ?",
+                        (fencing_token, key),
+                    )
+                return CreateResult(status, json.loads(body), replayed=True)
+
+            now = utc_now()
+            (seq,) = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM tickets").fetchone()
+            ticket = {
+                "id": format_ticket_id(seq),
+                "version": 1,
+                "status": "open",
+                **fields,
+                "assignee": None,
+                "comments": [],
+                "idempotency_key": key,
+                "created_at": now,
+                "updated_at": now,
+            }
+            doc = json.dumps(ticket, ensure_ascii=False)
+            conn.execute(
+                "INSERT INTO tickets (seq, id, idempotency_key, version, doc) VALUES (?, ?, ?, 1, ?)",
+                (seq, ticket["id"], key, doc),
+            )
+            conn.execute(
+                "INSERT INTO idempotency_keys (key, body_digest, ticket_id, response_status, response_body,"
+                " highest_fencing_token, effects, created_at) VALUES (?, ?, ?, 201, ?, ?, 1, ?)",
+                (key, digest, ticket["id"], doc, fencing_token, now),
+            )
+            return CreateResult(201, ticket, replayed=False)
+
+    def update_ticket(self, ticket_id, expected_version, changes):
+        """Apply validated ``changes`` to a ticket if it is at ``expected_version``.
+
+        ``changes`` may hold ``status``, ``priority``, ``assignee`` and
+        ``comment`` (appended to ``comments`` as ``{"body", "created_at"}``).
+        Returns the ticket at version + 1. Raises :class:`NotFound` or
+        :class:`VersionMismatch`; neither changes anything.
+        """
+        with self._write() as conn:
+            row = conn.execute("SELECT version, doc FROM tickets WHERE id = ?", (ticket_id,)).fetchone()
+            if row is None:
+                raise NotFound(ticket_id)
+            version, doc = row
+            if version != expected_version:
+                raise VersionMismatch(version)
+            ticket = json.loads(doc)
+            now = utc_now()
+            for name in ("status", "priority", "assignee"):
+                if name in changes:
+                    ticket[name] = changes[name]
+            if "comment" in changes:
+                ticket["comments"].append({"body": changes["comment"], "created_at": now})
+            ticket["version"] = version + 1
+            ticket["updated_at"] = now
+            conn.execute(
+                "UPDATE tickets SET version = ?, doc = ? WHERE id = ?",
+                (ticket["version"], json.dumps(ticket, ensure_ascii=False), ticket_id),
+            )
+            return ticket
+
+    def get_ticket(self, ticket_id):
+        """Return the ticket dict with id ``ticket_id``, or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT doc FROM tickets WHERE id = ?", (ticket_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def find_by_idempotency_key(self, key):
+        """Return the ticket created with idempotency ``key``, or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT doc FROM tickets WHERE idempotency_key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def list_tickets(self):
+        """Return every ticket dict, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT doc FROM tickets ORDER BY seq").fetchall()
+        return [json.loads(doc) for (doc,) in rows]
+
+    def effects(self, key):
+        """Return how many tickets were really created for idempotency ``key`` (0 or 1)."""
+        with self._read() as conn:
+            row = conn.execute("SELECT effects FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else 0
+
+    def reset(self):
+        """Delete every ticket and idempotency record; ids restart at ``REF-000001``."""
+        with self._write() as conn:
+            conn.execute("DELETE FROM tickets")
+            conn.execute("DELETE FROM idempotency_keys")

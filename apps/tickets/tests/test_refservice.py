@@ -1,0 +1,397 @@
+"""Tests for the reference ticket service (apps.tickets.refservice), over real HTTP.
+
+Stdlib only: each call opens a fresh ``http.client`` connection to a server
+running in a thread on port 0 with a temporary SQLite file.
+"""
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from apps.tickets.refservice import serve_in_thread
+from apps.tickets.refservice.validation import body_digest
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+TICKET = {
+    "title": "Router R-12 drops uplink every hour",
+    "description": "Uplink flaps; logs attached.",
+    "priority": "P2",
+    "device": "router-r12",
+    "requester": "ana@example.com",
+    "tenant": "acme",
+    "labels": ["network"],
+    "evidence": ["kb/public/uplink-flap.md"],
+}
+
+
+def call(server, method, path, body=None, headers=None, auth=True, raw=None):
+    """Send one request on a new connection; return ``(status, headers, json_body)``."""
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        all_headers = {**(AUTH if auth else {}), **(headers or {})}
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        if data is not None:
+            all_headers.setdefault("Content-Type", "application/json")
+        conn.request(method, path, body=data, headers=all_headers)
+        response = conn.getresponse()
+        payload = response.read()
+        return response.status, response.headers, json.loads(payload) if payload else None
+    finally:
+        conn.close()
+
+
+def create(server, key, body=TICKET, **headers):
+    """POST /tickets with ``Idempotency-Key: key`` (plus extra headers given as keyword args)."""
+    extra = {name.replace("_", "-"): value for name, value in headers.items()}
+    return call(server, "POST", "/tickets", body, {"Idempotency-Key": key, **extra})
+
+
+def effects(server, key):
+    """Return the service's effects counter for ``key``."""
+    status, _, body = call(server, "GET", f"/_admin/effects?idempotency_key={key}")
+    assert status == 200
+    return body["effects"]
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "refservice" / "tickets.sqlite3"
+
+
+@pytest.fixture
+def server(db_path):
+    srv = serve_in_thread("127.0.0.1", 0, db_path, api_key=API_KEY)
+    yield srv
+    srv.shutdown()
+
+
+def test_create_then_get_with_etag(server):
+    status, headers, ticket = create(server, "key-1")
+    assert status == 201
+    assert ticket["id"] == "REF-000001"
+    assert ticket["version"] == 1 and ticket["status"] == "open"
+    assert ticket["idempotency_key"] == "key-1"
+    assert {k: ticket[k] for k in TICKET} == TICKET
+    assert ticket["created_at"].endswith("Z")
+    assert headers["ETag"] == '"1"'
+    assert headers["Location"] == "/tickets/REF-000001"
+    assert headers.get("Idempotent-Replayed") is None
+
+    status, headers, fetched = call(server, "GET", "/tickets/REF-000001")
+    assert status == 200
+    assert fetched == ticket
+    assert headers["ETag"] == '"1"'
+
+    status, _, second = create(server, "key-2", {**TICKET, "title": "Another"})
+    assert status == 201 and second["id"] == "REF-000002"
+
+
+def test_defaults_for_optional_fields(server):
+    body = {"title": "t", "priority": "P4", "device": "d", "tenant": "t"}
+    status, _, ticket = create(server, "minimal", body)
+    assert status == 201
+    assert ticket["description"] == "" and ticket["requester"] == ""
+    assert ticket["labels"] == [] and ticket["evidence"] == [] and ticket["comments"] == []
+    assert ticket["assignee"] is None
+
+
+def test_get_unknown_ticket_is_404(server):
+    assert call(server, "GET", "/tickets/REF-999999")[::2] == (404, {"error": "not_found"})
+
+
+def test_same_key_same_body_replays_stored_response(server):
+    status, _, first = create(server, "replay")
+    # Same content, different key order and spacing: same canonical digest.
+    raw = json.dumps(dict(reversed(list(TICKET.items()))), indent=2).encode()
+    status2, headers2, second = call(
+        server, "POST", "/tickets", headers={"Idempotency-Key": "replay"}, raw=raw
+    )
+    assert (status, status2) == (201, 201)
+    assert second == first
+    assert headers2["Idempotent-Replayed"] == "true"
+    assert headers2["ETag"] == '"1"' and headers2["Location"] == f"/tickets/{first['id']}"
+    assert effects(server, "replay") == 1
+    assert len(call(server, "GET", "/_admin/tickets")[2]["results"]) == 1
+
+
+def test_same_key_different_body_is_422(server):
+    create(server, "reuse")
+    status, _, body = create(server, "reuse", {**TICKET, "priority": "P1"})
+    assert status == 422
+    assert body["error"] == "idempotency_key_reused" and body["detail"]
+    assert effects(server, "reuse") == 1
+
+
+def test_missing_idempotency_key_is_400(server):
+    status, _, body = call(server, "POST", "/tickets", TICKET)
+    assert (status, body) == (400, {"error": "idempotency_key_required"})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"",
+        b"[]",
+        json.dumps({**TICKET, "title": ""}).encode(),
+        json.dumps({**TICKET, "title": "x" * 201}).encode(),
+        json.dumps({**TICKET, "priority": "P5"}).encode(),
+        json.dumps({k: v for k, v in TICKET.items() if k != "tenant"}).encode(),
+        json.dumps({**TICKET, "labels": "network"}).encode(),
+        json.dumps({**TICKET, "unexpected": 1}).encode(),
+    ],
+)
+def test_invalid_body_is_400(server, raw):
+    status, _, body = call(server, "POST", "/tickets", headers={"Idempotency-Key": "bad"}, raw=raw)
+    assert status == 400
+    assert body["error"] == "invalid_params" and body["detail"]
+    assert effects(server, "bad") == 0
+
+
+def test_auth_required_when_key_configured(server):
+    status, headers, body = call(server, "GET", "/tickets/REF-000001", auth=False)
+    assert (status, body) == (401, {"error": "unauthorized"})
+    assert headers["WWW-Authenticate"] == "Bearer"
+    wrong = {"Authorization": "Bearer nope", "Idempotency-Key": "k"}
+    assert call(server, "POST", "/tickets", TICKET, wrong, auth=False)[0] == 401
+    assert effects(server, "k") == 0
+    assert call(server, "GET", "/healthz", auth=False)[::2] == (200, {"ok": True})
+
+
+def test_auth_off_without_api_key(db_path):
+    srv = serve_in_thread("127.0.0.1", 0, db_path)
+    try:
+        assert create(srv, "no-auth")[0] == 201
+        assert call(srv, "GET", "/_admin/tickets", auth=False)[0] == 200
+    finally:
+        srv.shutdown()
+
+
+def test_lookup_by_idempotency_key(server):
+    _, _, ticket = create(server, "lookup-me")
+    status, _, body = call(server, "GET", "/tickets?idempotency_key=lookup-me")
+    assert (status, body) == (200, {"results": [ticket]})
+    assert call(server, "GET", "/tickets?idempotency_key=unknown")[::2] == (200, {"results": []})
+    assert call(server, "GET", "/tickets")[0] == 400
+
+
+def test_patch_with_if_match(server):
+    _, _, ticket = create(server, "patch")
+    path = f"/tickets/{ticket['id']}"
+    change = {"status": "in_progress", "assignee": "tier2", "comment": "Looking into it"}
+    status, headers, patched = call(server, "PATCH", path, change, {"If-Match": '"1"'})
+    assert status == 200
+    assert patched["version"] == 2 and headers["ETag"] == '"2"'
+    assert patched["status"] == "in_progress" and patched["assignee"] == "tier2"
+    assert [c["body"] for c in patched["comments"]] == ["Looking into it"]
+    assert call(server, "GET", path)[2] == patched
+
+    # A second writer still holding version 1 loses.
+    status, headers, body = call(server, "PATCH", path, {"status": "closed"}, {"If-Match": '"1"'})
+    assert (status, body) == (412, {"error": "version_mismatch", "current_version": 2})
+    assert headers["ETag"] == '"2"'
+
+    status, _, body = call(server, "PATCH", path, {"status": "closed"})
+    assert status == 428 and body["error"] == "precondition_required"
+
+    status, _, body = call(server, "PATCH", path, {"status": "bogus"}, {"If-Match": '"2"'})
+    assert status == 400 and body["error"] == "invalid_params"
+    assert call(server, "PATCH", "/tickets/REF-424242", {"status": "closed"}, {"If-Match": '"1"'})[0] == 404
+
+    status, _, body = call(
+        server, "PATCH", path, {"comment": "Fixed", "status": "resolved"}, {"If-Match": '"2"'}
+    )
+    assert status == 200 and body["version"] == 3 and len(body["comments"]) == 2
+    # The idempotent replay still returns the stored create response.
+    assert create(server, "patch")[2]["version"] == 1
+
+
+def test_stale_fencing_token_is_409(server):
+    assert create(server, "fenced", X_Fencing_Token="5")[0] == 201
+    status, _, body = create(server, "fenced", X_Fencing_Token="4")
+    assert (status, body) == (409, {"error": "stale_fencing_token", "highest": 5})
+    # Equal is accepted (replay); higher raises the stored maximum.
+    assert create(server, "fenced", X_Fencing_Token="5")[0] == 201
+    assert create(server, "fenced", X_Fencing_Token="7")[0] == 201
+    status, _, body = create(server, "fenced", X_Fencing_Token="6")
+    assert (status, body) == (409, {"error": "stale_fencing_token", "highest": 7})
+    # A stale token is rejected before the body is compared, and changes nothing.
+    assert create(server, "fenced", {**TICKET, "title": "changed"}, X_Fencing_Token="1")[0] == 409
+    assert effects(server, "fenced") == 1
+    assert create(server, "other", X_Fencing_Token="-1")[0] == 400
+
+
+def test_drop_after_commit_then_reconcile(server):
+    status, _, body = call(server, "POST", "/_admin/faults", {"mode": "drop_after_commit"})
+    assert status == 200 and body["mode"] == "drop_after_commit" and body["remaining"] == 1
+
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+        create(server, "lost-response")
+
+    # The ticket was committed: reconciliation by key finds it.
+    _, _, found = call(server, "GET", "/tickets?idempotency_key=lost-response")
+    assert len(found["results"]) == 1
+    assert effects(server, "lost-response") == 1
+
+    # A retry with the same key gets the stored ticket, not a second one.
+    status, headers, retried = create(server, "lost-response")
+    assert status == 201 and headers["Idempotent-Replayed"] == "true"
+    assert retried == found["results"][0]
+    assert effects(server, "lost-response") == 1
+
+
+def test_fail_503_has_no_effect(server):
+    call(server, "POST", "/_admin/faults", {"mode": "fail_503", "count": 2})
+    for _ in range(2):
+        status, headers, body = create(server, "unavailable")
+        assert (status, body) == (503, {"error": "temporarily_unavailable"})
+        assert headers["Retry-After"] == "1"
+    assert effects(server, "unavailable") == 0
+    assert call(server, "GET", "/tickets?idempotency_key=unavailable")[2] == {"results": []}
+    # Fault used up: the next attempt creates the ticket.
+    status, headers, _ = create(server, "unavailable")
+    assert status == 201 and headers.get("Idempotent-Replayed") is None
+    assert effects(server, "unavailable") == 1
+
+
+def test_delay_fault(server):
+    call(server, "POST", "/_admin/faults", {"mode": "delay", "delay_seconds": 0.3})
+    started = time.monotonic()
+    assert create(server, "slow")[0] == 201
+    assert time.monotonic() - started >= 0.3
+
+
+def test_invalid_fault_and_reset(server):
+    assert call(server, "POST", "/_admin/faults", {"mode": "explode"})[0] == 400
+    create(server, "before-reset")
+    call(server, "POST", "/_admin/faults", {"mode": "fail_503", "count": 5})
+    assert call(server, "POST", "/_admin/reset")[::2] == (200, {"ok": True})
+    assert call(server, "GET", "/_admin/tickets")[2] == {"results": []}
+    assert effects(server, "before-reset") == 0
+    status, _, ticket = create(server, "after-reset")  # faults were wiped too
+    assert status == 201 and ticket["id"] == "REF-000001"
+
+
+def test_concurrent_same_key_creates_exactly_one_ticket(server):
+    barrier = threading.Barrier(20)
+    results, errors = [], []
+
+    def worker():
+        try:
+            barrier.wait()
+            results.append(create(server, "race"))
+        except Exception as exc:  # collected and asserted on below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert errors == []
+    assert len(results) == 20
+    assert {status for status, _, _ in results} == {201}
+    assert len({body["id"] for _, _, body in results}) == 1
+    fresh = [h for _, h, _ in results if h.get("Idempotent-Replayed") is None]
+    assert len(fresh) == 1
+    assert effects(server, "race") == 1
+    assert len(call(server, "GET", "/_admin/tickets")[2]["results"]) == 1
+
+
+def test_storage_survives_restart(db_path):
+    first = serve_in_thread("127.0.0.1", 0, db_path, api_key=API_KEY)
+    try:
+        _, _, ticket = create(first, "durable", X_Fencing_Token="3")
+        _, _, ticket = call(
+            first, "PATCH", f"/tickets/{ticket['id']}", {"status": "resolved"}, {"If-Match": '"1"'}
+        )
+    finally:
+        first.shutdown()
+
+    second = serve_in_thread("127.0.0.1", 0, db_path, api_key=API_KEY)
+    try:
+        status, headers, fetched = call(second, "GET", f"/tickets/{ticket['id']}")
+        assert status == 200 and fetched == ticket and headers["ETag"] == '"2"'
+        status, headers, _ = create(second, "durable")
+        assert status == 201 and headers["Idempotent-Replayed"] == "true"
+        assert create(second, "durable", X_Fencing_Token="2")[0] == 409
+        assert effects(second, "durable") == 1
+        assert create(second, "next")[2]["id"] == "REF-000002"
+    finally:
+        second.shutdown()
+
+
+def test_unknown_route_and_wrong_method(server):
+    assert call(server, "GET", "/nope")[::2] == (404, {"error": "not_found"})
+    status, headers, body = call(server, "DELETE", "/tickets/REF-000001")
+    assert status == 405 and body["error"] == "method_not_allowed"
+    assert headers["Allow"] == "GET, PATCH"
+    assert call(server, "PUT", "/healthz")[0] == 405
+
+
+def test_body_digest_is_canonical_sha256():
+    import hashlib
+
+    expected = hashlib.sha256('{"a":"é","b":1}'.encode()).hexdigest()
+    assert body_digest({"b": 1, "a": "é"}) == expected
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_runs_as_a_process_with_env_api_key(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "REFSERVICE_API_KEY": "env-key"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "apps.tickets.refservice",
+        "--port",
+        str(port),
+        "--db",
+        str(tmp_path / "t.sqlite3"),
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/healthz")
+                assert conn.getresponse().status == 200
+                conn.close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    pytest.fail(f"service did not start: {proc.communicate()[0].decode()}")
+                time.sleep(0.1)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/_admin/tickets")
+        assert conn.getresponse().status == 401
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/_admin/tickets", headers={"Authorization": "Bearer env-key"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=10)[0].decode()
+    assert proc.returncode == 0, output
+    assert "listening on" in output

@@ -1,0 +1,11 @@
+"""The Celery application (DESIGN.md §2): queues ``agent``, ``tools`` and ``outbox``; beat ticks."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+
+app = Celery("faultdesk")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,172 @@
+"""Base settings shared by every environment (local, test, production).
+
+Values come from the environment through ``config.env.env``. With no ``DATABASE_URL`` the
+embedded PostgreSQL is used and with no ``REDIS_URL`` the embedded Redis (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from config import embedded
+from config.env import BASE_DIR, VAR_DIR, env
+
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="faultdesk-insecure-dev-key-change-me")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "django_htmx",
+    "apps.accounts",
+    "apps.devices",
+    "apps.evidence",
+    "apps.events",
+    "apps.tasks",
+    "apps.actions",
+    "apps.approvals",
+    "apps.outbox",
+    "apps.tickets",
+    "apps.llm",
+    "apps.traces",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "apps.accounts.context_processors.principal",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=embedded.postgres_url()),
+}
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=0))
+DATABASES["default"]["ATOMIC_REQUESTS"] = False
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "apps.accounts.api.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "faultdesk API",
+    "DESCRIPTION": "File device fault requests, decide approvals, read task state and evidence.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Celery (DESIGN.md §2): Redis is a hint to run, PostgreSQL is the truth -------------------
+CELERY_BROKER_URL = env("REDIS_URL", default=embedded.redis_url())
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "agent"
+CELERY_TASK_ROUTES = {
+    "apps.tasks.tasks.agent_step": {"queue": "agent"},
+    "apps.tasks.tasks.read_context": {"queue": "tools"},
+    "apps.tasks.tasks.sweep_leases": {"queue": "agent"},
+    "apps.outbox.tasks.dispatch_pending": {"queue": "outbox"},
+    "apps.outbox.tasks.reconcile_unknown": {"queue": "outbox"},
+    "apps.approvals.tasks.expire_approvals": {"queue": "agent"},
+}
+CELERY_BEAT_SCHEDULE = {
+    "outbox-tick": {"task": "apps.outbox.tasks.dispatch_pending", "schedule": timedelta(seconds=2)},
+    "lease-sweeper": {"task": "apps.tasks.tasks.sweep_leases", "schedule": timedelta(seconds=5)},
+    "reconciler": {"task": "apps.outbox.tasks.reconcile_unknown", "schedule": timedelta(seconds=5)},
+    "approval-expiry": {"task": "apps.approvals.tasks.expire_approvals", "schedule": timedelta(seconds=30)},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# --- faultdesk ------------------------------------------------------------------------------
+FAULTDESK = {
+    # Reference ticket service (DESIGN.md §11); the tool gateway injects this credential.
+    "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
+    "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default="faultdesk-refservice-dev-key"),
+    "REFSERVICE_TIMEOUT_SECONDS": env.float("REFSERVICE_TIMEOUT_SECONDS", default=5.0),
+    # Leases (DESIGN.md §5)
+    "LEASE_SECONDS": env.int("FAULTDESK_LEASE_SECONDS", default=60),
+    "OUTBOX_LEASE_SECONDS": env.int("FAULTDESK_OUTBOX_LEASE_SECONDS", default=30),
+    "OUTBOX_BATCH": env.int("FAULTDESK_OUTBOX_BATCH", default=20),
+    # Task defaults (DESIGN.md §1 step 1, §8)
+    "TASK_DEADLINE_SECONDS": env.int("FAULTDESK_TASK_DEADLINE_SECONDS", default=3600),
+    "TASK_BUDGET_UNITS": env.int("FAULTDESK_TASK_BUDGET_UNITS", default=100),
+    "RETRIEVAL_TOP_K": env.int("FAULTDESK_RETRIEVAL_TOP_K", default=5),
+    "SNAPSHOT_EVERY": env.int("FAULTDESK_SNAPSHOT_EVERY", default=20),
+    # Model layer (DESIGN.md §10): the local deterministic drafter needs no network.
+    "MODEL_PROVIDER": env("FAULTDESK_MODEL_PROVIDER", default="local"),
+    "EMBEDDING_MODEL": "all-MiniLM-L6-v2",
+    # Key retention covers retries + reconciliation + a database-restore window (DESIGN.md §6).
+    "IDEMPOTENCY_KEY_RETENTION_DAYS": env.int("FAULTDESK_IDEMPOTENCY_KEY_RETENTION_DAYS", default=35),
+    "PUBLIC_BASE_URL": env("FAULTDESK_PUBLIC_BASE_URL", default="http://127.0.0.1:8000"),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,12 @@
+"""Production: every URL and secret must come from the environment."""
+
+from config.settings.base import *  # noqa: F403
+from config.env import env
+
+DEBUG = False
+SECRET_KEY = env("DJANGO_SECRET_KEY")
+DATABASES = {"default": env.db("DATABASE_URL")}
+CELERY_BROKER_URL = env("REDIS_URL")
+SESSION_COOKIE_SECURE = True
+CSRF_COOKIE_SECURE = True
+SECURE_CONTENT_TYPE_NOSNIFF = True

@@ -1,0 +1,42 @@
+"""URL map: pages (requester, approver, admin), the DRF API under /api/, the OpenAPI schema."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+
+from apps.approvals import views as approval_views
+from apps.approvals.api import views as approval_api
+from apps.devices.api import views as device_api
+from apps.tasks import views as task_views
+from apps.tasks.api import views as task_api
+from apps.traces import views as trace_views
+
+urlpatterns = [
+    path("", task_views.home, name="home"),
+    path("healthz", task_views.healthz, name="healthz"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("requests/", task_views.request_list, name="request-list"),
+    path("requests/new/", task_views.request_new, name="request-new"),
+    path("tasks/<uuid:task_id>/", task_views.task_detail, name="task-detail"),
+    path("tasks/<uuid:task_id>/cancel/", task_views.task_cancel_view, name="task-cancel"),
+    path("tasks/<uuid:task_id>/input/", task_views.task_input_view, name="task-input"),
+    path("tasks/<uuid:task_id>/trace/", trace_views.task_trace, name="task-trace"),
+    path("admin-tasks/", trace_views.admin_tasks, name="admin-tasks"),
+    path("approvals/", approval_views.approval_queue, name="approval-queue"),
+    path("approvals/<uuid:approval_id>/decide/", approval_views.approval_decide_view, name="approval-decide"),
+    # API
+    path("api/tasks/", task_api.TaskListCreateApi.as_view(), name="api-task-list"),
+    path("api/tasks/<uuid:task_id>/", task_api.TaskDetailApi.as_view(), name="api-task-detail"),
+    path("api/tasks/<uuid:task_id>/cancel/", task_api.TaskCancelApi.as_view(), name="api-task-cancel"),
+    path("api/tasks/<uuid:task_id>/input/", task_api.TaskInputApi.as_view(), name="api-task-input"),
+    path("api/tasks/<uuid:task_id>/events/", task_api.TaskEventsApi.as_view(), name="api-task-events"),
+    path("api/approvals/", approval_api.ApprovalListApi.as_view(), name="api-approval-list"),
+    path("api/approvals/<uuid:approval_id>/", approval_api.ApprovalDetailApi.as_view(), name="api-approval-detail"),
+    path("api/approvals/<uuid:approval_id>/decision/", approval_api.ApprovalDecisionApi.as_view(),
+         name="api-approval-decision"),
+    path("api/devices/", device_api.DeviceListApi.as_view(), name="api-device-list"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("django-admin/", admin.site.urls),
+]
