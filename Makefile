@@ -1,0 +1,39 @@
+# faultdesk — everything a developer needs, from a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo up down status test lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make demo — set up, start everything, run the main job over HTTP, keep the web up until Ctrl-C
+demo: $(STAMP)
+	$(BIN)/python -m config.devstack demo
+
+## make up / make down — start / stop all services in the background
+up: $(STAMP)
+	$(BIN)/python -m config.devstack up
+
+down:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m config.devstack down; fi
+
+status: $(STAMP)
+	$(BIN)/python -m config.devstack status
+
+## make test — the whole test suite (starts the embedded PostgreSQL/Redis it needs)
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean: down
+	rm -rf var

@@ -1,0 +1,198 @@
+"""Start and stop faultdesk's processes on one machine (``make up`` / ``make down`` / ``make demo``).
+
+Processes (DESIGN.md §2), run under supervisord with logs in ``var/log``:
+
+- ``web``: gunicorn serving Django on ``FAULTDESK_WEB_PORT`` (8000);
+- ``worker-agent``, ``worker-tools``, ``worker-outbox``: one Celery worker per queue;
+- ``beat``: Celery beat (outbox tick, lease sweeper, reconciler, approval expiry);
+- ``refservice``: the reference ticket service on ``REFSERVICE_PORT`` (8765), storage in
+  ``var/refservice``.
+
+PostgreSQL and Redis are embedded unless ``DATABASE_URL`` / ``REDIS_URL`` are set.
+
+Usage: ``python -m config.devstack up|down|status|demo [--no-wait]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from config import embedded
+from config.env import BASE_DIR, VAR_DIR
+
+BIN = Path(sys.executable).parent
+RUN = VAR_DIR / "run"
+LOGS = VAR_DIR / "log"
+CONF = RUN / "supervisord.conf"
+SOCK = RUN / "supervisor.sock"
+
+
+def web_port() -> int:
+    return int(os.environ.get("FAULTDESK_WEB_PORT", "8000"))
+
+
+def refservice_port() -> int:
+    return int(os.environ.get("REFSERVICE_PORT", "8765"))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    env.setdefault("REFSERVICE_URL", f"http://127.0.0.1:{refservice_port()}")
+    env.setdefault("REFSERVICE_API_KEY", "faultdesk-refservice-dev-key")
+    env.setdefault("FAULTDESK_PUBLIC_BASE_URL", f"http://127.0.0.1:{web_port()}")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def programs() -> dict[str, str]:
+    """Program name → command line (run from the repository root)."""
+    celery = f"{BIN / 'celery'} -A config"
+    return {
+        "web": f"{BIN / 'gunicorn'} config.wsgi -b 127.0.0.1:{web_port()} -w 2 --threads 4 --timeout 60 "
+               f"--access-logfile -",
+        "worker-agent": f"{celery} worker -Q agent -n agent@%%h -c 2 --loglevel INFO",
+        "worker-tools": f"{celery} worker -Q tools -n tools@%%h -c 2 --loglevel INFO",
+        "worker-outbox": f"{celery} worker -Q outbox -n outbox@%%h -c 2 --loglevel INFO",
+        "beat": f"{celery} beat --loglevel INFO -s {RUN / 'celerybeat-schedule'} --pidfile=",
+        "refservice": f"{sys.executable} -m apps.tickets.refservice --host 127.0.0.1 --port {refservice_port()} "
+                      f"--db {VAR_DIR / 'refservice' / 'tickets.sqlite3'}",
+    }
+
+
+def write_supervisor_conf() -> None:
+    env = _env()
+    keep = ("DJANGO_SETTINGS_MODULE", "REFSERVICE_URL", "REFSERVICE_API_KEY", "FAULTDESK_PUBLIC_BASE_URL",
+            "PYTHONUNBUFFERED", "DATABASE_URL", "REDIS_URL", "PATH", "HOME", "DJANGO_SECRET_KEY",
+            "FAULTDESK_MODEL_PROVIDER")
+    env_line = ",".join(f'{k}="{env[k]}"' for k in keep if k in env)
+    lines = [
+        "[unix_http_server]", f"file={SOCK}", "",
+        "[supervisord]", f"logfile={LOGS / 'supervisord.log'}", f"pidfile={RUN / 'supervisord.pid'}",
+        f"directory={BASE_DIR}", "nodaemon=false", "",
+        "[rpcinterface:supervisor]", "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+        "", "[supervisorctl]", f"serverurl=unix://{SOCK}", "",
+    ]
+    for name, cmd in programs().items():
+        lines += [
+            f"[program:{name}]", f"command={cmd}", f"directory={BASE_DIR}", f"environment={env_line}",
+            "autostart=true", "autorestart=true", "startsecs=2", "stopasgroup=true", "killasgroup=true",
+            "stopwaitsecs=20", f"stdout_logfile={LOGS / (name + '.log')}", "redirect_stderr=true", "",
+        ]
+    CONF.write_text("\n".join(lines))
+
+
+def _supervisorctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "supervisorctl"), "-c", str(CONF), *args],  # noqa: S603
+                          capture_output=True, text=True, check=False)
+
+
+def _supervisord_running() -> bool:
+    return SOCK.exists() and _supervisorctl("pid").returncode == 0
+
+
+def _wait_http(url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def _manage(*args: str) -> None:
+    subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], check=True, env=_env())  # noqa: S603
+
+
+def up() -> None:
+    """Start every service in the background; return when web and the ticket service answer."""
+    for d in (RUN, LOGS, VAR_DIR / "refservice"):
+        d.mkdir(parents=True, exist_ok=True)
+    if "DATABASE_URL" not in os.environ:
+        print("• embedded PostgreSQL 16 + pgvector in var/pgdata", flush=True)
+        embedded.ensure_postgres()
+    if "REDIS_URL" not in os.environ:
+        print("• embedded Redis on var/run/redis.sock", flush=True)
+        embedded.ensure_redis()
+    print("• migrating", flush=True)
+    _manage("migrate", "--no-input", "-v", "0")
+    if _supervisord_running():
+        print("• processes already running; restarting them", flush=True)
+        _supervisorctl("shutdown")
+        time.sleep(1)
+    write_supervisor_conf()
+    subprocess.run([str(BIN / "supervisord"), "-c", str(CONF)], check=True)  # noqa: S603
+    ok_web = _wait_http(f"http://127.0.0.1:{web_port()}/healthz", 60)
+    ok_ref = _wait_http(f"http://127.0.0.1:{refservice_port()}/healthz", 30)
+    print(_supervisorctl("status").stdout, flush=True)
+    if not (ok_web and ok_ref):
+        raise SystemExit(f"services did not come up (web={ok_web}, refservice={ok_ref}); see var/log/")
+    print(f"• web on http://127.0.0.1:{web_port()}/ · reference ticket service on "
+          f"http://127.0.0.1:{refservice_port()}/ · logs in var/log/", flush=True)
+
+
+def down() -> None:
+    """Stop every process and the embedded servers (data in var/ stays)."""
+    if _supervisord_running():
+        _supervisorctl("shutdown")
+        for _ in range(100):
+            if not _supervisord_running():
+                break
+            time.sleep(0.2)
+    if "REDIS_URL" not in os.environ:
+        embedded.stop_redis()
+    if "DATABASE_URL" not in os.environ:
+        embedded.stop_postgres()
+    print("• stopped", flush=True)
+
+
+def status() -> None:
+    print(_supervisorctl("status").stdout if _supervisord_running() else "not running")
+
+
+def demo(wait: bool) -> None:
+    """``make demo``: start everything, seed, run the main job over HTTP, keep the web up."""
+    from config import demo_client
+
+    up()
+    print("• seeding the demo tenant, fleet and knowledge base", flush=True)
+    _manage("seed_demo")
+    ok = demo_client.run(base_url=f"http://127.0.0.1:{web_port()}",
+                         refservice_url=f"http://127.0.0.1:{refservice_port()}",
+                         credentials_path=VAR_DIR / "demo-credentials.json")
+    if not ok:
+        raise SystemExit(1)
+    if not wait:
+        return
+    print(f"\n(web app stays up at http://127.0.0.1:{web_port()}/ — press Ctrl-C to stop)", file=sys.stderr,
+          flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        down()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="devstack", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status", "demo"])
+    parser.add_argument("--no-wait", action="store_true", help="demo: exit after the DEMO OK line (services keep running)")
+    args = parser.parse_args(argv)
+    os.chdir(BASE_DIR)
+    {"up": up, "down": down, "status": status}.get(args.command, lambda: demo(wait=not args.no_wait))()
+
+
+if __name__ == "__main__":
+    main()
