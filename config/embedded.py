@@ -12,6 +12,7 @@ server listens (:func:`postgres_url`, :func:`redis_url`); they never start one.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -27,6 +28,8 @@ LOG_DIR: Path = VAR_DIR / "log"
 REDIS_DIR: Path = VAR_DIR / "redis"
 # pgserver asks platformdirs for a runtime dir; without XDG_RUNTIME_DIR it warns and uses /tmp.
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+# pgserver logs at exit (atexit) to streams that may already be closed, e.g. under pytest.
+logging.getLogger("pgserver").setLevel(logging.WARNING)
 
 REDIS_SOCKET: Path = RUN_DIR / "redis.sock"
 REDIS_PIDFILE: Path = RUN_DIR / "redis.pid"
@@ -79,7 +82,7 @@ def ensure_postgres(database: str = DATABASE_NAME) -> str:
     if "(1 row)" not in exists:
         server.psql(f'CREATE DATABASE "{database}";')
     # The extension in template1 means every database created later (test databases too) has it.
-    server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+    server.psql("SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS vector;")
     _psql_db(server, "template1", "CREATE EXTENSION IF NOT EXISTS vector;")
     _psql_db(server, database, "CREATE EXTENSION IF NOT EXISTS vector;")
     return postgres_url(database)
@@ -103,7 +106,7 @@ def _psql_db(server, database: str, sql: str) -> None:
         "ON_ERROR_STOP=1",
         "-q",
         "-c",
-        sql,
+        "SET client_min_messages = warning; " + sql,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
     if result.returncode != 0:

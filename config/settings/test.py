@@ -8,3 +8,17 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+
+import os  # noqa: E402
+
+from config import embedded  # noqa: E402
+from config.env import env  # noqa: E402
+
+# The test session needs PostgreSQL with pgvector: with no DATABASE_URL it starts the embedded one
+# here, before pytest-django opens the first connection (idempotent; ~0.3 s when already running).
+if "DATABASE_URL" not in os.environ:
+    DATABASES = {"default": env.db_url_config(embedded.ensure_postgres())}  # noqa: F405
+
+# In-process tests never talk to a broker; end-to-end tests give their worker processes a real one.
+CELERY_BROKER_URL = "memory://"
+FAULTDESK = {**FAULTDESK, "SNAPSHOT_EVERY": 4}  # noqa: F405

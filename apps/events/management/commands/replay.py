@@ -1,0 +1,39 @@
+"""``python manage.py replay TASK_ID`` / ``replay --all``: rebuild state from snapshot + events,
+compare with the task row, exit non-zero naming the first divergent event when they differ."""
+
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.events.replay import task_replay
+from apps.tasks.models import Task
+
+
+class Command(BaseCommand):
+    help = "Replay task events and compare with the materialized state."
+
+    def add_arguments(self, parser):
+        parser.add_argument("task_id", nargs="?")
+        parser.add_argument("--all", action="store_true")
+        parser.add_argument("--no-snapshot", action="store_true", help="replay from the first event")
+
+    def handle(self, *args, task_id=None, all=False, no_snapshot=False, **options):  # noqa: A002
+        if bool(task_id) == bool(all):
+            raise CommandError("give a TASK_ID or --all")
+        qs = Task.objects.all().order_by("created_at") if all else Task.objects.filter(pk=task_id)
+        if not all and not qs.exists():
+            raise CommandError(f"no task {task_id}")
+        bad = 0
+        count = 0
+        for task in qs.iterator():
+            count += 1
+            r = task_replay(task, use_snapshot=not no_snapshot)
+            if r.ok:
+                if not all:
+                    self.stdout.write(f"OK {r.task_id}: {r.events} events replayed"
+                                      + (f" after snapshot {r.from_snapshot}" if r.from_snapshot else ""))
+            else:
+                bad += 1
+                self.stdout.write(f"DIVERGED {r.task_id}: first divergent event seq {r.divergent_seq}: {r.detail}")
+        if all:
+            self.stdout.write(f"{count - bad} of {count} tasks replay to their materialized state")
+        if bad:
+            raise CommandError(f"{bad} task(s) diverge")

@@ -1,0 +1,91 @@
+"""Replay: rebuild a task's state from its newest valid snapshot and the later events, and compare
+it with the materialized task row (DESIGN.md §4, invariant 7: ``replay(events) == state``).
+
+Replay uses the reducer version pinned in the task's artifact bundle; a task pinned to a reducer
+this code does not carry is reported, never replayed silently with new logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apps.actions.digest import sha256_json
+from apps.events.models import TaskEvent, TaskSnapshot
+from apps.tasks import reducer
+
+#: Reducer versions this code can replay, by the name pinned in the artifact bundle.
+REDUCERS = {reducer.REDUCER_VERSION: reducer.reduce}
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """``ok`` when the rebuilt state equals the task row. Otherwise ``divergent_seq`` names the
+    first event whose result differs (or the event δ refused), and ``detail`` says how."""
+
+    task_id: str
+    ok: bool
+    events: int
+    from_snapshot: int | None
+    divergent_seq: int | None = None
+    detail: str = ""
+
+
+def _row_state(task) -> dict:
+    return {
+        "status": task.status,
+        "version": task.version,
+        "budget": [task.budget_total, task.budget_used, task.budget_reserved],
+        "state": task.state,
+    }
+
+
+def task_replay(task, *, use_snapshot: bool = True) -> ReplayResult:
+    """Replay ``task`` and compare with its row. Never writes. See :class:`ReplayResult`."""
+    pinned = (task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION)
+    reduce = REDUCERS.get(pinned)
+    if reduce is None:
+        return ReplayResult(str(task.pk), False, 0, None, None, f"no reducer {pinned!r} in this build")
+    state, start_seq, snap_seq = reducer.initial_state(), 0, None
+    if use_snapshot:
+        snap = TaskSnapshot.objects.filter(task_id=task.pk).order_by("-seq").first()
+        if snap is not None and sha256_json(snap.state) == snap.digest and snap.reducer_version == pinned:
+            state, start_seq, snap_seq = snap.state, snap.seq, snap.seq
+    events = list(TaskEvent.objects.filter(task_id=task.pk, seq__gt=start_seq).order_by("seq"))
+    expected_seq = start_seq
+    for e in events:
+        expected_seq += 1
+        if e.seq != expected_seq:
+            return ReplayResult(str(task.pk), False, len(events), snap_seq, e.seq,
+                                f"gap in the event log: expected seq {expected_seq}, found {e.seq}")
+        if sha256_json(e.payload) != e.payload_digest:
+            return ReplayResult(str(task.pk), False, len(events), snap_seq, e.seq, "payload digest mismatch")
+        try:
+            state = reduce(state, e.type, e.payload)
+        except reducer.IllegalTransition as exc:
+            return ReplayResult(str(task.pk), False, len(events), snap_seq, e.seq, f"δ refuses {e.type}: {exc.reason}")
+    rebuilt = {
+        "status": state["status"],
+        "version": expected_seq,
+        "budget": [state["budget"]["total"], state["budget"]["used"], state["budget"]["reserved"]],
+        "state": state,
+    }
+    row = _row_state(task)
+    if rebuilt == row:
+        return ReplayResult(str(task.pk), True, len(events), snap_seq)
+    diffs = [k for k in rebuilt if rebuilt[k] != row[k]]
+    # Find the first divergent event: the first seq after which the state no longer matches any
+    # prefix that could produce the row (here: the last event if only the end differs).
+    first = _first_divergent(task, row, start_state=reducer.initial_state(), reduce=reduce)
+    return ReplayResult(str(task.pk), False, len(events), snap_seq, first, f"differs in {diffs}")
+
+
+def _first_divergent(task, row: dict, *, start_state: dict, reduce) -> int | None:
+    """The seq of the first event at which the rebuilt state departs from the row's recorded
+    history (the row only holds the latest state, so: the first seq after the row's version, or
+    the last event when the versions agree but the states differ)."""
+    last = TaskEvent.objects.filter(task_id=task.pk).order_by("-seq").values_list("seq", flat=True).first()
+    if last is None:
+        return None
+    if row["version"] < last:
+        return row["version"] + 1
+    return last

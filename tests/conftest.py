@@ -1,0 +1,128 @@
+"""Shared fixtures: a tenant with a requester, an approver and an admin; a device; a small
+knowledge base ingested with real embeddings; the reference ticket service on loopback; and a
+driver that runs the agent, tools and outbox steps in-process (no broker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from apps.accounts.models import AccessScope, Role
+from apps.accounts.principal import principal_for_user
+from tests.factories import DeviceFactory, MembershipFactory, TenantFactory, UserFactory
+
+KB = Path(__file__).resolve().parent.parent / "apps" / "evidence" / "kb"
+SMALL_KB = [
+    ("tier2", "laser-printer-fuser-error-replacement.md"),
+    ("public", "laser-printer-paper-jam.md"),
+    ("public", "mfp-toner-and-drum-replacement.md"),
+    ("public", "ups-on-battery-and-battery-alarms.md"),
+    ("security", "badge-reader-offline-and-tamper.md"),
+]
+
+
+@pytest.fixture
+def tenant(db):
+    return TenantFactory(slug="acme", name="ACME")
+
+
+@pytest.fixture
+def requester(tenant):
+    return MembershipFactory(user=UserFactory(username="riley"), tenant=tenant, role=Role.REQUESTER,
+                             scopes=[AccessScope.PUBLIC, AccessScope.TIER2]).user
+
+
+@pytest.fixture
+def approver(tenant):
+    return MembershipFactory(user=UserFactory(username="avery"), tenant=tenant, role=Role.APPROVER,
+                             scopes=list(AccessScope.values)).user
+
+
+@pytest.fixture
+def admin_user(tenant):
+    user = UserFactory(username="adele", is_staff=True, is_superuser=True)
+    MembershipFactory(user=user, tenant=tenant, role=Role.ADMIN, scopes=list(AccessScope.values))
+    return user
+
+
+@pytest.fixture
+def other_tenant_user(db):
+    other = TenantFactory(slug="globex")
+    return MembershipFactory(user=UserFactory(username="gus"), tenant=other, role=Role.ADMIN,
+                             scopes=list(AccessScope.values)).user
+
+
+@pytest.fixture
+def device(tenant):
+    return DeviceFactory(tenant=tenant, asset_tag="PRN-0417")
+
+
+def p(user):
+    """The principal of ``user``."""
+    return principal_for_user(user)
+
+
+@pytest.fixture
+def kb(tenant):
+    """Five documents of the project's knowledge base in three scopes, really embedded."""
+    from apps.evidence.services import document_ingest
+
+    for scope, name in SMALL_KB:
+        document_ingest(tenant=tenant, source=f"{scope}/{name}", raw=(KB / scope / name).read_text(), scope=scope)
+
+
+@pytest.fixture
+def refservice(tmp_path, settings):
+    """The reference ticket service as a real HTTP server on loopback, wired into settings."""
+    from apps.tickets.refservice import serve_in_thread
+
+    server = serve_in_thread("127.0.0.1", 0, str(tmp_path / "tickets.sqlite3"), api_key="test-key")
+    settings.FAULTDESK = {**settings.FAULTDESK, "REFSERVICE_URL": server.url, "REFSERVICE_API_KEY": "test-key",
+                          "REFSERVICE_TIMEOUT_SECONDS": 2.0}
+    yield server
+    server.shutdown()
+
+
+class RefAdmin:
+    """Test-side client of the reference service's admin endpoints."""
+
+    def __init__(self, server):
+        import httpx
+
+        self.client = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer test-key"}, timeout=5)
+
+    def effects(self, key: str) -> int:
+        return self.client.get("/_admin/effects", params={"idempotency_key": key}).json()["effects"]
+
+    def tickets(self) -> list[dict]:
+        body = self.client.get("/_admin/tickets").json()
+        return body["results"]
+
+    def fault(self, mode: str, count: int = 1, delay_seconds: float = 0.0) -> None:
+        self.client.post("/_admin/faults", json={"mode": mode, "count": count, "delay_seconds": delay_seconds})
+
+
+@pytest.fixture
+def refadmin(refservice):
+    return RefAdmin(refservice)
+
+
+def drive(task_id, *, rounds: int = 30):
+    """Run agent, tools, outbox and reconciler steps in-process until the task stops moving.
+    Returns the task as it then stands."""
+    from apps.outbox.services import actions_reconcile, outbox_dispatch_batch
+    from apps.tasks.controller import agent_run, context_read
+    from apps.tasks.models import Task
+
+    last = None
+    for _ in range(rounds):
+        agent_run(task_id=task_id)
+        context_read(task_id=task_id)
+        outbox_dispatch_batch()
+        actions_reconcile()
+        task = Task.objects.get(pk=task_id)
+        if task.version == last:
+            return task
+        last = task.version
+    return Task.objects.get(pk=task_id)

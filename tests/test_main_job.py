@@ -1,0 +1,210 @@
+"""The main job in-process against a real reference ticket service on loopback (DESIGN.md §1):
+happy path, replay, scopes, rejection, invalidation, unknown outcome + reconciliation, cancel,
+fencing. Steps run through the same services the Celery tasks call."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.actions.models import Action, ActionStatus
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.approvals.services import approval_decide
+from apps.devices.services import device_update_state
+from apps.events.models import RefusedEvent, TaskEvent
+from apps.events.replay import task_replay
+from apps.evidence.models import Chunk
+from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.services import StaleWrite, task_append_event, task_cancel, task_claim, task_submit
+from tests.conftest import drive, p
+
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+
+
+@pytest.fixture
+def submitted(requester, device, kb):
+    return task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
+
+
+def _approve(approver, task):
+    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    return approval
+
+
+def test_happy_path_ends_completed_with_one_receipt_and_replays(submitted, approver, refservice, refadmin):
+    task = drive(submitted.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    approval = ApprovalRequest.objects.get(task=task)
+    assert approval.object_version == 17
+    assert approval.action_digest == task.state["proposal"]["digest"]
+    assert not refadmin.tickets(), "nothing may be sent before the approval"
+
+    _approve(approver, task)
+    task = drive(task.pk)
+
+    assert task.status == reducer.COMPLETED
+    action = Action.objects.get(task=task)
+    assert action.status == ActionStatus.SUCCEEDED
+    assert task.state["receipt"]["external_id"] == action.external_id
+    assert task.state["answer"]["change"]["ticket_id"] == action.external_id
+    assert refadmin.effects(action.idempotency_key) == 1
+    tickets = [t for t in refadmin.tickets() if t["idempotency_key"] == action.idempotency_key]
+    assert len(tickets) == 1 and tickets[0]["id"] == action.external_id
+    # Budget: reserved 5 at intent, settled at receipt.
+    assert (task.budget_used, task.budget_reserved) == (5, 0)
+    # The answer cites evidence by document, version and section.
+    cites = task.state["answer"]["knowledge"]["citations"]
+    assert cites and all({"document_title", "version", "section"} <= set(c) for c in cites)
+    # Version == number of events; replay reproduces the row.
+    assert task.version == TaskEvent.objects.filter(task=task).count()
+    assert task_replay(task).ok
+    assert task_replay(task, use_snapshot=False).ok
+    types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
+    assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "device.read", "draft.proposed",
+                     "approval.requested", "approval.granted", "intent.committed", "receipt.recorded",
+                     "task.completed"]
+
+
+def test_evidence_is_limited_to_the_requesters_scopes(submitted, refservice):
+    task = drive(submitted.pk)
+    refs = task.state["evidence"]
+    assert refs
+    scopes = {c.scope for c in Chunk.objects.filter(pk__in=[r["chunk_id"] for r in refs])}
+    assert scopes <= {"public", "tier2"}
+    assert "security" not in {r["scope"] for r in refs}
+    # Each ref points at a current chunk version of the requester's tenant.
+    for ref in refs:
+        chunk = Chunk.objects.select_related("document_version").get(pk=ref["chunk_id"])
+        assert chunk.document_version.version == ref["version"]
+        assert chunk.tenant_id == submitted.tenant_id
+
+
+def test_replay_detects_a_tampered_row(submitted, refservice):
+    task = drive(submitted.pk)
+    Task.objects.filter(pk=task.pk).update(status=reducer.FAILED)
+    result = task_replay(Task.objects.get(pk=task.pk))
+    assert not result.ok
+    assert result.divergent_seq == task.version
+    assert "status" in result.detail
+
+
+def test_rejection_ends_without_a_ticket_and_is_not_reproposed(submitted, approver, refservice, refadmin):
+    task = drive(submitted.pk)
+    approval = ApprovalRequest.objects.get(task=task)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="reject", reason="wrong device")
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED
+    assert task.termination_reason == "proposal_rejected"
+    assert task.state["receipt"] is None and task.state["answer"]["change"] is None
+    assert ApprovalRequest.objects.filter(task=task).count() == 1, "the same digest is never proposed again"
+    assert refadmin.tickets() == []
+    assert task_replay(task).ok
+
+
+def test_device_change_after_approval_invalidates_and_reasks(submitted, approver, device, refservice, refadmin):
+    task = drive(submitted.pk)
+    _approve(approver, task)
+    device_update_state(device=device, alert_message="Fuser temperature low: 120 C")  # V_o 17 → 18
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    approvals = list(ApprovalRequest.objects.filter(task=task).order_by("created_at"))
+    assert [a.status for a in approvals] == [ApprovalStatus.INVALIDATED, ApprovalStatus.PENDING]
+    assert "device version changed" in approvals[0].reason
+    assert approvals[1].object_version == 18
+    assert refadmin.tickets() == [], "no dispatch on a stale approval"
+    _approve(approver, task)
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED
+    assert Action.objects.get(task=task).object_version == 18
+
+
+def test_lost_response_is_reconciled_by_key_without_a_second_ticket(submitted, approver, refservice, refadmin):
+    from apps.outbox.services import outbox_dispatch_batch
+    from apps.tasks.controller import agent_run
+
+    task = drive(submitted.pk)
+    _approve(approver, task)
+    agent_run(task_id=task.pk)  # commits the intent
+    refadmin.fault("drop_after_commit")
+    outbox_dispatch_batch()  # the remote creates the ticket, the response is lost
+    task = Task.objects.get(pk=task.pk)
+    action = Action.objects.get(task=task)
+    assert task.status == reducer.WAITING_RECONCILIATION
+    assert action.status == ActionStatus.UNKNOWN
+    assert task.state["answer"] is None, "never claim creation without a receipt"
+
+    task = drive(task.pk)  # the reconciler looks the key up and adopts the ticket
+    action.refresh_from_db()
+    assert task.status == reducer.COMPLETED
+    assert refadmin.effects(action.idempotency_key) == 1
+    assert len(refadmin.tickets()) == 1
+    assert task_replay(task).ok
+
+
+def test_temporarily_unavailable_is_retried_with_the_same_key(submitted, approver, refservice, refadmin):
+    from apps.outbox.services import outbox_dispatch_batch
+    from apps.tasks.controller import agent_run
+
+    task = drive(submitted.pk)
+    _approve(approver, task)
+    agent_run(task_id=task.pk)
+    refadmin.fault("fail_503")
+    outbox_dispatch_batch()
+    message = OutboxMessage.objects.get(action__task=task)
+    assert message.status == OutboxStatus.PENDING and message.attempts == 1
+    OutboxMessage.objects.filter(pk=message.pk).update(available_at=message.created_at)  # skip the backoff
+    task = drive(task.pk)
+    action = Action.objects.get(task=task)
+    assert task.status == reducer.COMPLETED
+    assert [a.outcome for a in action.attempts.order_by("number")] == ["RETRYABLE", "RECEIPT"]
+    assert refadmin.effects(action.idempotency_key) == 1
+
+
+def test_cancel_before_dispatch_sends_nothing(submitted, approver, requester, refservice, refadmin):
+    from apps.tasks.controller import agent_run
+
+    task = drive(submitted.pk)
+    _approve(approver, task)
+    agent_run(task_id=task.pk)  # intent + outbox row committed
+    task_cancel(principal=p(requester), task_id=task.pk, reason="fixed itself")
+    task = drive(task.pk)
+    assert task.status == reducer.CANCELLED
+    assert Action.objects.get(task=task).status == ActionStatus.NOT_SENT
+    assert OutboxMessage.objects.get(action__task=task).status == OutboxStatus.CANCELLED
+    assert refadmin.tickets() == []
+    assert task.budget_reserved == 0
+    assert task_replay(task).ok
+
+
+def test_terminal_task_refuses_late_events_and_records_them(submitted, requester, refservice):
+    task = task_cancel(principal=p(requester), task_id=submitted.pk)
+    with pytest.raises(reducer.IllegalTransition):
+        task_append_event(task=task, event_type="retrieval.started", payload={}, actor="worker:late")
+    assert RefusedEvent.objects.filter(task=task, type="retrieval.started").exists()
+    assert Task.objects.get(pk=task.pk).status == reducer.CANCELLED
+
+
+def test_a_worker_whose_lease_passed_on_cannot_commit(submitted):
+    first = task_claim(task_id=submitted.pk, owner="worker-a", seconds=1)
+    task = Task.objects.get(pk=submitted.pk)
+    Task.objects.filter(pk=task.pk).update(lease_expires_at=task.created_at)  # the lease expires
+    second = task_claim(task_id=submitted.pk, owner="worker-b")
+    assert second.generation == first.generation + 1
+    with pytest.raises(StaleWrite):
+        task_append_event(task=task, event_type="retrieval.started", payload={}, actor="worker-a",
+                          lease_generation=first.generation)
+    task_append_event(task=task, event_type="retrieval.started", payload={}, actor="worker-b",
+                      lease_generation=second.generation)
+    assert Task.objects.get(pk=task.pk).version == 2
+
+
+def test_cas_loser_never_overwrites(submitted):
+    a = Task.objects.get(pk=submitted.pk)
+    b = Task.objects.get(pk=submitted.pk)
+    task_append_event(task=a, event_type="retrieval.started", payload={}, actor="a")
+    with pytest.raises(StaleWrite):
+        task_append_event(task=b, event_type="cancel.requested", payload={}, actor="b")
+    row = Task.objects.get(pk=submitted.pk)
+    assert (row.status, row.version) == (reducer.RETRIEVING, 2)
