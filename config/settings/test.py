@@ -2,7 +2,12 @@
 
 from config.settings.base import *  # noqa: F403
 
-PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Fast hashing for in-process tests; PBKDF2 stays available so end-to-end tests can create users the
+# server processes (running the local settings) can authenticate.
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.MD5PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
 CELERY_TASK_ALWAYS_EAGER = False
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
