@@ -188,7 +188,8 @@ def demo(wait: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="devstack", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["up", "down", "status", "demo"])
-    parser.add_argument("--no-wait", action="store_true", help="demo: exit after the DEMO OK line (services keep running)")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="demo: exit after the DEMO OK line (services keep running)")
     args = parser.parse_args(argv)
     os.chdir(BASE_DIR)
     {"up": up, "down": down, "status": status}.get(args.command, lambda: demo(wait=not args.no_wait))()

@@ -24,8 +24,10 @@ def action_digest(*, tool: str, tool_version: str, params: dict) -> str:
     return sha256_json({"tool": tool, "tool_version": tool_version, "params": params})
 
 
-def idempotency_key(*, tenant_slug: str, tool: str, task_id: str, digest: str) -> str:
-    """k_a: stable for one logical action — scoped by tenant and operation, derived from the
-    task and h(a), so every retry, restart and re-dispatch of the same action uses the same key."""
-    inner = hashlib.sha256(f"{task_id}:{digest}".encode()).hexdigest()[:32]
+def idempotency_key(*, tenant_slug: str, tool: str, task_id: str, digest: str, intent_seq: int) -> str:
+    """k_a: one key per logical action — scoped by tenant and operation, derived from the task, h(a)
+    and the seq of the ``intent.committed`` event that created the action. It is stored on the
+    action, so every retry, restart and re-dispatch of that action uses the same key; a new intent
+    after a re-plan (e.g. an approval that expired before dispatch) is a new logical action."""
+    inner = hashlib.sha256(f"{task_id}:{digest}:{intent_seq}".encode()).hexdigest()[:32]
     return f"{tenant_slug}:{tool}:{inner}"

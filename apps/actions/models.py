@@ -60,7 +60,8 @@ class AttemptOutcome(models.TextChoices):
 
 class ActionAttempt(models.Model):
     """One try at sending an action. Written *before* the request goes out, so a crash mid-call
-    leaves an ``IN_FLIGHT`` attempt that the reconciler treats as unknown."""
+    leaves an ``IN_FLIGHT`` attempt as evidence; the outbox row's lease then expires and the
+    dispatcher re-sends the same request with the same idempotency key (the remote deduplicates)."""
 
     action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()

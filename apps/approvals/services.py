@@ -65,9 +65,7 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
     Raises ``NotFound``, ``Forbidden``, ``Unprocessable`` (bad decision / missing reject reason),
     ``Conflict``.
     """
-    from apps.tasks.services import task_append_event
-    from apps.tasks.tasks import enqueue_agent_step
-    from apps.tasks.models import Task
+    from apps.tasks.services import refused_event_record
 
     if decision not in ("approve", "reject"):
         raise Unprocessable("decision must be 'approve' or 'reject'")
@@ -76,6 +74,26 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
         raise Unprocessable("a rejection needs a reason")
     if not principal.is_approver:
         raise Forbidden("only approvers may decide approvals")
+    try:
+        return _decide(principal=principal, approval_id=approval_id, decision=decision, reason=reason)
+    except _Refused as refused:
+        # The decision rolled back; keep the record of what δ refused.
+        refused_event_record(task=refused.task, event_type=refused.event_type, payload=refused.payload,
+                             reason=refused.reason, actor=principal.as_actor())
+        raise Conflict(f"the task no longer waits for this approval: {refused.reason}") from None
+
+
+class _Refused(Exception):
+    def __init__(self, task, event_type: str, payload: dict, reason: str):
+        super().__init__(reason)
+        self.task, self.event_type, self.payload, self.reason = task, event_type, payload, reason
+
+
+def _decide(*, principal: Principal, approval_id, decision: str, reason: str) -> ApprovalRequest:
+    from apps.tasks.models import Task
+    from apps.tasks.services import task_append_event
+    from apps.tasks.tasks import enqueue_agent_step
+
     with transaction.atomic():
         approval = (
             ApprovalRequest.objects.select_for_update()
@@ -102,15 +120,11 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
         approval.reason = reason[:2000]
         approval.save(update_fields=["status", "decided_by", "decided_at", "reason"])
         event_type = "approval.granted" if decision == "approve" else "approval.rejected"
+        payload = {"approval_id": str(approval.pk), "decided_by": principal.username, "reason": reason[:500]}
         try:
-            task_append_event(
-                task=task,
-                event_type=event_type,
-                payload={"approval_id": str(approval.pk), "decided_by": principal.username, "reason": reason[:500]},
-                actor=principal.as_actor(),
-            )
+            task_append_event(task=task, event_type=event_type, payload=payload, actor=principal.as_actor())
         except reducer.IllegalTransition as exc:
-            raise Conflict(f"the task no longer waits for this approval: {exc.reason}") from exc
+            raise _Refused(task, event_type, payload, exc.reason) from exc
         enqueue_agent_step(task.pk)
     return approval
 

@@ -73,7 +73,9 @@ LIMIT %(k)s
 """
 
 
-def evidence_retrieve(*, tenant_id: int, scopes: list[str] | tuple[str, ...], query: str, k: int = 5) -> list[EvidenceRef]:
+def evidence_retrieve(
+    *, tenant_id: int, scopes: list[str] | tuple[str, ...], query: str, k: int = 5
+) -> list[EvidenceRef]:
     """Top-``k`` current chunks of ``tenant_id`` readable with ``scopes`` for ``query``.
 
     Returns at most ``k`` :class:`EvidenceRef`, best first. An empty ``scopes`` returns nothing.

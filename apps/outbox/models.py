@@ -25,7 +25,7 @@ class OutboxMessage(models.Model):
     status = models.CharField(max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)
     available_at = models.DateTimeField()
     attempts = models.PositiveIntegerField(default=0)
-    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL = unleased
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_generation = models.PositiveIntegerField(default=0, help_text="fencing token sent with the request")
     last_error = models.JSONField(null=True, blank=True)

@@ -284,7 +284,7 @@ def actions_reconcile(*, limit: int = 50) -> int:
                 try:
                     task_append_with_retry(
                         task_id=action.task_id, event_type="reconciliation.retry", actor="reconciler",
-                        payload_fn=lambda t: {"action_id": str(action.pk), "reason": "not found by key"},
+                        payload_fn=lambda t, a=action: {"action_id": str(a.pk), "reason": "not found by key"},
                     )
                 except (reducer.IllegalTransition, StaleWrite):
                     # A cancelled task refuses the retry event; the dispatcher then sees the

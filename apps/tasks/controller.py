@@ -102,6 +102,8 @@ def context_read(*, task_id: uuid.UUID) -> None:
 def agent_run(*, task_id: uuid.UUID) -> None:
     """Run the agent's next steps for ``task_id`` until it waits, ends or hands work to another
     queue. Returns quietly when another worker holds the lease or the task is terminal."""
+    from apps.tasks.tasks import enqueue_read_context
+
     lease = task_claim(task_id=task_id)
     if lease is None:
         return
@@ -114,12 +116,13 @@ def agent_run(*, task_id: uuid.UUID) -> None:
         log.info("agent_run lost the lease on %s", task_id)
     finally:
         task_release(lease=lease)
+    # Hand retrieval to the tools queue only now that the lease is free for its worker to claim.
+    if Task.objects.filter(pk=task_id, status=reducer.RETRIEVING).exists():
+        enqueue_read_context(task_id)
 
 
 def _step(task: Task, lease: Lease) -> bool:
     """Do one step; return True when another step should follow immediately."""
-    from apps.tasks.tasks import enqueue_read_context
-
     gen, actor = lease.generation, _actor(lease)
     status = task.status
     if status in reducer.TERMINAL:
@@ -130,10 +133,8 @@ def _step(task: Task, lease: Lease) -> bool:
         return False
     if status == reducer.ACCEPTED:
         task_append_event(task=task, event_type="retrieval.started", actor=actor, lease_generation=gen, payload={})
-        enqueue_read_context(task.pk)
-        return False
+        return False  # agent_run hands RETRIEVING to the tools queue after releasing the lease
     if status == reducer.RETRIEVING:
-        enqueue_read_context(task.pk)
         return False
     if status == reducer.PROPOSING:
         return _propose(task, lease)
@@ -163,7 +164,8 @@ def _propose(task: Task, lease: Lease) -> bool:
     if digest in state["rejected_digests"]:
         # The local drafter is deterministic: it cannot propose something materially different.
         final = {**state, "proposal": None, "termination_reason": "proposal_rejected"}
-        task_append_event(task=task, event_type="task.completed", actor=_actor(lease), lease_generation=lease.generation,
+        task_append_event(task=task, event_type="task.completed", actor=_actor(lease),
+                          lease_generation=lease.generation,
                           payload={"reason": "proposal_rejected", "answer": answer_compose(final)})
         return False
     task_append_event(
@@ -237,9 +239,10 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
     if a["status"] == "PENDING":
         expires = parse_datetime(a["expires_at"])
         if expires is not None and expires <= now and approval.status == "PENDING":
-            approval_invalidate(approval=approval, reason="approval expired before a decision")
-            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                              payload={"approval_id": a["id"], "reason": "expired"})
+            with transaction.atomic():
+                approval_invalidate(approval=approval, reason="approval expired before a decision")
+                task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                                  payload={"approval_id": a["id"], "reason": "expired"})
             return True
         return False
     if a["status"] != "APPROVED":
@@ -270,7 +273,7 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
     tool = tool_get(proposal["tool"])
     action_id = uuid.uuid4()
     key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
-                          digest=proposal["digest"])
+                          digest=proposal["digest"], intent_seq=task.version + 1)
 
     def write_action(t: Task, event) -> None:
         action = Action.objects.create(

@@ -45,10 +45,10 @@ class Task(models.Model):
     budget_reserved = models.PositiveIntegerField(default=0)
     artifact_bundle = models.JSONField()
 
-    request_key = models.CharField(max_length=200, null=True, blank=True)
+    request_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - unique when set
     request_digest = models.CharField(max_length=64)
 
-    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL = unleased
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_generation = models.PositiveIntegerField(default=0)
 

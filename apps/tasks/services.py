@@ -100,10 +100,8 @@ def task_append_event(
     try:
         new_state = reducer.reduce(task.state, event_type, payload)
     except reducer.IllegalTransition as exc:
-        RefusedEvent.objects.create(
-            task=task, tenant_id=task.tenant_id, at_version=task.version, type=event_type,
-            payload=payload, reason=exc.reason[:300], actor=actor, lease_generation=lease_generation,
-        )
+        refused_event_record(task=task, event_type=event_type, payload=payload, reason=exc.reason, actor=actor,
+                             lease_generation=lease_generation)
         raise
     expected = task.version
     now = timezone.now()
@@ -139,6 +137,17 @@ def task_append_event(
         if side_effects is not None:
             side_effects(task, event)
     return task
+
+
+def refused_event_record(*, task: Task, event_type: str, payload: dict, reason: str, actor: str,
+                         lease_generation: int | None = None) -> RefusedEvent:
+    """Record an event δ refused (DESIGN.md §4: late or illegal events are recorded, never
+    applied). A caller whose own transaction rolls back after a refusal records it again after
+    the rollback, so the record is not lost with it."""
+    return RefusedEvent.objects.create(
+        task_id=task.pk, tenant_id=task.tenant_id, at_version=task.version, type=event_type, payload=payload,
+        reason=reason[:300], actor=actor, lease_generation=lease_generation,
+    )
 
 
 def task_append_with_retry(
@@ -338,12 +347,11 @@ def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -
     if task.requester_id != principal.user_id:
         raise Forbidden("only the requester may answer")
     try:
-        with transaction.atomic():
-            task = task_append_with_retry(
-                task_id=task.pk, event_type="input.provided", payload_fn=lambda t: {"text": text[:4000]},
-                actor=principal.as_actor(),
-            )
-            enqueue_agent_step(task.pk)
+        task = task_append_with_retry(
+            task_id=task.pk, event_type="input.provided", payload_fn=lambda t: {"text": text[:4000]},
+            actor=principal.as_actor(),
+        )
+        enqueue_agent_step(task.pk)
     except reducer.IllegalTransition as exc:
         raise Conflict(f"the task is not waiting for input: {exc.reason}") from exc
     return task

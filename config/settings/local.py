@@ -1,6 +1,6 @@
 """Local development and `make demo` / `make up`."""
 
-from config.settings.base import *  # noqa: F403
 from config.env import env
+from config.settings.base import *  # noqa: F403
 
 DEBUG = env.bool("DJANGO_DEBUG", default=True)

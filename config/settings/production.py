@@ -1,7 +1,7 @@
 """Production: every URL and secret must come from the environment."""
 
-from config.settings.base import *  # noqa: F403
 from config.env import env
+from config.settings.base import *  # noqa: F403
 
 DEBUG = False
 SECRET_KEY = env("DJANGO_SECRET_KEY")

@@ -1,0 +1,145 @@
+"""The HTTP API (DESIGN.md §1 step 1, §7): Idempotency-Key semantics, validation errors as clear
+4xx, tenant isolation, approval decisions (one wins, the others 409), the OpenAPI schema."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from apps.approvals.models import ApprovalRequest
+from apps.tasks.models import Task
+from tests.conftest import drive
+
+BODY = {"symptom": "Fuser error after warm-up; smeared pages.", "urgency": "high"}
+
+
+def client_for(user):
+    c = APIClient()
+    c.force_authenticate(user)
+    return c
+
+
+def test_same_idempotency_key_returns_the_same_task(requester, device):
+    c = client_for(requester)
+    first = c.post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    again = c.post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    assert Task.objects.count() == 1
+
+
+def test_same_key_with_a_different_body_is_422(requester, device):
+    c = client_for(requester)
+    c.post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json", HTTP_IDEMPOTENCY_KEY="k-2")
+    resp = c.post("/api/tasks/", {**BODY, "device_id": device.pk, "urgency": "low"}, format="json",
+                  HTTP_IDEMPOTENCY_KEY="k-2")
+    assert resp.status_code == 422
+    assert resp.json()["error"] == "unprocessable"
+    assert Task.objects.count() == 1
+
+
+def test_no_key_creates_a_new_task_each_time(requester, device):
+    c = client_for(requester)
+    a = c.post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()
+    b = c.post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()
+    assert a["id"] != b["id"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "status"),
+    [({"symptom": "x"}, 400), ({"device_id": "abc", "symptom": "x"}, 400), ({"device_id": 999999, "symptom": "x"}, 404),
+     ({"device_id": None, "symptom": ""}, 400)],
+)
+def test_bad_input_gets_a_clear_error_and_writes_nothing(requester, device, payload, status):
+    resp = client_for(requester).post("/api/tasks/", payload, format="json")
+    assert resp.status_code == status
+    assert Task.objects.count() == 0
+
+
+def test_unauthenticated_requests_are_refused(device):
+    assert APIClient().post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").status_code in (401, 403)
+
+
+def test_other_tenant_cannot_see_or_touch_a_task(requester, device, other_tenant_user):
+    task_id = client_for(requester).post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()["id"]
+    outsider = client_for(other_tenant_user)
+    assert outsider.get(f"/api/tasks/{task_id}/").status_code == 404
+    assert outsider.post(f"/api/tasks/{task_id}/cancel/", {}, format="json").status_code == 404
+    assert outsider.get(f"/api/tasks/{task_id}/events/").status_code == 404
+    assert outsider.get("/api/tasks/").json() == []
+    # Another tenant's device id is "not found", not usable.
+    assert outsider.post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").status_code == 404
+
+
+def test_requester_cannot_decide_or_list_approvals(requester, approver, device, kb):
+    task_id = client_for(requester).post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()["id"]
+    drive(task_id)
+    approval = ApprovalRequest.objects.get(task_id=task_id)
+    c = client_for(requester)
+    assert c.get("/api/approvals/").json() == []
+    resp = c.post(f"/api/approvals/{approval.pk}/decision/", {"decision": "approve"}, format="json")
+    assert resp.status_code == 403
+
+
+def test_second_decision_gets_409_with_the_current_decision(requester, approver, admin_user, device, kb):
+    task_id = client_for(requester).post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()["id"]
+    drive(task_id)
+    approval = ApprovalRequest.objects.get(task_id=task_id)
+    first = client_for(approver).post(f"/api/approvals/{approval.pk}/decision/", {"decision": "approve"},
+                                      format="json")
+    second = client_for(admin_user).post(f"/api/approvals/{approval.pk}/decision/",
+                                         {"decision": "reject", "reason": "no"}, format="json")
+    assert first.status_code == 200 and first.json()["status"] == "APPROVED"
+    assert second.status_code == 409
+    assert second.json()["status"] == "APPROVED" and second.json()["decided_by"] == "avery"
+
+
+def test_reject_needs_a_reason(requester, approver, device, kb):
+    task_id = client_for(requester).post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()["id"]
+    drive(task_id)
+    approval = ApprovalRequest.objects.get(task_id=task_id)
+    resp = client_for(approver).post(f"/api/approvals/{approval.pk}/decision/", {"decision": "reject"}, format="json")
+    assert resp.status_code == 422
+    approval.refresh_from_db()
+    assert approval.status == "PENDING"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_decisions_exactly_one_wins(tenant, requester, approver, admin_user, device, kb):
+    task_id = client_for(requester).post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()["id"]
+    drive(task_id)
+    approval = ApprovalRequest.objects.get(task_id=task_id)
+    results = []
+    barrier = threading.Barrier(6)
+
+    def decide(user, decision):
+        barrier.wait()
+        try:
+            resp = client_for(user).post(f"/api/approvals/{approval.pk}/decision/",
+                                         {"decision": decision, "reason": "race"}, format="json")
+            results.append(resp.status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(u, d)) for u, d in
+               [(approver, "approve"), (approver, "approve"), (admin_user, "reject"), (admin_user, "approve"),
+                (approver, "reject"), (admin_user, "reject")]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [200, 409, 409, 409, 409, 409]
+    task = Task.objects.get(pk=task_id)
+    decided = [e for e in task.events.values_list("type", flat=True) if e in ("approval.granted", "approval.rejected")]
+    assert len(decided) == 1
+
+
+def test_openapi_schema_is_served(requester):
+    resp = client_for(requester).get("/api/schema/")
+    assert resp.status_code == 200
+    body = resp.content.decode()
+    assert "/api/tasks/" in body and "/api/approvals/{approval_id}/decision/" in body
+    assert "Idempotency-Key" in body

@@ -1,0 +1,116 @@
+"""Server-rendered pages (DESIGN.md §1): login, the requester's form and live status page (full
+page vs HTMX fragment, ``Vary: HX-Request``), the approver's queue with HTMX decisions, the
+admin's trace, and the Django admin for every model."""
+
+from __future__ import annotations
+
+import pytest
+from django.apps import apps as django_apps
+from django.contrib import admin
+from django.urls import reverse
+
+from apps.approvals.models import ApprovalRequest
+from apps.tasks.models import Task
+from tests.conftest import drive
+
+
+@pytest.fixture
+def filed(client, requester, device, kb):
+    client.force_login(requester)
+    resp = client.post(reverse("request-new"), {"device": device.pk, "symptom": "Fuser error after warm-up.",
+                                                "urgency": "high"})
+    task = Task.objects.get()
+    assert resp.status_code == 302 and resp["Location"] == reverse("task-detail", args=[task.pk])
+    return task
+
+
+def test_login_page_and_redirect_for_anonymous(client):
+    assert client.get(reverse("login")).status_code == 200
+    resp = client.get(reverse("request-new"))
+    assert resp.status_code == 302 and reverse("login") in resp["Location"]
+
+
+def test_home_sends_each_role_to_its_page(client, requester, approver, admin_user):
+    for user, name in [(requester, "request-list"), (approver, "approval-queue"), (admin_user, "admin-tasks")]:
+        client.force_login(user)
+        assert client.get(reverse("home"))["Location"] == reverse(name)
+
+
+def test_invalid_form_shows_errors_and_creates_nothing(client, requester, device):
+    client.force_login(requester)
+    resp = client.post(reverse("request-new"), {"device": device.pk, "symptom": "", "urgency": "high"})
+    assert resp.status_code == 422
+    assert Task.objects.count() == 0
+
+
+def test_status_page_full_and_fragment(client, filed):
+    url = reverse("task-detail", args=[filed.pk])
+    full = client.get(url)
+    assert full.status_code == 200
+    assert b"<html" in full.content and b'hx-trigger="every 2s"' in full.content
+    assert "HX-Request" in full["Vary"]
+    fragment = client.get(url, HTTP_HX_REQUEST="true")
+    assert b"<html" not in fragment.content and b'id="task-status"' in fragment.content
+    assert "HX-Request" in fragment["Vary"]
+    restore = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+    assert b"<html" in restore.content
+
+
+def test_status_page_stops_polling_when_terminal_and_shows_three_results(client, filed, approver, refservice):
+    drive(filed.pk)
+    approval = ApprovalRequest.objects.get(task=filed)
+    client.force_login(approver)
+    resp = client.post(reverse("approval-decide", args=[approval.pk]), {"decision": "approve", "reason": "ok"},
+                       HTTP_HX_REQUEST="true")
+    assert resp.status_code == 200 and b"APPROVED" in resp.content and b"<html" not in resp.content
+    task = drive(filed.pk)
+    assert task.status == "COMPLETED"
+    client.force_login(task.requester)
+    page = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "every 2s" not in page
+    assert "Citations" in page and "Proposal" in page and "Confirmed change" in page
+    assert task.state["receipt"]["external_id"] in page
+
+
+def test_queue_lists_pending_with_parameters_and_version(client, filed, approver):
+    drive(filed.pk)
+    client.force_login(approver)
+    page = client.get(reverse("approval-queue")).content.decode()
+    approval = ApprovalRequest.objects.get(task=filed)
+    assert approval.params["title"] in page
+    assert "at version 17" in page
+    assert f'hx-post="{reverse("approval-decide", args=[approval.pk])}"' in page
+
+
+def test_second_htmx_decision_shows_409_row(client, filed, approver, admin_user):
+    drive(filed.pk)
+    approval = ApprovalRequest.objects.get(task=filed)
+    client.force_login(approver)
+    client.post(reverse("approval-decide", args=[approval.pk]), {"decision": "approve"}, HTTP_HX_REQUEST="true")
+    client.force_login(admin_user)
+    resp = client.post(reverse("approval-decide", args=[approval.pk]), {"decision": "reject", "reason": "x"},
+                       HTTP_HX_REQUEST="true")
+    assert resp.status_code == 409 and b"already APPROVED" in resp.content
+
+
+def test_trace_is_for_admins_only(client, filed, requester, admin_user, other_tenant_user):
+    drive(filed.pk)
+    url = reverse("task-trace", args=[filed.pk])
+    client.force_login(requester)
+    assert client.get(url).status_code == 404
+    client.force_login(other_tenant_user)
+    assert client.get(url).status_code == 404
+    client.force_login(admin_user)
+    page = client.get(url).content.decode()
+    for etype in ("task.accepted", "evidence.retrieved", "device.read", "draft.proposed", "approval.requested"):
+        assert etype in page
+
+
+def test_django_admin_has_every_model(client, admin_user, filed):
+    ours = [m for m in django_apps.get_models() if m.__module__.startswith("apps.")]
+    assert ours
+    client.force_login(admin_user)
+    for model in ours:
+        assert model in admin.site._registry, f"{model.__name__} is not in the Django admin"
+        url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        assert client.get(url).status_code == 200, url
