@@ -144,17 +144,31 @@ def up() -> None:
 
 def down() -> None:
     """Stop every process and the embedded servers (data in var/ stays)."""
+    pidfile = RUN / "supervisord.pid"
+    pid = int(pidfile.read_text().strip()) if pidfile.exists() else None
     if _supervisord_running():
         _supervisorctl("shutdown")
-        for _ in range(100):
-            if not _supervisord_running():
-                break
-            time.sleep(0.2)
+    # supervisord removes its socket at once but stops its children (up to stopwaitsecs) before
+    # exiting: wait for the process itself.
+    for _ in range(300):
+        if pid is None or not _pid_alive(pid):
+            break
+        time.sleep(0.1)
     if "REDIS_URL" not in os.environ:
         embedded.stop_redis()
     if "DATABASE_URL" not in os.environ:
         embedded.stop_postgres()
     print("• stopped", flush=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def status() -> None:
@@ -177,10 +191,16 @@ def demo(wait: bool) -> None:
         return
     print(f"\n(web app stays up at http://127.0.0.1:{web_port()}/ — press Ctrl-C to stop)", file=sys.stderr,
           flush=True)
+    stop = []
+
+    def _stop(signum, frame):  # Ctrl-C, or SIGTERM from a supervisor / CI; also when SIGINT was ignored
+        stop.append(signum)
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     try:
-        signal.pause()
-    except KeyboardInterrupt:
-        pass
+        while not stop:
+            signal.pause()
     finally:
         down()
 
