@@ -127,6 +127,23 @@ def html_to_markdown(html: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
 
+def excerpt_body(text: str) -> str:
+    """A chunk's text without its leading Markdown heading line (a citation names the section)."""
+    first, _, rest = text.partition("\n")
+    return rest.strip() if first.startswith("#") and rest.strip() else text
+
+
+def first_statement(text: str, *, limit: int = 200) -> str:
+    """The first sentence or list item of ``text`` (heading and list markers removed), at most
+    ``limit`` characters — a one-line summary of a chunk."""
+    for line in excerpt_body(text).splitlines():
+        line = re.sub(r"^\s*(?:[-*+]|\d+[.)])\s+", "", line).strip()
+        if len(line) > 20:
+            sentence = re.split(r"(?<=[.!?])\s", line, maxsplit=1)[0]
+            return sentence[:limit]
+    return " ".join(excerpt_body(text).split())[:limit]
+
+
 def parse_document(name: str, raw: str) -> ParsedDocument:
     """Parse a file's text by its extension (``.md``, ``.html``/``.htm``, ``.txt``)."""
     stem = re.sub(r"[-_]+", " ", name.rsplit("/", 1)[-1].rsplit(".", 1)[0]).strip().capitalize()

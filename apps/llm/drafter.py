@@ -8,7 +8,7 @@ drafter.
 
 from __future__ import annotations
 
-import re
+from apps.evidence.chunking import first_statement
 
 PROMPT_TEMPLATE_VERSION = "ticket-draft/1"
 LOCAL_MODEL_ID = "local-drafter/1"
@@ -16,10 +16,6 @@ LOCAL_MODEL_ID = "local-drafter/1"
 _PRIORITY_BY_URGENCY = {"critical": 1, "high": 2, "normal": 3, "low": 4}
 _BUMP_STATES = {"fault": -1, "offline": -1, "degraded": 0, "ok": 0}
 _CRITICALITY = {"high": -1, "medium": 0, "low": 1}
-
-
-def _sentences(text: str) -> list[str]:
-    return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if len(s.strip()) > 20]
 
 
 def render_prompt(*, request: dict, device: dict, evidence: list[dict]) -> list[dict]:
@@ -68,7 +64,7 @@ def local_draft(*, request: dict, device: dict, evidence: list[dict], tenant: st
         missing.append("Describe the symptom in a sentence: what you see, since when, and what you tried.")
     steps = []
     for ref in evidence[:3]:
-        first = next(iter(_sentences(ref["excerpt"])), ref["excerpt"][:160])
+        first = first_statement(ref["excerpt"], limit=160)
         steps.append(f"- {first} [{ref['document_title']} v{ref['version']} §{ref['section']}]")
     description = (
         f"Reported by {requester}: {symptom}\n\n"

@@ -8,6 +8,8 @@ ever filled from a receipt.
 
 from __future__ import annotations
 
+from apps.evidence.chunking import excerpt_body
+
 
 def citations_from_evidence(evidence: list[dict]) -> list[dict]:
     """Citations ``{n, chunk_id, document_title, version, section, source}`` in retrieval order."""
@@ -25,12 +27,6 @@ def citations_from_evidence(evidence: list[dict]) -> list[dict]:
     ]
 
 
-def _without_heading(text: str) -> str:
-    """Drop a leading Markdown heading line (the citation already names the section)."""
-    first, _, rest = text.partition("\n")
-    return rest if first.startswith("#") and rest.strip() else text
-
-
 def answer_compose(state: dict) -> dict:
     """Build ``{"knowledge": {"text", "citations"}, "proposal": {...}|None, "change": {...}|None,
     "status_note": str}`` from a reducer state. Pure: same state, same answer."""
@@ -45,7 +41,7 @@ def answer_compose(state: dict) -> dict:
             + "."
         )
     for c, ref in zip(citations, evidence, strict=False):
-        excerpt = " ".join(_without_heading(ref["excerpt"]).split())
+        excerpt = " ".join(excerpt_body(ref["excerpt"]).split())
         lines.append(f"[{c['n']}] {c['document_title']} (v{c['version']}, §{c['section']}): {excerpt[:220]}")
     proposal = state.get("proposal")
     receipt = state.get("receipt")
