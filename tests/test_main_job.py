@@ -195,9 +195,13 @@ def test_a_worker_whose_lease_passed_on_cannot_commit(submitted):
     with pytest.raises(StaleWrite):
         task_append_event(task=task, event_type="retrieval.started", payload={}, actor="worker-a",
                           lease_generation=first.generation)
+    refused = RefusedEvent.objects.get(task=task, actor="worker-a")
+    assert "lease lost" in refused.reason and refused.lease_generation == first.generation
     task_append_event(task=task, event_type="retrieval.started", payload={}, actor="worker-b",
                       lease_generation=second.generation)
-    assert Task.objects.get(pk=task.pk).version == 2
+    row = Task.objects.get(pk=task.pk)
+    assert row.version == 2
+    assert row.events.get(seq=2).actor == "worker-b"
 
 
 def test_cas_loser_never_overwrites(submitted):
@@ -206,5 +210,6 @@ def test_cas_loser_never_overwrites(submitted):
     task_append_event(task=a, event_type="retrieval.started", payload={}, actor="a")
     with pytest.raises(StaleWrite):
         task_append_event(task=b, event_type="cancel.requested", payload={}, actor="b")
+    assert "version moved" in RefusedEvent.objects.get(task=submitted, actor="b").reason
     row = Task.objects.get(pk=submitted.pk)
     assert (row.status, row.version) == (reducer.RETRIEVING, 2)

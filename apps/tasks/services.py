@@ -94,8 +94,9 @@ def task_append_event(
     still ``lease_generation`` (only the lease holder may commit). ``side_effects(task, event)``
     runs inside the same transaction (approval rows, action + outbox rows, ...).
 
-    Returns the updated task. Raises :class:`reducer.IllegalTransition` (after recording a
-    :class:`RefusedEvent`) when δ refuses the event, and :class:`StaleWrite` when the CAS loses.
+    Returns the updated task. Raises :class:`reducer.IllegalTransition` when δ refuses the event
+    and :class:`StaleWrite` when the CAS loses (version moved or fencing token superseded); both
+    are first recorded as a :class:`RefusedEvent`, never applied.
     """
     try:
         new_state = reducer.reduce(task.state, event_type, payload)
@@ -105,38 +106,52 @@ def task_append_event(
         raise
     expected = task.version
     now = timezone.now()
-    with transaction.atomic():
-        filt = Q(pk=task.pk, version=expected)
-        if lease_generation is not None:
-            filt &= Q(lease_generation=lease_generation)
-        columns = _apply_row(task, new_state)
-        updated = Task.objects.filter(filt).update(version=expected + 1, updated_at=now, **columns)
-        if updated != 1:
-            raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
-        event = TaskEvent.objects.create(
-            task_id=task.pk,
-            tenant_id=task.tenant_id,
-            seq=expected + 1,
-            type=event_type,
-            payload=payload,
-            payload_digest=sha256_json(payload),
-            occurred_at=occurred_at or now,
-            causation_id=causation_id,
-            actor=actor,
-            lease_generation=lease_generation if lease_generation is not None else task.lease_generation,
-        )
-        for field, value in columns.items():
-            setattr(task, field, value)
-        task.version = expected + 1
-        every = settings.FAULTDESK["SNAPSHOT_EVERY"]
-        if every and task.version % every == 0:
-            TaskSnapshot.objects.create(
-                task_id=task.pk, seq=task.version, state=new_state, digest=_state_digest(new_state),
-                reducer_version=reducer.REDUCER_VERSION,
+    try:
+        with transaction.atomic():
+            filt = Q(pk=task.pk, version=expected)
+            if lease_generation is not None:
+                filt &= Q(lease_generation=lease_generation)
+            columns = _apply_row(task, new_state)
+            updated = Task.objects.filter(filt).update(version=expected + 1, updated_at=now, **columns)
+            if updated != 1:
+                raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
+            event = TaskEvent.objects.create(
+                task_id=task.pk,
+                tenant_id=task.tenant_id,
+                seq=expected + 1,
+                type=event_type,
+                payload=payload,
+                payload_digest=sha256_json(payload),
+                occurred_at=occurred_at or now,
+                causation_id=causation_id,
+                actor=actor,
+                lease_generation=lease_generation if lease_generation is not None else task.lease_generation,
             )
-        if side_effects is not None:
-            side_effects(task, event)
+            for field, value in columns.items():
+                setattr(task, field, value)
+            task.version = expected + 1
+            every = settings.FAULTDESK["SNAPSHOT_EVERY"]
+            if every and task.version % every == 0:
+                TaskSnapshot.objects.create(
+                    task_id=task.pk, seq=task.version, state=new_state, digest=_state_digest(new_state),
+                    reducer_version=reducer.REDUCER_VERSION,
+                )
+            if side_effects is not None:
+                side_effects(task, event)
+    except StaleWrite:
+        refused_event_record(task=task, event_type=event_type, payload=payload,
+                             reason=_stale_reason(task.pk, expected, lease_generation), actor=actor,
+                             lease_generation=lease_generation)
+        raise
     return task
+
+
+def _stale_reason(task_id, expected: int, generation: int | None) -> str:
+    row = Task.objects.filter(pk=task_id).values("version", "lease_generation").first() or {}
+    if generation is not None and row.get("lease_generation") != generation:
+        return (f"stale write: lease lost (fencing token {generation}, current {row.get('lease_generation')}); "
+                "not applied")
+    return f"stale write: version moved ({expected} expected, now {row.get('version')}); not applied"
 
 
 def refused_event_record(*, task: Task, event_type: str, payload: dict, reason: str, actor: str,
