@@ -29,12 +29,12 @@ from apps.llm.parser import draft_validate
 from apps.outbox.models import OutboxMessage
 from apps.tasks import reducer
 from apps.tasks.answer import answer_compose
+from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task
 from apps.tasks.services import Lease, StaleWrite, task_append_event, task_claim, task_release
 
 log = logging.getLogger(__name__)
 
-MAX_REDRAFTS = 2
 MAX_STEPS_PER_RUN = 20
 
 
@@ -127,9 +127,11 @@ def _step(task: Task, lease: Lease) -> bool:
     status = task.status
     if status in reducer.TERMINAL:
         return False
-    if task.deadline_at <= timezone.now() and status not in (reducer.DISPATCHING, reducer.WAITING_RECONCILIATION):
+    exceeded = _bounds_exceeded(task)
+    if exceeded and status not in (reducer.DISPATCHING, reducer.WAITING_RECONCILIATION):
+        # An action in flight is finished (receipt or reconciliation) before the task may end.
         task_append_event(task=task, event_type="task.failed", actor=actor, lease_generation=gen,
-                          payload={"reason": "deadline_exceeded", "at": timezone.now().isoformat()})
+                          payload={"reason": exceeded, "at": timezone.now().isoformat()})
         return False
     if status == reducer.ACCEPTED:
         task_append_event(task=task, event_type="retrieval.started", actor=actor, lease_generation=gen, payload={})
@@ -151,14 +153,12 @@ def _step(task: Task, lease: Lease) -> bool:
 
 def _propose(task: Task, lease: Lease) -> bool:
     state = task.state
-    if state["redrafts"] > MAX_REDRAFTS:
+    limit = settings.FAULTDESK["MAX_REDRAFTS"]
+    if state["redrafts"] > limit:
         task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=lease.generation,
-                          payload={"reason": f"no valid draft after {MAX_REDRAFTS} re-drafts"})
+                          payload={"reason": f"redraft_limit: no valid draft after {limit} re-drafts"})
         return False
-    draft = local_draft(
-        request=state["request"], device=state["device"], evidence=state["evidence"] or [],
-        tenant=task.tenant.slug, requester=task.requester.get_username(),
-    )
+    draft = _model_call(task, state)
     tool = tool_get("ticket.create")
     digest = action_digest(tool=tool.name, tool_version=tool.version, params=draft["ticket"])
     if digest in state["rejected_digests"]:
@@ -174,6 +174,46 @@ def _propose(task: Task, lease: Lease) -> bool:
                  "proposed_at": timezone.now().isoformat()},
     )
     return True
+
+
+def _model_call(task: Task, state: dict) -> dict:
+    """Ask the pinned model for a ticket draft. The output is returned to be recorded as an event
+    before anything uses it (a crash before that loses only this call: the next run makes a new,
+    recorded decision)."""
+    draft = local_draft(
+        request=state["request"], device=state["device"], evidence=state["evidence"] or [],
+        tenant=task.tenant.slug, requester=task.requester.get_username(),
+    )
+    failpoint("model_call")
+    return draft
+
+
+def _bounds_exceeded(task: Task) -> str | None:
+    """The first bound this task has hit (issue 3: steps, re-plans — recursion depth — and wall
+    time; re-drafts are checked where drafting happens), as a termination reason, or None."""
+    conf = settings.FAULTDESK
+    if task.version >= conf["MAX_EVENTS_PER_TASK"]:
+        return f"step_limit: {task.version} events (limit {conf['MAX_EVENTS_PER_TASK']})"
+    if task.state.get("replans", 0) > conf["MAX_REPLANS"]:
+        return f"replan_limit: re-planned {task.state['replans']} times (limit {conf['MAX_REPLANS']})"
+    if task.deadline_at <= timezone.now():
+        return "deadline_exceeded"
+    return None
+
+
+def _premises_changed(task: Task) -> str | None:
+    """Re-check what the plan assumed before resuming it (issue 3 item 6): the requester still
+    belongs to the tenant and may still read every cited chunk. Returns what changed, or None."""
+    from apps.accounts.principal import principal_current
+    from apps.evidence.selectors import chunk_readable
+
+    requester = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)
+    if requester is None or not requester.is_requester:
+        return "requester_revoked"
+    for ref in task.state.get("evidence") or []:
+        if chunk_readable(chunk_id=ref["chunk_id"], tenant_id=task.tenant_id, scopes=requester.scopes) is None:
+            return "requester's permissions changed: cited evidence no longer readable"
+    return None
 
 
 def _validate_and_authorize(task: Task, lease: Lease) -> bool:
@@ -247,6 +287,17 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
         return False
     if a["status"] != "APPROVED":
         return False
+    changed = _premises_changed(task)
+    if changed == "requester_revoked":
+        task_append_event(task=task, event_type="task.failed", actor=actor, lease_generation=gen,
+                          payload={"reason": "requester no longer holds a requester role in the tenant"})
+        return False
+    if changed:
+        with transaction.atomic():
+            approval_invalidate(approval=approval, reason=changed)
+            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                              payload={"approval_id": a["id"], "reason": changed})
+        return True
     current = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
     check = approval_check_binding(
         approval=approval, action_digest=state["proposal"]["digest"],

@@ -9,7 +9,7 @@ State (a ``dict``, stored on the task row and rebuilt by replay)::
 
     {"status": str, "request": {...}, "budget": {"total": int, "used": int, "reserved": int},
      "evidence": [ref, ...] | None, "device": reading | None, "draft": {...} | None,
-     "redrafts": int, "proposal": {...} | None, "approval": {...} | None,
+     "redrafts": int, "replans": int, "proposal": {...} | None, "approval": {...} | None,
      "rejected_digests": [str], "questions": [str] | None, "answers": [str],
      "action": {...} | None, "receipt": {...} | None, "answer": {...} | None,
      "termination_reason": str | None, "cancel_requested": bool}
@@ -66,6 +66,7 @@ def initial_state() -> dict:
         "device": None,
         "draft": None,
         "redrafts": 0,
+        "replans": 0,
         "proposal": None,
         "approval": None,
         "rejected_digests": [],
@@ -126,6 +127,7 @@ def _input_requested(s: dict, p: dict) -> None:
 def _input_provided(s: dict, p: dict) -> None:
     s["answers"] = [*s["answers"], p["text"]]
     s["questions"] = None
+    s["replans"] += 1
     # Re-plan from fresh premises: new evidence, a new device read and a new draft.
     s["evidence"] = None
     s["device"] = None
@@ -177,6 +179,7 @@ def _approval_invalidated(s: dict, p: dict) -> None:
         s["budget"] = {**budget, "reserved": budget["reserved"] - int(s["action"]["reservation"])}
         s["action"] = None
     s["approval"] = {**a, "status": "INVALIDATED", "reason": p["reason"]}
+    s["replans"] += 1
     s["proposal"] = None
     s["draft"] = None
     s["evidence"] = None

@@ -29,6 +29,7 @@ from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
 from apps.llm.drafter import LOCAL_MODEL_ID, PROMPT_TEMPLATE_VERSION
 from apps.llm.parser import PARSER_VERSION
 from apps.tasks import reducer
+from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task, Urgency
 
 CONTROLLER_VERSION = "controller/1"
@@ -106,6 +107,7 @@ def task_append_event(
         raise
     expected = task.version
     now = timezone.now()
+    failpoint(f"before_commit:{event_type}")
     try:
         with transaction.atomic():
             filt = Q(pk=task.pk, version=expected)
@@ -143,6 +145,7 @@ def task_append_event(
                              reason=_stale_reason(task.pk, expected, lease_generation), actor=actor,
                              lease_generation=lease_generation)
         raise
+    failpoint(f"after_commit:{event_type}")
     return task
 
 

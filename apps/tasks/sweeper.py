@@ -14,14 +14,17 @@ RUNNABLE = (reducer.ACCEPTED, reducer.RETRIEVING, reducer.PROPOSING, reducer.VAL
 
 
 def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 200) -> list[tuple[str, str]]:
-    """``[(status, task_id)]`` of tasks to re-queue. Also includes tasks waiting for an approval
-    that was decided (state says APPROVED) and DISPATCHING tasks whose receipt is recorded."""
+    """``[(status, task_id)]`` of tasks to re-queue: runnable statuses, tasks waiting for an
+    approval that was decided (state says APPROVED), DISPATCHING tasks whose receipt is recorded
+    (the answer is still to be composed), and waiting tasks past their deadline (so the controller
+    records the explicit ``deadline_exceeded`` decision)."""
     expired = Q(lease_owner__isnull=False, lease_expires_at__lt=now)
     idle_free = Q(lease_owner__isnull=True, updated_at__lt=now - idle)
     runnable = (
         Q(status__in=RUNNABLE)
         | Q(status=reducer.WAITING_APPROVAL, state__approval__status="APPROVED")
         | (Q(status=reducer.DISPATCHING) & ~Q(state__receipt=None))
+        | Q(status__in=[reducer.WAITING_INPUT, reducer.WAITING_APPROVAL], deadline_at__lt=now)
     )
     rows = Task.objects.filter(runnable).filter(expired | idle_free).values_list("status", "id")[:limit]
     return [(s, str(i)) for s, i in rows]

@@ -53,9 +53,12 @@ def read_context(task_id: str) -> None:
 def sweep_leases() -> int:
     """Beat: re-queue work that is runnable but idle — a lease that expired (its worker died) or
     a runnable task nobody has touched for a while (a lost broker message). Returns the count."""
+    from django.conf import settings
+
     from apps.tasks.sweeper import tasks_needing_work
 
-    ids = tasks_needing_work(now=timezone.now(), idle=timedelta(seconds=10))
+    idle = timedelta(seconds=settings.FAULTDESK["SWEEPER_IDLE_SECONDS"])
+    ids = tasks_needing_work(now=timezone.now(), idle=idle)
     for status, task_id in ids:
         (read_context if status == "RETRIEVING" else agent_step).delay(str(task_id))
     return len(ids)

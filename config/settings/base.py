@@ -132,7 +132,10 @@ CELERY_TASK_ROUTES = {
 }
 CELERY_BEAT_SCHEDULE = {
     "outbox-tick": {"task": "apps.outbox.tasks.dispatch_pending", "schedule": timedelta(seconds=2)},
-    "lease-sweeper": {"task": "apps.tasks.tasks.sweep_leases", "schedule": timedelta(seconds=5)},
+    "lease-sweeper": {
+        "task": "apps.tasks.tasks.sweep_leases",
+        "schedule": timedelta(seconds=env.float("FAULTDESK_SWEEP_EVERY_SECONDS", default=5.0)),
+    },
     "reconciler": {"task": "apps.outbox.tasks.reconcile_unknown", "schedule": timedelta(seconds=5)},
     "approval-expiry": {"task": "apps.approvals.tasks.expire_approvals", "schedule": timedelta(seconds=30)},
 }
@@ -154,6 +157,12 @@ FAULTDESK = {
     "TASK_BUDGET_UNITS": env.int("FAULTDESK_TASK_BUDGET_UNITS", default=100),
     "RETRIEVAL_TOP_K": env.int("FAULTDESK_RETRIEVAL_TOP_K", default=5),
     "SNAPSHOT_EVERY": env.int("FAULTDESK_SNAPSHOT_EVERY", default=20),
+    # Bounds against runaway work (issue 3): each ends in an explicit decision with a reason.
+    "MAX_EVENTS_PER_TASK": env.int("FAULTDESK_MAX_EVENTS_PER_TASK", default=200),
+    "MAX_REDRAFTS": env.int("FAULTDESK_MAX_REDRAFTS", default=2),
+    "MAX_REPLANS": env.int("FAULTDESK_MAX_REPLANS", default=5),
+    # The lease sweeper re-queues runnable tasks idle (no lease, no progress) for this long.
+    "SWEEPER_IDLE_SECONDS": env.int("FAULTDESK_SWEEPER_IDLE_SECONDS", default=10),
     # Model layer (DESIGN.md §10): the local deterministic drafter needs no network.
     "MODEL_PROVIDER": env("FAULTDESK_MODEL_PROVIDER", default="local"),
     "EMBEDDING_MODEL": "all-MiniLM-L6-v2",
