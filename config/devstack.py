@@ -33,6 +33,7 @@ RUN = VAR_DIR / "run"
 LOGS = VAR_DIR / "log"
 CONF = RUN / "supervisord.conf"
 SOCK = RUN / "supervisor.sock"
+DEMO_PID = RUN / "demo.pid"
 
 
 def web_port() -> int:
@@ -143,7 +144,13 @@ def up() -> None:
 
 
 def down() -> None:
-    """Stop every process and the embedded servers (data in var/ stays)."""
+    """Stop every process and the embedded servers (data in var/ stays). A ``make demo`` still
+    waiting for Ctrl-C is ended too (it would otherwise stop a later stack on its way out)."""
+    if DEMO_PID.exists():
+        demo_pid = int(DEMO_PID.read_text().strip() or 0)
+        DEMO_PID.unlink(missing_ok=True)
+        if demo_pid and demo_pid != os.getpid() and _pid_alive(demo_pid):
+            os.kill(demo_pid, signal.SIGTERM)
     pidfile = RUN / "supervisord.pid"
     pid = int(pidfile.read_text().strip()) if pidfile.exists() else None
     if _supervisord_running():
@@ -191,6 +198,7 @@ def demo(wait: bool) -> None:
         return
     print(f"\n(web app stays up at http://127.0.0.1:{web_port()}/ — press Ctrl-C to stop)", file=sys.stderr,
           flush=True)
+    DEMO_PID.write_text(str(os.getpid()))
     stop = []
 
     def _stop(signum, frame):  # Ctrl-C, or SIGTERM from a supervisor / CI; also when SIGINT was ignored
@@ -202,6 +210,7 @@ def demo(wait: bool) -> None:
         while not stop:
             signal.pause()
     finally:
+        DEMO_PID.unlink(missing_ok=True)
         down()
 
 

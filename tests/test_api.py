@@ -143,3 +143,15 @@ def test_openapi_schema_is_served(requester):
     body = resp.content.decode()
     assert "/api/tasks/" in body and "/api/approvals/{approval_id}/decision/" in body
     assert "Idempotency-Key" in body
+
+
+def test_unknown_filter_values_are_a_clear_400(approver):
+    c = client_for(approver)
+    assert c.get("/api/approvals/", {"status": "bogus"}).status_code == 400
+    assert c.get("/api/tasks/", {"status": "bogus"}).status_code == 400
+    assert c.get("/api/tasks/", {"status": "WAITING_APPROVAL"}).status_code == 200
+
+
+def test_schema_lists_the_status_values_the_api_returns(requester):
+    body = client_for(requester).get("/api/schema/").content.decode()
+    assert "WAITING_APPROVAL" in body and "Waiting Approval" not in body

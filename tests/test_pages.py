@@ -114,3 +114,39 @@ def test_django_admin_has_every_model(client, admin_user, filed):
         assert model in admin.site._registry, f"{model.__name__} is not in the Django admin"
         url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
         assert client.get(url).status_code == 200, url
+
+
+def test_htmx_is_told_to_swap_refusals_into_the_row(client, approver):
+    client.force_login(approver)
+    page = client.get(reverse("approval-queue")).content.decode()
+    assert '"code":"4..","swap":true' in page
+
+
+def test_only_requesters_and_admins_get_the_request_form(client, approver, admin_user):
+    client.force_login(approver)
+    assert client.get(reverse("request-new")).status_code == 403
+    client.force_login(admin_user)
+    assert client.get(reverse("request-new")).status_code == 200
+
+
+def test_django_admin_is_tenant_scoped_and_event_sourced_rows_are_read_only(
+    client, filed, admin_user, other_tenant_user, device
+):
+    from apps.devices.models import Device
+    from tests.factories import DeviceFactory
+
+    foreign = DeviceFactory(tenant=other_tenant_user.memberships.get().tenant, asset_tag="GX-1")
+    client.force_login(admin_user)
+    listing = client.get(reverse("admin:devices_device_changelist")).content.decode()
+    assert device.asset_tag in listing and "GX-1" not in listing
+    assert client.get(reverse("admin:devices_device_change", args=[foreign.pk])).status_code == 302  # not found
+    task_url = reverse("admin:tasks_task_change", args=[filed.pk])
+    assert client.get(task_url).status_code == 200  # view only
+    assert client.post(task_url, {"budget_total": 5}).status_code == 403
+    # A device edit goes through the service: the object version moves by one.
+    data = {"name": device.name, "kind": device.kind, "model": device.model, "site": device.site,
+            "criticality": device.criticality, "state": "ok", "alert_code": "", "alert_message": "",
+            "metrics": "{}"}
+    resp = client.post(reverse("admin:devices_device_change", args=[device.pk]), data)
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    assert Device.objects.get(pk=device.pk).version == device.version + 1

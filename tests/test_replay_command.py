@@ -47,3 +47,8 @@ def test_replay_names_the_first_divergent_event(waiting_task):
 def test_replay_needs_an_argument(db):
     with pytest.raises(CommandError, match="TASK_ID or --all"):
         call_command("replay")
+
+
+def test_replay_rejects_a_malformed_id(db):
+    with pytest.raises(CommandError, match="not a task id"):
+        call_command("replay", "not-a-uuid")

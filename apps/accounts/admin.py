@@ -1,16 +1,34 @@
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 
+from apps.accounts.admin_base import TenantScopedAdmin, admin_tenant_ids
 from apps.accounts.models import Membership, Tenant
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantScopedAdmin):
+    tenant_path = "pk"
     list_display = ("slug", "name", "created_at")
     search_fields = ("slug", "name")
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(TenantScopedAdmin):
     list_display = ("user", "tenant", "role", "scopes", "is_active")
     list_filter = ("tenant", "role", "is_active")
     search_fields = ("user__username",)
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class TenantUserAdmin(UserAdmin):
+    """Users who are members of the admin's tenants."""
+
+    def get_queryset(self, request):
+        qs = super().get_queryset(request)
+        ids = admin_tenant_ids(request)
+        return qs if ids is None else qs.filter(memberships__tenant_id__in=ids).distinct()

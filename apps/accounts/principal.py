@@ -33,6 +33,7 @@ class Principal:
 
     @property
     def is_requester(self) -> bool:
+        """May file fault requests: requesters and admins."""
         return self.role in (Role.REQUESTER, Role.ADMIN)
 
     @property

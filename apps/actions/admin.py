@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from apps.accounts.admin_base import ReadOnlyTenantAdmin
 from apps.actions.models import Action, ActionAttempt
 
 
@@ -10,7 +11,7 @@ class AttemptInline(admin.TabularInline):
 
 
 @admin.register(Action)
-class ActionAdmin(admin.ModelAdmin):
+class ActionAdmin(ReadOnlyTenantAdmin):
     list_display = ("id", "tool", "status", "idempotency_key", "external_id", "tenant", "created_at")
     list_filter = ("tenant", "tool", "status")
     search_fields = ("idempotency_key", "external_id")
@@ -18,6 +19,7 @@ class ActionAdmin(admin.ModelAdmin):
 
 
 @admin.register(ActionAttempt)
-class ActionAttemptAdmin(admin.ModelAdmin):
+class ActionAttemptAdmin(ReadOnlyTenantAdmin):
+    tenant_path = "action__tenant_id"
     list_display = ("action", "number", "outcome", "fencing_token", "started_at", "finished_at")
     list_filter = ("outcome",)

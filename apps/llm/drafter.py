@@ -42,15 +42,18 @@ def render_prompt(*, request: dict, device: dict, evidence: list[dict]) -> list[
     ]
 
 
-def local_draft(*, request: dict, device: dict, evidence: list[dict], tenant: str, requester: str) -> dict:
+def local_draft(
+    *, request: dict, device: dict, evidence: list[dict], tenant: str, requester: str, answers: list[str] = ()
+) -> dict:
     """Build a ticket draft by rules from the recorded context.
 
     Returns ``{"ticket": {title, description, priority, device, tenant, requester, labels,
     evidence}, "alert_summary": str, "missing_information": [str], "model": str}``. Priority:
     urgency (critical P1 … low P4), one level higher when the device is in ``fault``/``offline``
-    or of high criticality, bounded to P1..P4. Missing information: a symptom under 12 characters.
+    or of high criticality, bounded to P1..P4. Missing information: a symptom under 12 characters
+    once the requester's ``answers`` to earlier questions are added to it.
     """
-    symptom = request["symptom"].strip()
+    symptom = " ".join(part.strip() for part in [request["symptom"], *answers] if part.strip())
     level = _PRIORITY_BY_URGENCY.get(request.get("urgency", "normal"), 3)
     level += _BUMP_STATES.get(device.get("state", "ok"), 0) + min(0, _CRITICALITY.get(device.get("criticality"), 0))
     priority = f"P{min(4, max(1, level))}"

@@ -182,7 +182,7 @@ def _model_call(task: Task, state: dict) -> dict:
     recorded decision)."""
     draft = local_draft(
         request=state["request"], device=state["device"], evidence=state["evidence"] or [],
-        tenant=task.tenant.slug, requester=task.requester.get_username(),
+        tenant=task.tenant.slug, requester=task.requester.get_username(), answers=state.get("answers") or [],
     )
     failpoint("model_call")
     return draft

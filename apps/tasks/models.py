@@ -25,7 +25,7 @@ class Urgency(models.TextChoices):
 
 
 class Task(models.Model):
-    Status = models.TextChoices("Status", [(s, s.replace("_", " ").title()) for s in reducer.STATUSES])
+    STATUS_CHOICES = [(s, s.replace("_", " ").capitalize()) for s in reducer.STATUSES]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="tasks")
@@ -34,7 +34,7 @@ class Task(models.Model):
     symptom = models.TextField()
     urgency = models.CharField(max_length=16, choices=Urgency.choices, default=Urgency.NORMAL)
 
-    status = models.CharField(max_length=32, choices=Status.choices, default=reducer.ACCEPTED)
+    status = models.CharField(max_length=32, choices=STATUS_CHOICES, default=reducer.ACCEPTED)
     version = models.PositiveIntegerField(default=0)
     state = models.JSONField(default=reducer.initial_state)
     termination_reason = models.CharField(max_length=300, blank=True)

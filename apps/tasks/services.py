@@ -214,7 +214,7 @@ def task_submit(
     from apps.tasks.tasks import enqueue_agent_step
 
     if not principal.is_requester:
-        raise Forbidden("only requesters may file fault requests")
+        raise Forbidden("only requesters and admins may file fault requests")
     symptom = (symptom or "").strip()
     if not symptom or len(symptom) > 4000:
         raise Unprocessable("symptom must be 1..4000 characters")
@@ -339,10 +339,17 @@ def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -
         raise NotFound("task not found")
     if task.requester_id != principal.user_id and not principal.is_admin:
         raise Forbidden("only the requester or an admin may cancel")
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+
+    def close_pending_approvals(t: Task, event) -> None:
+        ApprovalRequest.objects.filter(task_id=t.pk, status=ApprovalStatus.PENDING).update(
+            status=ApprovalStatus.INVALIDATED, reason="the task was cancelled"
+        )
+
     try:
         return task_append_with_retry(
             task_id=task.pk, event_type="cancel.requested", payload_fn=lambda t: {"reason": reason[:200]},
-            actor=principal.as_actor(),
+            actor=principal.as_actor(), side_effects=close_pending_approvals,
         )
     except reducer.IllegalTransition as exc:
         raise Conflict(f"cannot cancel: {exc.reason}", status=task.status) from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
@@ -52,6 +53,8 @@ def request_list(request):
 @require_http_methods(["GET", "POST"])
 def request_new(request):
     p = _principal(request)
+    if not p.is_requester:
+        raise PermissionDenied("only requesters and admins file fault requests")
     devices = list(device_list(principal=p))
     form = FaultRequestForm(request.POST or None, devices=devices)
     if request.method == "POST" and form.is_valid():

@@ -3,8 +3,10 @@ others get 409 with the current decision."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -37,11 +39,17 @@ class DecisionSerializer(serializers.Serializer):
 class ApprovalListApi(APIView):
     permission_classes = [HasPrincipal]
 
-    @extend_schema(responses=ApprovalSerializer(many=True))
+    @extend_schema(
+        responses=ApprovalSerializer(many=True),
+        parameters=[
+            OpenApiParameter("status", enum=ApprovalStatus.values),
+            OpenApiParameter("task", OpenApiTypes.UUID),
+        ],
+    )
     def get(self, request):
         status = request.query_params.get("status")
         if status and status not in ApprovalStatus.values:
-            status = None
+            raise ValidationError({"status": f"must be one of {ApprovalStatus.values}"})
         qs = approval_list(principal=request_principal(request), status=status)
         if task_id := request.query_params.get("task"):
             qs = qs.filter(task_id=task_id) if _is_uuid(task_id) else qs.none()

@@ -6,10 +6,12 @@ from __future__ import annotations
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.api import Forbidden, HasPrincipal, NotFound, request_principal
+from apps.tasks import reducer
 from apps.tasks.api.serializers import (
     CancelSerializer,
     EventSerializer,
@@ -24,11 +26,14 @@ from apps.tasks.services import task_cancel, task_provide_input, task_submit
 class TaskListCreateApi(APIView):
     permission_classes = [HasPrincipal]
 
-    @extend_schema(responses=TaskSerializer(many=True))
+    @extend_schema(responses=TaskSerializer(many=True),
+                   parameters=[OpenApiParameter("status", enum=list(reducer.STATUSES))])
     def get(self, request):
         principal = request_principal(request)
         qs = task_list(principal=principal)
         if s := request.query_params.get("status"):
+            if s not in reducer.STATUSES:
+                raise ValidationError({"status": f"must be one of {list(reducer.STATUSES)}"})
             qs = qs.filter(status=s)
         return Response(TaskSerializer(qs[:100], many=True).data)
 

@@ -1,6 +1,8 @@
 """``python manage.py replay TASK_ID`` / ``replay --all``: rebuild state from snapshot + events,
 compare with the task row, exit non-zero naming the first divergent event when they differ."""
 
+import uuid
+
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.events.replay import task_replay
@@ -18,6 +20,11 @@ class Command(BaseCommand):
     def handle(self, *args, task_id=None, all=False, no_snapshot=False, **options):  # noqa: A002
         if bool(task_id) == bool(all):
             raise CommandError("give a TASK_ID or --all")
+        if task_id:
+            try:
+                uuid.UUID(task_id)
+            except ValueError as exc:
+                raise CommandError(f"{task_id!r} is not a task id (a UUID)") from exc
         qs = Task.objects.all().order_by("created_at") if all else Task.objects.filter(pk=task_id)
         if not all and not qs.exists():
             raise CommandError(f"no task {task_id}")

@@ -4,9 +4,11 @@ and the knowledge base (ingested per scope folder)."""
 from django.core.management.base import BaseCommand
 
 from apps.accounts.models import AccessScope, Tenant
-from apps.evidence.services import path_ingest
+from apps.evidence.services import document_ingest, path_ingest
 from apps.tasks.demo_data import KB_DIR, demo_seed
 from config.env import VAR_DIR
+
+GLOBEX_KB = ("laser-printer-paper-jam.md", "mfp-toner-and-drum-replacement.md", "mfp-scan-to-email-failure.md")
 
 
 class Command(BaseCommand):
@@ -32,3 +34,9 @@ class Command(BaseCommand):
                 f"knowledge base {scope}: {report.created} created, {report.updated} updated, "
                 f"{report.unchanged} unchanged, {report.chunks_embedded} chunks embedded"
             )
+        # globex gets its own small copy of the public printer procedures (tenants share nothing).
+        globex = Tenant.objects.get(slug="globex")
+        for name in GLOBEX_KB:
+            document_ingest(tenant=globex, source=f"public/{name}", raw=(KB_DIR / "public" / name).read_text(),
+                            scope=AccessScope.PUBLIC)
+        self.stdout.write(f"knowledge base globex: {len(GLOBEX_KB)} public printer documents")

@@ -1,0 +1,92 @@
+"""The controller's decisions (issue 3 items 6–7, and what the fresh-user review found): answers to
+the agent's questions are used, resume re-checks premises, and every bound ends in an explicit
+decision with a reason."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from apps.accounts.models import AccessScope, Membership
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.approvals.services import approval_decide
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.services import task_cancel, task_provide_input, task_submit
+from tests.conftest import drive, p
+
+
+def _submit(requester, device, symptom="Fuser error after warm-up, pages smeared."):
+    return task_submit(principal=p(requester), device_id=device.pk, symptom=symptom).task
+
+
+def test_a_short_symptom_asks_and_the_answer_moves_the_task_on(requester, device, kb):
+    task = drive(_submit(requester, device, symptom="broken").pk)
+    assert task.status == reducer.WAITING_INPUT
+    assert "Describe the symptom" in task.state["questions"][0]
+    task_provide_input(principal=p(requester), task_id=task.pk,
+                       text="Fuser error after warm-up since Monday; power-cycling did not help.")
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    assert "since Monday" in task.state["proposal"]["params"]["description"]
+    assert task.state["replans"] == 1
+
+
+def test_cancel_closes_the_pending_approval(requester, approver, device, kb):
+    task = drive(_submit(requester, device).pk)
+    task_cancel(principal=p(requester), task_id=task.pk)
+    approval = ApprovalRequest.objects.get(task=task)
+    assert approval.status == ApprovalStatus.INVALIDATED and approval.reason == "the task was cancelled"
+
+
+def test_resume_after_approval_replans_when_the_requester_lost_a_scope(requester, approver, device, kb):
+    task = drive(_submit(requester, device).pk)
+    assert any(r["scope"] == "tier2" for r in task.state["evidence"])
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve")
+    Membership.objects.filter(user=requester).update(scopes=[AccessScope.PUBLIC])
+    task = drive(task.pk)
+    approvals = list(ApprovalRequest.objects.filter(task=task).order_by("created_at"))
+    assert approvals[0].status == ApprovalStatus.INVALIDATED
+    assert "permissions changed" in approvals[0].reason
+    assert task.status == reducer.WAITING_APPROVAL
+    assert {r["scope"] for r in task.state["evidence"]} == {"public"}
+
+
+def test_resume_fails_explicitly_when_the_requester_was_removed(requester, approver, device, kb):
+    task = drive(_submit(requester, device).pk)
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve")
+    Membership.objects.filter(user=requester).update(is_active=False)
+    task = drive(task.pk)
+    assert task.status == reducer.FAILED
+    assert "requester no longer" in task.termination_reason
+
+
+def test_deadline_passed_while_waiting_is_an_explicit_failure(requester, device, kb):
+    task = drive(_submit(requester, device).pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    Task.objects.filter(pk=task.pk).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    from apps.tasks.sweeper import tasks_needing_work
+
+    assert ("WAITING_APPROVAL", str(task.pk)) in tasks_needing_work(now=timezone.now(), idle=timedelta(0))
+    task = drive(task.pk)
+    assert task.status == reducer.FAILED and task.termination_reason == "deadline_exceeded"
+
+
+def test_replan_limit_ends_the_task(requester, device, kb, settings):
+    settings.FAULTDESK = {**settings.FAULTDESK, "MAX_REPLANS": 1}
+    task = drive(_submit(requester, device, symptom="broken").pk)
+    for answer in ("it", "no"):  # still too short: the agent asks again, and re-plans each time
+        task_provide_input(principal=p(requester), task_id=task.pk, text=answer)
+        task = drive(task.pk)
+    assert task.status == reducer.FAILED
+    assert task.termination_reason.startswith("replan_limit")
+
+
+def test_step_limit_ends_the_task(requester, device, kb, settings):
+    settings.FAULTDESK = {**settings.FAULTDESK, "MAX_EVENTS_PER_TASK": 3}
+    task = drive(_submit(requester, device).pk)
+    assert task.status == reducer.FAILED
+    assert task.termination_reason.startswith("step_limit")
