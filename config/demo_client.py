@@ -41,9 +41,12 @@ def _poll(client: httpx.Client, task_id: str, until: set[str], timeout: float) -
     raise TimeoutError(f"task {task_id} did not reach {sorted(until)} within {timeout}s (last {last})")
 
 
-def run(*, base_url: str, refservice_url: str, credentials_path: Path, timeout: float = 180.0) -> bool:
+def run(*, base_url: str, refservice_url: str, credentials_path: Path, timeout: float = 180.0,
+        before_ok=None) -> bool:
     """Run the main job against a running faultdesk. Returns True when it ended with a receipt
-    and the ticket service holds exactly one ticket for the action's idempotency key."""
+    and the ticket service holds exactly one ticket for the action's idempotency key.
+    ``before_ok()`` runs just before the final ``DEMO OK`` line (the launcher replays every task
+    there); an exception from it fails the demo."""
     creds = json.loads(credentials_path.read_text())
     requester = httpx.Client(base_url=base_url, auth=("riley", creds["riley"]), timeout=30)
     approver = httpx.Client(base_url=base_url, auth=("avery", creds["avery"]), timeout=30)
@@ -105,6 +108,8 @@ def run(*, base_url: str, refservice_url: str, credentials_path: Path, timeout: 
         _say(f"DEMO FAILED: the ticket service holds {len(held)} tickets for key {action_key}")
         return False
     _say(f"   the reference ticket service holds exactly one ticket for key {action_key}: {ticket_id}\n")
+    if before_ok is not None:
+        before_ok()
     _say(f"DEMO OK task={task['id']} ticket={ticket_id}")
     return True
 
