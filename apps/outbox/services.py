@@ -33,6 +33,7 @@ from apps.approvals.services import approval_check_binding, approval_invalidate
 from apps.devices.selectors import device_read
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
+from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task
 from apps.tasks.services import StaleWrite, task_append_with_retry, worker_identity
 from apps.tickets.connectors import Receipt, connector_for
@@ -146,6 +147,7 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     contract = tool_get(action.tool)
     remaining = (task.deadline_at - timezone.now()).total_seconds() - 2.0
     timeout = max(0.5, min(contract.deadline_seconds, remaining))
+    failpoint("before_send")
     try:
         receipt = connector_for(action.tool).create_ticket(
             idempotency_key=action.idempotency_key, fencing_token=fencing_token, params=action.params,
@@ -153,6 +155,7 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
         )
     except errors.ToolError as exc:
         return _record_error(message, action, attempt, task, exc, fencing_token, owner)
+    failpoint("after_send")
     receipt_record(action_id=action.pk, receipt=receipt, attempt_id=attempt.pk, actor=f"dispatcher:{owner}")
     return "receipt"
 

@@ -1,0 +1,161 @@
+"""Real processes for end-to-end and crash tests: the reference ticket service, web (gunicorn),
+Celery workers and beat, all against the test database and a real Redis broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from django.db import connection
+
+from config import embedded
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+BROKER_DB = 9
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url() -> str:
+    """URL of the test database for child processes."""
+    s = connection.settings_dict
+    opts = s.get("OPTIONS") or {}
+    host = s.get("HOST") or opts.get("host") or ""
+    port = s.get("PORT") or opts.get("port") or 5432
+    user, password = s.get("USER") or "postgres", s.get("PASSWORD") or ""
+    if host.startswith("/"):
+        return f"postgres://{user}:{password}@/{s['NAME']}?host={host}&port={port}"
+    return f"postgres://{user}:{password}@{host}:{port}/{s['NAME']}"
+
+
+def broker_url() -> str:
+    if os.environ.get("REDIS_URL"):
+        base = os.environ["REDIS_URL"]
+        return base.rsplit("/", 1)[0] + f"/{BROKER_DB}" if base.startswith("redis://") else base
+    embedded.ensure_redis()
+    return embedded.redis_url(BROKER_DB)
+
+
+def flush_broker(url: str) -> None:
+    import redis
+
+    if url.startswith("redis+socket://"):
+        redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=BROKER_DB).flushdb()
+    else:
+        redis.Redis.from_url(url).flushdb()
+
+
+class Stack:
+    """Named child processes sharing one environment; logs in ``log_dir``."""
+
+    def __init__(self, log_dir: Path, **env_extra: str):
+        self.log_dir = log_dir
+        self.web_port, self.ref_port = free_port(), free_port()
+        self.broker = broker_url()
+        flush_broker(self.broker)
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "config.settings.local",
+            "DJANGO_DEBUG": "false",
+            "DATABASE_URL": database_url(),
+            "REDIS_URL": self.broker,
+            "REFSERVICE_URL": f"http://127.0.0.1:{self.ref_port}",
+            "REFSERVICE_API_KEY": "e2e-key",
+            "FAULTDESK_PUBLIC_BASE_URL": f"http://127.0.0.1:{self.web_port}",
+            "PYTHONUNBUFFERED": "1",
+            **env_extra,
+        }
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._logs: dict[str, object] = {}
+
+    @property
+    def web(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    @property
+    def ref(self) -> str:
+        return f"http://127.0.0.1:{self.ref_port}"
+
+    def start(self, name: str, cmd: list[str], **env_extra: str) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop_all
+        self._logs[name] = log
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **env_extra}, stdout=log,  # noqa: S603
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start_refservice(self) -> None:
+        self.start("refservice", [sys.executable, "-m", "apps.tickets.refservice", "--host", "127.0.0.1",
+                                  "--port", str(self.ref_port), "--db", str(self.log_dir / "tickets.sqlite3"),
+                                  "--api-key", "e2e-key"])
+        self.wait_http(f"{self.ref}/healthz", 30)
+
+    def start_web(self) -> None:
+        self.start("web", [str(BIN / "gunicorn"), "config.wsgi", "-b", f"127.0.0.1:{self.web_port}", "-w", "2",
+                           "--threads", "2"])
+        self.wait_http(f"{self.web}/healthz", 60)
+
+    def start_worker(self, name: str, *, queues: str = "agent,tools,outbox", pool: str = "prefork",
+                     concurrency: int = 2, **env_extra: str) -> subprocess.Popen:
+        cmd = [str(BIN / "celery"), "-A", "config", "worker", "-Q", queues, "-n", f"{name}-{self.web_port}@%h",
+               "--loglevel", "INFO", "-P", pool]
+        if pool != "solo":
+            cmd += ["-c", str(concurrency)]
+        return self.start(name, cmd, **env_extra)
+
+    def start_beat(self) -> None:
+        self.start("beat", [str(BIN / "celery"), "-A", "config", "beat", "-s", str(self.log_dir / "beat-schedule"),
+                            "--loglevel", "INFO"])
+
+    def wait_http(self, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None and name in ("web", "refservice"):
+                    raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log(name)[-2000:]}")
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(url)
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in self.log_dir.glob("*.log"))
+
+    def wait_exit(self, name: str, timeout: float) -> int:
+        return self.procs[name].wait(timeout=timeout)
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+        for log in self._logs.values():
+            log.close()
+        flush_broker(self.broker)

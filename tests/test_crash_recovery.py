@@ -1,0 +1,122 @@
+"""Crash recovery with real processes (issue 3; DESIGN.md §5, §6 table 16.5).
+
+A Celery worker (solo pool: the worker *is* the process that runs the step) is SIGKILLed by a
+failpoint at a step boundary; a new worker is then started. Beat runs the lease sweeper with short
+leases, so the work the dead worker held is re-queued. Every task must reach the state it would
+have reached without the crash, with one recorded proposal per logical proposal and exactly one
+external effect per action key.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from apps.events.models import RefusedEvent, TaskEvent
+from apps.events.replay import task_replay
+from apps.tasks.models import Task
+from tests.procs import Stack
+from tests.test_e2e import poll, ref_client, seed_acme
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+FAST = {
+    "FAULTDESK_LEASE_SECONDS": "3",
+    "FAULTDESK_OUTBOX_LEASE_SECONDS": "3",
+    "FAULTDESK_SWEEPER_IDLE_SECONDS": "2",
+    "FAULTDESK_SWEEP_EVERY_SECONDS": "1",
+}
+
+
+@pytest.fixture
+def stack(transactional_db, tmp_path):
+    s = Stack(tmp_path, **FAST)
+    try:
+        s.start_refservice()
+        s.start_web()
+        s.start_beat()
+        yield s
+    finally:
+        s.stop_all()
+
+
+def _wait_for(path, timeout: float, stack) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"failpoint never fired\n{stack.logs()}")
+
+
+def _file(stack, device) -> str:
+    riley = httpx.Client(base_url=stack.web, auth=("riley", "pw-for-tests"), timeout=30)
+    resp = riley.post("/api/tasks/", json={"device_id": device.pk, "symptom": "Fuser error after warm-up; smeared.",
+                                           "urgency": "high"})
+    assert resp.status_code == 201, resp.text
+    return resp.json()["id"]
+
+
+def _assert_completed_once(stack, task_id) -> Task:
+    riley = httpx.Client(base_url=stack.web, auth=("riley", "pw-for-tests"), timeout=30)
+    done = poll(riley, task_id, {"COMPLETED", "FAILED", "CANCELLED"}, 150, stack)
+    assert done["status"] == "COMPLETED", stack.logs()
+    task = Task.objects.get(pk=task_id)
+    types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
+    assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "device.read", "draft.proposed",
+                     "intent.committed", "receipt.recorded", "task.completed"], types
+    key = task.state["action"]["idempotency_key"]
+    ref = ref_client(stack)
+    assert ref.get("/_admin/effects", params={"idempotency_key": key}).json()["effects"] == 1
+    assert len(ref.get("/_admin/tickets").json()["results"]) == 1
+    result = task_replay(task)
+    assert result.ok, result.detail
+    return task
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "after_commit:retrieval.started",  # after a commit, before the next enqueue (lease still held)
+        "before_commit:evidence.retrieved",  # tools step: retrieval done, not yet recorded
+        "model_call",  # in the middle of a model call
+        "before_commit:draft.proposed",  # the model answered, the answer is not recorded
+        "after_commit:intent.committed",  # intent + outbox row committed
+        "after_send",  # the remote created the ticket, the worker died before recording it
+    ],
+)
+def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp_path):
+    tenant, requester, device = seed_acme(auto_approve=True)
+    fired = tmp_path / "failpoint-fired"
+    stack.start_worker("doomed", pool="solo", FAULTDESK_FAILPOINT=point, FAULTDESK_FAILPOINT_ONCE=str(fired))
+    task_id = _file(stack, device)
+    _wait_for(fired, 120, stack)
+    assert stack.wait_exit("doomed", 30) == -9  # SIGKILL
+    stack.start_worker("survivor")
+    task = _assert_completed_once(stack, task_id)
+    if point == "after_send":
+        # The re-sent request carried the same key; the service answered with the stored ticket.
+        assert task.state["receipt"]["replayed"] is True
+
+
+def test_paused_worker_cannot_commit_after_its_lease_passed_on(stack, tmp_path):
+    """Worker A stalls before committing its draft past its lease; the sweeper hands the task to
+    worker B, which commits; when A wakes, its commit is refused and recorded."""
+    tenant, requester, device = seed_acme(auto_approve=True)
+    fired = tmp_path / "failpoint-fired"
+    stack.start_worker("paused", pool="solo", FAULTDESK_FAILPOINT="before_commit:draft.proposed",
+                       FAULTDESK_FAILPOINT_ONCE=str(fired), FAULTDESK_FAILPOINT_ACTION="sleep:10")
+    task_id = _file(stack, device)
+    _wait_for(fired, 120, stack)
+    stack.start_worker("taker")
+    task = _assert_completed_once(stack, task_id)
+    deadline = time.monotonic() + 30
+    while not RefusedEvent.objects.filter(task=task, type="draft.proposed").exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    refused = RefusedEvent.objects.get(task=task, type="draft.proposed")
+    assert "lease lost" in refused.reason
+    proposal = TaskEvent.objects.get(task=task, type="draft.proposed")
+    assert proposal.actor != refused.actor  # the task holds B's result only
+    assert proposal.lease_generation > refused.lease_generation
