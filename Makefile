@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo up down status test lint clean
+.PHONY: install demo up down status test proptest lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ status: $(STAMP)
 ## make test — the whole test suite (starts the embedded PostgreSQL/Redis it needs)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## make proptest — the property tests at 10,000 examples each (CI runs them at 1,000)
+proptest: $(STAMP)
+	HYPOTHESIS_PROFILE=proptest $(BIN)/python -m pytest -m property -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

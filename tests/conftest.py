@@ -4,13 +4,22 @@ driver that runs the agent, tools and outbox steps in-process (no broker)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from apps.accounts.models import AccessScope, Role
 from apps.accounts.principal import principal_for_user
 from tests.factories import DeviceFactory, MembershipFactory, TenantFactory, UserFactory
+
+# Property-test profiles (issue 3): CI runs at least 1,000 examples per property, `make proptest`
+# at least 10,000; HYPOTHESIS_PROFILE=dev is quicker for local iteration.
+hypothesis_settings.register_profile("ci", max_examples=1000, deadline=None)
+hypothesis_settings.register_profile("proptest", max_examples=10000, deadline=None)
+hypothesis_settings.register_profile("dev", max_examples=100, deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 KB = Path(__file__).resolve().parent.parent / "apps" / "evidence" / "kb"
 SMALL_KB = [
@@ -126,3 +135,27 @@ def drive(task_id, *, rounds: int = 30):
             return task
         last = task.version
     return Task.objects.get(pk=task_id)
+
+
+@pytest.fixture(autouse=True)
+def _replay_every_task(request):
+    """After every test that used the database, replay each task it created and fail on any
+    divergence from the materialized row (issue 3; DESIGN.md §12 invariant 7). Tests that tamper
+    with a row on purpose are marked ``allow_divergence``."""
+    marker = request.node.get_closest_marker("django_db")
+    names = request.fixturenames
+    if "transactional_db" in names or (marker and marker.kwargs.get("transaction")):
+        request.getfixturevalue("transactional_db")
+    elif "db" in names or marker:
+        request.getfixturevalue("db")
+    else:
+        yield
+        return
+    yield
+    if request.node.get_closest_marker("allow_divergence"):
+        return
+    from apps.events.replay import task_replay
+    from apps.tasks.models import Task
+
+    diverged = [r for r in (task_replay(t) for t in Task.objects.all()) if not r.ok]
+    assert not diverged, f"tasks diverge from their event log: {diverged}"

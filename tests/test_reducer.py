@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from apps.tasks import reducer as r
@@ -193,7 +193,7 @@ EVENTS_FOR_FUZZ = [ACCEPT, START, EVID, READ, DRAFT, ASK, GRANT, INTENT, RECEIPT
                    ("draft.invalid", {"problems": []})]
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.property
 @given(st.lists(st.sampled_from(EVENTS_FOR_FUZZ), max_size=30))
 def test_properties_over_random_event_sequences(events):
     state = r.initial_state()

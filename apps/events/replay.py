@@ -13,9 +13,6 @@ from apps.actions.digest import sha256_json
 from apps.events.models import TaskEvent, TaskSnapshot
 from apps.tasks import reducer
 
-#: Reducer versions this code can replay, by the name pinned in the artifact bundle.
-REDUCERS = {reducer.REDUCER_VERSION: reducer.reduce}
-
 
 @dataclass(frozen=True)
 class ReplayResult:
@@ -30,6 +27,20 @@ class ReplayResult:
     detail: str = ""
 
 
+def _replay_migrated(task, pinned: str) -> ReplayResult:
+    """Replay a task pinned to a retired reducer through its explicit event migration."""
+    raw = [(e.type, e.payload) for e in TaskEvent.objects.filter(task_id=task.pk).order_by("seq")]
+    try:
+        version, events = reducer.migrate_events(pinned, raw)
+        state = reducer.replay(events) if events else reducer.initial_state()
+        reduce_ok = state == task.state and state["status"] == task.status
+    except (reducer.UnknownReducer, reducer.IllegalTransition) as exc:
+        return ReplayResult(str(task.pk), False, len(raw), None, None, str(exc))
+    detail = f"migrated {pinned} → {version}"
+    return ReplayResult(str(task.pk), reduce_ok, len(raw), None, None if reduce_ok else len(raw),
+                        detail if reduce_ok else f"{detail}; differs from the row")
+
+
 def _row_state(task) -> dict:
     return {
         "status": task.status,
@@ -42,9 +53,9 @@ def _row_state(task) -> dict:
 def task_replay(task, *, use_snapshot: bool = True) -> ReplayResult:
     """Replay ``task`` and compare with its row. Never writes. See :class:`ReplayResult`."""
     pinned = (task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION)
-    reduce = REDUCERS.get(pinned)
-    if reduce is None:
-        return ReplayResult(str(task.pk), False, 0, None, None, f"no reducer {pinned!r} in this build")
+    if pinned not in reducer.REDUCERS:
+        return _replay_migrated(task, pinned)
+    reduce = reducer.reducer_for(pinned)
     state, start_seq, snap_seq = reducer.initial_state(), 0, None
     if use_snapshot:
         snap = TaskSnapshot.objects.filter(task_id=task.pk).order_by("-seq").first()

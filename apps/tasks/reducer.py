@@ -344,3 +344,41 @@ def replay(events: list[tuple[str, dict]], *, start: dict | None = None) -> dict
     for event_type, payload in events:
         state = reduce(state, event_type, payload)
     return state
+
+
+# --- versions ----------------------------------------------------------------------------------
+# A task is replayed (and continued) with the reducer version pinned in its artifact bundle. When a
+# version is retired, its tasks need an explicit migration of their events to a version this build
+# carries: never a silent replay with new logic (DESIGN.md §4).
+
+#: Reducer versions this build carries.
+REDUCERS: dict[str, Callable[[dict, str, dict], dict]] = {REDUCER_VERSION: reduce}
+
+#: Explicit migrations: old version -> (target version, function mapping the old ``(type, payload)``
+#: event list to the target version's events). Empty while only ``reducer/1`` exists.
+MIGRATIONS: dict[str, tuple[str, Callable[[list[tuple[str, dict]]], list[tuple[str, dict]]]]] = {}
+
+
+class UnknownReducer(Exception):
+    """The task is pinned to a reducer version this build neither carries nor can migrate."""
+
+
+def reducer_for(version: str | None) -> Callable[[dict, str, dict], dict]:
+    """The reducer for ``version`` (None means the current one). Raises :class:`UnknownReducer`."""
+    version = version or REDUCER_VERSION
+    if version not in REDUCERS:
+        raise UnknownReducer(f"no reducer {version!r} in this build; migrate the task's events first")
+    return REDUCERS[version]
+
+
+def migrate_events(version: str, events: list[tuple[str, dict]]) -> tuple[str, list[tuple[str, dict]]]:
+    """Apply the registered migrations from ``version`` until a carried version is reached.
+    Returns ``(version, events)``. Raises :class:`UnknownReducer` when no path exists."""
+    seen = set()
+    while version not in REDUCERS:
+        if version in seen or version not in MIGRATIONS:
+            raise UnknownReducer(f"no reducer or migration for {version!r}")
+        seen.add(version)
+        version, fn = MIGRATIONS[version][0], MIGRATIONS[version][1]
+        events = fn(events)
+    return version, events

@@ -100,7 +100,11 @@ def task_append_event(
     are first recorded as a :class:`RefusedEvent`, never applied.
     """
     try:
-        new_state = reducer.reduce(task.state, event_type, payload)
+        try:
+            reduce = reducer.reducer_for((task.artifact_bundle or {}).get("reducer"))
+        except reducer.UnknownReducer as exc:
+            raise reducer.IllegalTransition(task.status, event_type, str(exc)) from exc
+        new_state = reduce(task.state, event_type, payload)
     except reducer.IllegalTransition as exc:
         refused_event_record(task=task, event_type=event_type, payload=payload, reason=exc.reason, actor=actor,
                              lease_generation=lease_generation)
