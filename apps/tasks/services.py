@@ -133,14 +133,11 @@ def task_append_event(
                 actor=actor,
                 lease_generation=lease_generation if lease_generation is not None else task.lease_generation,
             )
-            for field, value in columns.items():
-                setattr(task, field, value)
-            task.version = expected + 1
             every = settings.FAULTDESK["SNAPSHOT_EVERY"]
-            if every and task.version % every == 0:
+            if every and (expected + 1) % every == 0:
                 TaskSnapshot.objects.create(
-                    task_id=task.pk, seq=task.version, state=new_state, digest=_state_digest(new_state),
-                    reducer_version=reducer.REDUCER_VERSION,
+                    task_id=task.pk, seq=expected + 1, state=new_state, digest=_state_digest(new_state),
+                    reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION),
                 )
             if side_effects is not None:
                 side_effects(task, event)
@@ -149,6 +146,10 @@ def task_append_event(
                              reason=_stale_reason(task.pk, expected, lease_generation), actor=actor,
                              lease_generation=lease_generation)
         raise
+    # The in-memory task follows the row only once the transaction committed.
+    for field, value in columns.items():
+        setattr(task, field, value)
+    task.version = expected + 1
     failpoint(f"after_commit:{event_type}")
     return task
 
