@@ -214,3 +214,58 @@ def test_cas_loser_never_overwrites(submitted):
     assert "version moved" in RefusedEvent.objects.get(task=submitted, actor="b").reason
     row = Task.objects.get(pk=submitted.pk)
     assert (row.status, row.version) == (reducer.RETRIEVING, 2)
+
+
+def test_a_stale_dispatcher_records_nothing_after_another_recorded_the_receipt(submitted, approver, refservice):
+    """Review finding F1: dispatcher A stalls, B re-claims the row and records the receipt; A's late
+    error (409 stale fencing token) must not turn the task into an unknown outcome."""
+    from apps.actions import errors
+    from apps.actions.models import ActionAttempt
+    from apps.outbox.services import _record_error, outbox_claim_batch, outbox_deliver
+    from apps.tasks.controller import agent_run
+
+    task = drive(submitted.pk)
+    _approve(approver, task)
+    agent_run(task_id=task.pk)
+    [row_a] = outbox_claim_batch(owner="A", limit=1)
+    action = Action.objects.get(task=task)
+    attempt_a = ActionAttempt.objects.create(action=action, number=1, fencing_token=row_a.lease_generation,
+                                             started_at=row_a.created_at, worker="A")
+    OutboxMessage.objects.filter(pk=row_a.pk).update(lease_expires_at=row_a.created_at)  # A's lease expires
+    [row_b] = outbox_claim_batch(owner="B", limit=1)
+    assert row_b.lease_generation == row_a.lease_generation + 1
+    assert outbox_deliver(message_id=row_b.pk, fencing_token=row_b.lease_generation, owner="B") == "receipt"
+
+    late = errors.PreconditionFailed("HTTP 409", status=409, body={"error": "stale_fencing_token"})
+    outcome = _record_error(row_a, action, attempt_a, Task.objects.get(pk=task.pk), late, row_a.lease_generation, "A")
+    assert outcome == "lost_lease"
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED
+    assert not TaskEvent.objects.filter(task=task, type="outcome.unknown").exists()
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.SUCCEEDED
+
+
+def test_reconciler_carries_on_past_an_action_it_cannot_settle(submitted, approver, refservice, refadmin, monkeypatch):
+    from apps.outbox import services as outbox_services
+    from apps.outbox.services import actions_reconcile, outbox_dispatch_batch
+    from apps.tasks.controller import agent_run
+
+    task = drive(submitted.pk)
+    _approve(approver, task)
+    agent_run(task_id=task.pk)
+    refadmin.fault("drop_after_commit")
+    outbox_dispatch_batch()
+    assert Action.objects.get(task=task).status == ActionStatus.UNKNOWN
+    calls = []
+    real = outbox_services._reconcile_one
+
+    def flaky(action):
+        calls.append(action.pk)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return real(action)
+
+    monkeypatch.setattr(outbox_services, "_reconcile_one", flaky)
+    actions_reconcile()  # the failure is logged, not raised
+    actions_reconcile()
+    assert Action.objects.get(task=task).status == ActionStatus.SUCCEEDED

@@ -154,6 +154,8 @@ def test_guards_refuse_late_and_mismatched_events():
         r.reduce(state_in(r.COMPLETED), "cancel.requested", {})
     with pytest.raises(r.IllegalTransition, match="in flight"):
         r.reduce(state_in(r.WAITING_RECONCILIATION), "task.failed", {"reason": "deadline"})
+    with pytest.raises(r.IllegalTransition, match="receipt is already recorded"):
+        r.reduce(_apply(dispatching, RECEIPT), "outcome.unknown", {"action_id": "x1", "error": {}})
 
 
 def test_rejected_digest_cannot_be_proposed_again():

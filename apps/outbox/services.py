@@ -186,6 +186,14 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
     actor = f"dispatcher:{owner}"
     err = exc.as_dict()
     with transaction.atomic():
+        # A dispatcher whose lease on the row passed to another (or whose action already has its
+        # receipt) records nothing: the current holder owns the outcome.
+        if not _still_ours(message.pk, fencing_token).exists():
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.UNKNOWN, error=err,
+                                                               finished_at=now)
+            return "lost_lease"
+        if Action.objects.filter(pk=action.pk, status=ActionStatus.SUCCEEDED).exists():
+            return "already_done"
         if isinstance(exc, errors.OutcomeUnknown) or (
             isinstance(exc, errors.PreconditionFailed) and exc.body.get("error") == "stale_fencing_token"
         ):
@@ -229,6 +237,19 @@ def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str) 
     and the task's ``receipt.recorded`` event (settling the budget reservation) in one
     transaction; then the agent composes the answer. Idempotent: a second receipt for the same
     action changes nothing."""
+    try:
+        _receipt_record(action_id=action_id, receipt=receipt, attempt_id=attempt_id, actor=actor)
+    except reducer.IllegalTransition as exc:
+        # The whole recording rolled back with the refusal; keep the record of what δ refused.
+        from apps.tasks.services import refused_event_record
+
+        action = Action.objects.select_related("task").get(pk=action_id)
+        refused_event_record(task=action.task, event_type="receipt.recorded", payload={
+            "action_id": str(action_id), "receipt": receipt.as_dict()}, reason=exc.reason, actor=actor)
+        log.error("receipt for action %s refused: %s", action_id, exc.reason)
+
+
+def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str) -> None:
     now = timezone.now()
     with transaction.atomic():
         action = Action.objects.select_for_update().get(pk=action_id)
@@ -264,36 +285,46 @@ def actions_reconcile(*, limit: int = 50) -> int:
     Lookup failing → leave it for the next tick. Returns the number of actions examined."""
     unknown = list(Action.objects.filter(status=ActionStatus.UNKNOWN).order_by("updated_at")[:limit])
     for action in unknown:
+        # Examined now: a failing action moves to the back of the queue instead of blocking it.
+        Action.objects.filter(pk=action.pk).update(updated_at=timezone.now())
         try:
-            found = connector_for(action.tool).lookup_by_key(idempotency_key=action.idempotency_key)
-        except errors.ToolError as exc:
-            log.info("reconcile %s: lookup failed (%s)", action.pk, exc)
-            continue
-        if found is not None:
-            receipt_record(action_id=action.pk, receipt=found, actor="reconciler")
-            continue
-        if tool_get(action.tool).idempotent_by_key:
-            with transaction.atomic():
-                claimed = Action.objects.select_for_update(skip_locked=True).filter(
-                    pk=action.pk, status=ActionStatus.UNKNOWN
-                ).first()
-                if claimed is None:
-                    continue
-                Action.objects.filter(pk=action.pk).update(status=ActionStatus.INTENDED)
-                OutboxMessage.objects.filter(action=action).update(
-                    status=OutboxStatus.PENDING, available_at=timezone.now(), lease_owner=None,
-                    lease_expires_at=None,
-                )
-                try:
-                    task_append_with_retry(
-                        task_id=action.task_id, event_type="reconciliation.retry", actor="reconciler",
-                        payload_fn=lambda t, a=action: {"action_id": str(a.pk), "reason": "not found by key"},
-                    )
-                except (reducer.IllegalTransition, StaleWrite):
-                    # A cancelled task refuses the retry event; the dispatcher then sees the
-                    # cancellation before sending and records the action as not sent.
-                    pass
-            from apps.outbox.tasks import enqueue_dispatch
-
-            transaction.on_commit(enqueue_dispatch)
+            _reconcile_one(action)
+        except Exception:  # noqa: BLE001 - logged; the next tick tries again
+            log.exception("reconciling action %s failed", action.pk)
     return len(unknown)
+
+
+def _reconcile_one(action: Action) -> None:
+    """Look one unknown action up by key: adopt the ticket found, else re-queue the same row."""
+    try:
+        found = connector_for(action.tool).lookup_by_key(idempotency_key=action.idempotency_key)
+    except errors.ToolError as exc:
+        log.info("reconcile %s: lookup failed (%s)", action.pk, exc)
+        return
+    if found is not None:
+        receipt_record(action_id=action.pk, receipt=found, actor="reconciler")
+        return
+    if tool_get(action.tool).idempotent_by_key:
+        with transaction.atomic():
+            claimed = Action.objects.select_for_update(skip_locked=True).filter(
+                pk=action.pk, status=ActionStatus.UNKNOWN
+            ).first()
+            if claimed is None:
+                return
+            Action.objects.filter(pk=action.pk).update(status=ActionStatus.INTENDED)
+            OutboxMessage.objects.filter(action=action).update(
+                status=OutboxStatus.PENDING, available_at=timezone.now(), lease_owner=None,
+                lease_expires_at=None,
+            )
+            try:
+                task_append_with_retry(
+                    task_id=action.task_id, event_type="reconciliation.retry", actor="reconciler",
+                    payload_fn=lambda t, a=action: {"action_id": str(a.pk), "reason": "not found by key"},
+                )
+            except (reducer.IllegalTransition, StaleWrite):
+                # A cancelled task refuses the retry event; the dispatcher then sees the
+                # cancellation before sending and records the action as not sent.
+                pass
+        from apps.outbox.tasks import enqueue_dispatch
+
+        transaction.on_commit(enqueue_dispatch)

@@ -236,6 +236,7 @@ def _receipt_recorded(s: dict, p: dict) -> None:
 
 def _outcome_unknown(s: dict, p: dict) -> None:
     _require(s["action"] is not None and s["action"]["id"] == p["action_id"], s, "outcome.unknown", "unknown action")
+    _require(s["receipt"] is None, s, "outcome.unknown", "the receipt is already recorded (a stale dispatcher)")
     s["action"] = {**s["action"], "status": "UNKNOWN"}
     if s["status"] == DISPATCHING:
         s["status"] = WAITING_RECONCILIATION
