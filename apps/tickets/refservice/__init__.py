@@ -51,6 +51,16 @@ Ticket shape
       higher token is accepted and raises the stored maximum. Requests without
       the header are not fenced. Rejected requests (409/422) change nothing.
 
+``POST /fences`` -- fence an idempotency key (reconciliation before "not executed")
+    Headers: ``Idempotency-Key`` and ``X-Fencing-Token`` (both required). Raises
+    the key's highest token to the one given, even when no ticket exists for the
+    key yet, in the same transaction as it looks the key up. Answers 200
+    ``{"idempotency_key", "highest_fencing_token", "ticket": ticket | null}``.
+    After it, every ``POST /tickets`` for the key with a lower token gets 409,
+    so ``"ticket": null`` means no request with a lower token can ever create
+    one. A token below the stored maximum gets 409 ``stale_fencing_token`` and
+    changes nothing; an equal token is accepted.
+
 ``GET /tickets/<id>``
     200 ticket with ``ETag: "<version>"``; 404 ``{"error":"not_found"}``.
 

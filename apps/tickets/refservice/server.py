@@ -115,6 +115,23 @@ def create_ticket(server, request):
     return _ticket_response(result.status, result.body, **headers)
 
 
+def fence_key(server, request):
+    """``POST /fences`` with ``Idempotency-Key`` and ``X-Fencing-Token`` (both required): raise the
+    key's highest fencing token, whether or not a ticket exists for it, and answer 200
+    ``{"idempotency_key", "highest_fencing_token", "ticket": ticket | null}``. A token below the
+    stored maximum gets 409 ``stale_fencing_token`` and changes nothing."""
+    key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
+    fencing_token = parse_fencing_token(request.headers.get("X-Fencing-Token"))
+    if fencing_token is None:
+        raise invalid("X-Fencing-Token: required for a fence")
+    try:
+        result = server.store.fence(key, fencing_token)
+    except storage.StaleFencingToken as exc:
+        raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
+    return Response(200, {"idempotency_key": key, "highest_fencing_token": result.highest_fencing_token,
+                          "ticket": result.ticket})
+
+
 def lookup_tickets(server, request):
     """``GET /tickets?idempotency_key=K`` -> 200 ``{"results": [ticket]}`` (0 or 1 entries)."""
     key = request.query.get("idempotency_key")
@@ -192,6 +209,7 @@ ROUTES = (
     Route(re.compile(r"/healthz"), {"GET": healthz}, public=True),
     Route(re.compile(r"/tickets"), {"GET": lookup_tickets, "POST": create_ticket}),
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)"), {"GET": get_ticket, "PATCH": patch_ticket}),
+    Route(re.compile(r"/fences"), {"POST": fence_key}),
     Route(re.compile(r"/_admin/effects"), {"GET": admin_effects}),
     Route(re.compile(r"/_admin/tickets"), {"GET": admin_tickets}),
     Route(re.compile(r"/_admin/faults"), {"POST": admin_faults}),

@@ -12,6 +12,11 @@ Tables:
   the sequential id (``REF-000001``...).
 * ``idempotency_keys`` -- per key: body digest, ticket id, the stored create
   response, the highest fencing token seen and the effects counter.
+* ``fences`` -- per key, the highest fencing token seen, whether it came with a
+  create or with a fence alone (``POST /fences``). A fence may name a key no
+  ticket has been created for yet: after it, a create with a lower token is
+  refused, so "nothing found after the fence" means "nothing will ever be
+  created by a lower token".
 """
 
 import json
@@ -21,7 +26,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tickets (
     seq INTEGER PRIMARY KEY,
@@ -39,6 +44,11 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     highest_fencing_token INTEGER,
     effects INTEGER NOT NULL DEFAULT 0,
     created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fences (
+    key TEXT PRIMARY KEY,
+    highest_fencing_token INTEGER NOT NULL,
+    updated_at TEXT NOT NULL
 );
 """
 
@@ -65,6 +75,16 @@ class StaleFencingToken(Exception):
 
 class IdempotencyKeyReused(Exception):
     """The idempotency key was first used with a different request body."""
+
+
+@dataclass(frozen=True)
+class FenceResult:
+    """Outcome of :meth:`TicketStore.fence`: the key's highest token after the fence and the
+    ticket created with the key, or None when there is none (and now never will be by a lower
+    token)."""
+
+    highest_fencing_token: int
+    ticket: dict | None
 
 
 @dataclass(frozen=True)
@@ -107,6 +127,12 @@ class TicketStore:
         with closing(self._connect()) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
+            # Schema 1 kept the highest token only in idempotency_keys: carry it into fences.
+            conn.execute(
+                "INSERT OR IGNORE INTO fences (key, highest_fencing_token, updated_at)"
+                " SELECT key, highest_fencing_token, created_at FROM idempotency_keys"
+                " WHERE highest_fencing_token IS NOT NULL"
+            )
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _connect(self):
@@ -149,17 +175,15 @@ class TicketStore:
                 " FROM idempotency_keys WHERE key = ?",
                 (key,),
             ).fetchone()
+            highest = self._highest_token(conn, key)
+            if fencing_token is not None and highest is not None and fencing_token < highest:
+                raise StaleFencingToken(highest)
             if row is not None:
-                stored_digest, status, body, highest = row
-                if fencing_token is not None and highest is not None and fencing_token < highest:
-                    raise StaleFencingToken(highest)
+                stored_digest, status, body, _ = row
                 if stored_digest != digest:
                     raise IdempotencyKeyReused()
                 if fencing_token is not None and (highest is None or fencing_token > highest):
-                    conn.execute(
-                        "UPDATE idempotency_keys SET highest_fencing_token = ? WHERE key = ?",
-                        (fencing_token, key),
-                    )
+                    self._raise_token(conn, key, fencing_token)
                 return CreateResult(status, json.loads(body), replayed=True)
 
             now = utc_now()
@@ -185,7 +209,43 @@ class TicketStore:
                 " highest_fencing_token, effects, created_at) VALUES (?, ?, ?, 201, ?, ?, 1, ?)",
                 (key, digest, ticket["id"], doc, fencing_token, now),
             )
+            if fencing_token is not None and (highest is None or fencing_token > highest):
+                self._raise_token(conn, key, fencing_token)
             return CreateResult(201, ticket, replayed=False)
+
+    @staticmethod
+    def _highest_token(conn, key):
+        row = conn.execute("SELECT highest_fencing_token FROM fences WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    @staticmethod
+    def _raise_token(conn, key, token):
+        conn.execute(
+            "INSERT INTO fences (key, highest_fencing_token, updated_at) VALUES (?, ?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET highest_fencing_token = excluded.highest_fencing_token,"
+            " updated_at = excluded.updated_at WHERE excluded.highest_fencing_token > fences.highest_fencing_token",
+            (key, token, utc_now()),
+        )
+        conn.execute("UPDATE idempotency_keys SET highest_fencing_token = ? WHERE key = ?", (token, key))
+
+    def fence(self, key, fencing_token):
+        """Raise the highest fencing token of idempotency ``key`` to ``fencing_token`` (an int),
+        whether or not a ticket exists for it, and return a :class:`FenceResult` with the ticket
+        created with ``key`` (or None).
+
+        One write transaction: every create for ``key`` either committed before it (and its ticket
+        is returned) or comes after it and is refused when its token is lower. A token equal to the
+        stored maximum is accepted (fencing again is harmless). Raises :class:`StaleFencingToken`
+        when ``fencing_token`` is below the maximum (the caller is itself stale); nothing changes.
+        """
+        with self._write() as conn:
+            highest = self._highest_token(conn, key)
+            if highest is not None and fencing_token < highest:
+                raise StaleFencingToken(highest)
+            if highest is None or fencing_token > highest:
+                self._raise_token(conn, key, fencing_token)
+            row = conn.execute("SELECT doc FROM tickets WHERE idempotency_key = ?", (key,)).fetchone()
+        return FenceResult(max(fencing_token, highest or 0), json.loads(row[0]) if row else None)
 
     def update_ticket(self, ticket_id, expected_version, changes):
         """Apply validated ``changes`` to a ticket if it is at ``expected_version``.
@@ -246,3 +306,4 @@ class TicketStore:
         with self._write() as conn:
             conn.execute("DELETE FROM tickets")
             conn.execute("DELETE FROM idempotency_keys")
+            conn.execute("DELETE FROM fences")

@@ -233,6 +233,88 @@ def test_stale_fencing_token_is_409(server):
     assert create(server, "other", X_Fencing_Token="-1")[0] == 400
 
 
+def fence(server, key, token):
+    """POST /fences for ``key`` at ``token``; return ``(status, json_body)``."""
+    status, _, body = call(server, "POST", "/fences", None, {"Idempotency-Key": key, "X-Fencing-Token": str(token)})
+    return status, body
+
+
+def test_fence_without_a_ticket_refuses_lower_tokens_later(server):
+    # Nothing was created for the key: the fence answers "no ticket" and raises the maximum.
+    assert fence(server, "never-sent", 4) == (200, {"idempotency_key": "never-sent", "highest_fencing_token": 4,
+                                                    "ticket": None})
+    # The stalled request with an older token arrives afterwards: refused, nothing created.
+    status, _, body = create(server, "never-sent", X_Fencing_Token="3")
+    assert (status, body) == (409, {"error": "stale_fencing_token", "highest": 4})
+    assert effects(server, "never-sent") == 0
+    # Fencing again at the same token is harmless; a lower fence is itself stale.
+    assert fence(server, "never-sent", 4)[0] == 200
+    assert fence(server, "never-sent", 2) == (409, {"error": "stale_fencing_token", "highest": 4})
+    # The current holder (equal or higher token) may still create.
+    assert create(server, "never-sent", X_Fencing_Token="4")[0] == 201
+    assert effects(server, "never-sent") == 1
+
+
+def test_fence_after_a_create_returns_the_ticket(server):
+    _, _, ticket = create(server, "sent-once", X_Fencing_Token="1")
+    status, body = fence(server, "sent-once", 2)
+    assert status == 200 and body["ticket"] == ticket and body["highest_fencing_token"] == 2
+    assert create(server, "sent-once", X_Fencing_Token="1")[0] == 409
+    assert effects(server, "sent-once") == 1
+
+
+def test_fence_needs_both_headers(server):
+    status, _, body = call(server, "POST", "/fences", None, {"Idempotency-Key": "k"})
+    assert status == 400 and body["error"] == "invalid_params"
+    status, _, body = call(server, "POST", "/fences", None, {"X-Fencing-Token": "1"})
+    assert (status, body) == (400, {"error": "idempotency_key_required"})
+    assert call(server, "POST", "/fences", None, {"Idempotency-Key": "k", "X-Fencing-Token": "1"}, auth=False)[0] \
+        == 401
+
+
+def test_fence_races_lower_token_creates(server):
+    """Many lower-token creates race one fence: either the ticket existed before the fence (and
+    the fence returns it) or none is ever created."""
+    for round_no in range(10):
+        key = f"race-{round_no}"
+        results = []
+
+        def send(k=key, results=results):
+            results.append(create(server, k, X_Fencing_Token="1")[0])
+
+        threads = [threading.Thread(target=send) for _ in range(4)]
+        for t in threads:
+            t.start()
+        status, body = fence(server, key, 2)
+        for t in threads:
+            t.join()
+        assert status == 200
+        created = effects(server, key)
+        if body["ticket"] is None:
+            assert created == 0 and set(results) == {409}
+        else:
+            assert created == 1 and 201 in results
+
+
+def test_schema_1_fencing_tokens_carry_over(db_path):
+    import sqlite3
+
+    srv = serve_in_thread("127.0.0.1", 0, db_path, api_key=API_KEY)
+    try:
+        assert create(srv, "old", X_Fencing_Token="5")[0] == 201
+    finally:
+        srv.shutdown()
+    # Simulate a schema-1 file: the fences table did not exist.
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP TABLE fences")
+    srv = serve_in_thread("127.0.0.1", 0, db_path, api_key=API_KEY)
+    try:
+        assert create(srv, "old", X_Fencing_Token="4")[0] == 409
+        assert fence(srv, "old", 3)[1]["highest"] == 5
+    finally:
+        srv.shutdown()
+
+
 def test_drop_after_commit_then_reconcile(server):
     status, _, body = call(server, "POST", "/_admin/faults", {"mode": "drop_after_commit"})
     assert status == 200 and body["mode"] == "drop_after_commit" and body["remaining"] == 1
