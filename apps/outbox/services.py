@@ -11,6 +11,12 @@ Dispatch of one row:
 4. send with the action's stable idempotency key and record exactly one of: receipt, definite
    failure, retryable refusal (back to PENDING with backoff), or unknown (reconcile).
 
+"Not executed" is a claim about the remote, so it is only recorded when it is known: either no
+attempt of the action can have reached the remote (every earlier attempt ended with a definite
+answer), or the key was first *fenced* at the remote with the row's current fencing token and
+nothing was found (:func:`_settle_not_executed`). After the fence, a stalled dispatcher holding
+an older token is refused by the remote, so it can never create the ticket later.
+
 Per-ticket ordering: a row is only claimed when no older row with the same ``ordering_key`` is
 still undelivered.
 """
@@ -107,8 +113,12 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     now = timezone.now()
 
     # 2. re-authorize at the moment of dispatch
+    actor = f"dispatcher:{owner}"
     if task.status == reducer.CANCELLED or task.state.get("cancel_requested"):
-        _finish_not_sent(message, action, fencing_token, OutboxStatus.CANCELLED, "cancelled before send")
+        settled = _settle_not_executed(message, action, fencing_token, actor)
+        if settled is not None:
+            return settled
+        _finish_not_sent(message, action, fencing_token, OutboxStatus.CANCELLED, "cancelled before send", actor)
         return "cancelled"
     if action.approval_id is not None:
         current = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
@@ -117,6 +127,10 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
             object_version=current["version"] if current else -1, now=now,
         )
         if not check.ok:
+            # An earlier attempt, sent while the approval still held, may have created the ticket.
+            settled = _settle_not_executed(message, action, fencing_token, actor)
+            if settled is not None:
+                return settled
             with transaction.atomic():
                 if not _still_ours(message.pk, fencing_token).exists():
                     return "lost_lease"
@@ -124,12 +138,21 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
                 Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT,
                                                            last_error={"reason": check.reason})
                 OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED,
-                                                                   last_error={"reason": check.reason})
-                task_append_with_retry(
-                    task_id=task.pk, event_type="approval.invalidated", actor=f"dispatcher:{owner}",
+                                                                   last_error={"reason": check.reason},
+                                                                   lease_owner=None, lease_expires_at=None)
+                applied = _append_or_record_refusal(
+                    task_id=task.pk, event_type="approval.invalidated", actor=actor,
                     payload_fn=lambda t: {"approval_id": str(action.approval_id), "reason": check.reason,
                                           "action_not_sent": True},
                 )
+                if not applied:
+                    # Cancelled meanwhile: the task still learns the action was not sent, which
+                    # releases its reservation.
+                    _append_or_record_refusal(
+                        task_id=task.pk, event_type="dispatch.failed", actor=actor,
+                        payload_fn=lambda t: {"action_id": str(action.pk), "error": check.reason,
+                                              "executed": False},
+                    )
                 _kick_agent(task.pk)
             return "invalidated"
 
@@ -166,37 +189,111 @@ def _kick_agent(task_id) -> None:
     enqueue_agent_step(task_id)
 
 
-def _finish_not_sent(message, action, fencing_token, status, reason) -> None:
+def _append_or_record_refusal(*, task_id, event_type: str, actor: str, payload_fn) -> bool:
+    """Append an event for the task from inside the caller's transaction. When δ refuses it (a
+    late outcome on a terminal task) the refusal is already recorded as a ``RefusedEvent`` in
+    that same transaction, which still commits the caller's row updates: the facts about the
+    remote are kept, the task does not change. Returns whether the event was applied."""
+    try:
+        task_append_with_retry(task_id=task_id, event_type=event_type, actor=actor, payload_fn=payload_fn)
+    except reducer.IllegalTransition as exc:
+        log.warning("task %s refused %s: %s", task_id, event_type, exc.reason)
+        return False
+    return True
+
+
+def _may_have_executed(action_id, *, except_attempt_id=None) -> bool:
+    """True when an attempt of the action may have reached the remote: it is still in flight (its
+    dispatcher died or stalls) or ended without an answer. Attempts that ended with a definite
+    answer (receipt, refusal, not delivered) do not count."""
+    attempts = ActionAttempt.objects.filter(action_id=action_id,
+                                            outcome__in=[AttemptOutcome.IN_FLIGHT, AttemptOutcome.UNKNOWN])
+    if except_attempt_id is not None:
+        attempts = attempts.exclude(pk=except_attempt_id)
+    return attempts.exists()
+
+
+def _settle_not_executed(message, action, fencing_token: int, actor: str, *, except_attempt_id=None) -> str | None:
+    """Establish that the action was not executed before anyone records so (DESIGN.md §6).
+
+    Returns None when "not executed" is proven: no attempt may have reached the remote, or the
+    key, fenced at the remote with this dispatcher's ``fencing_token``, has no ticket — and no
+    older token can create one any more. Otherwise returns the outcome already recorded here:
+    ``"receipt"`` (the ticket exists: a late effect of an earlier attempt, recorded as the
+    receipt), ``"undecided"`` (the remote could not be asked: the row goes back to PENDING with
+    backoff and the next claim asks again) or ``"lost_lease"``."""
+    if not _may_have_executed(action.pk, except_attempt_id=except_attempt_id):
+        return None
+    try:
+        found = connector_for(action.tool).fence(idempotency_key=action.idempotency_key,
+                                                 fencing_token=fencing_token)
+    except errors.ToolError as exc:
+        with transaction.atomic():
+            if not _still_ours(message.pk, fencing_token).exists():
+                return "lost_lease"
+            now = timezone.now()
+            OutboxMessage.objects.filter(pk=message.pk).update(
+                status=OutboxStatus.PENDING, available_at=now + timedelta(seconds=backoff_delay(message.attempts)),
+                last_error={**exc.as_dict(), "while": "fencing before recording not executed"},
+                lease_owner=None, lease_expires_at=None,
+            )
+        return "undecided"
+    if found is None:
+        return None
+    receipt_record(action_id=action.pk, receipt=found, actor=actor)
+    return "receipt"
+
+
+def _finish_not_sent(message, action, fencing_token, status, reason, actor="dispatcher") -> None:
     with transaction.atomic():
         if not _still_ours(message.pk, fencing_token).exists():
             return
         Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error={"reason": reason})
-        OutboxMessage.objects.filter(pk=message.pk).update(status=status, last_error={"reason": reason})
-        try:
-            task_append_with_retry(
-                task_id=action.task_id, event_type="dispatch.failed", actor="dispatcher",
-                payload_fn=lambda t: {"action_id": str(action.pk), "error": reason, "executed": False},
-            )
-        except reducer.IllegalTransition:
-            pass
+        OutboxMessage.objects.filter(pk=message.pk).update(status=status, last_error={"reason": reason},
+                                                           lease_owner=None, lease_expires_at=None)
+        _append_or_record_refusal(
+            task_id=action.task_id, event_type="dispatch.failed", actor=actor,
+            payload_fn=lambda t: {"action_id": str(action.pk), "error": reason, "executed": False},
+        )
 
 
 def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing_token, owner) -> str:
+    """Record the error ``exc`` of this dispatcher's attempt: ``"unknown"`` (sent, unanswered:
+    the reconciler looks it up), ``"retry"`` (a retryable refusal: PENDING with backoff),
+    ``"failed"`` (definite, and not executed — proven first by :func:`_settle_not_executed` when
+    an earlier attempt may have reached the remote), or, for a dispatcher that lost its lease,
+    ``"lost_lease"`` with only its attempt row closed."""
     now = timezone.now()
     actor = f"dispatcher:{owner}"
     err = exc.as_dict()
+    unknown = isinstance(exc, errors.OutcomeUnknown) or (
+        isinstance(exc, errors.PreconditionFailed) and exc.body.get("error") == "stale_fencing_token"
+    )
+    retry_ok = (
+        exc.retryable
+        and message.attempts < MAX_ATTEMPTS
+        and tool_get(action.tool).idempotent_by_key
+        and task.deadline_at > now
+    )
+    if not unknown and not retry_ok:
+        # About to record "not executed": an earlier attempt may still have created the ticket.
+        settled = _settle_not_executed(message, action, fencing_token, actor, except_attempt_id=attempt.pk)
+        if settled is not None:
+            # This attempt's own answer was definite; the action's outcome was settled above.
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err,
+                                                               finished_at=now)
+            return settled
     with transaction.atomic():
         # A dispatcher whose lease on the row passed to another (or whose action already has its
         # receipt) records nothing: the current holder owns the outcome.
         if not _still_ours(message.pk, fencing_token).exists():
-            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.UNKNOWN, error=err,
-                                                               finished_at=now)
+            # A definite answer (e.g. 409: an older token) means this request did nothing.
+            outcome = AttemptOutcome.FAILED if exc.executed is False else AttemptOutcome.UNKNOWN
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=outcome, error=err, finished_at=now)
             return "lost_lease"
         if Action.objects.filter(pk=action.pk, status=ActionStatus.SUCCEEDED).exists():
             return "already_done"
-        if isinstance(exc, errors.OutcomeUnknown) or (
-            isinstance(exc, errors.PreconditionFailed) and exc.body.get("error") == "stale_fencing_token"
-        ):
+        if unknown:
             # Sent and unanswered — or a newer dispatcher holds this key: either way the effect may
             # exist. Never a new logical request: the reconciler looks it up by key.
             ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.UNKNOWN, error=err,
@@ -204,15 +301,9 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
             Action.objects.filter(pk=action.pk).update(status=ActionStatus.UNKNOWN, last_error=err)
             OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.UNKNOWN, last_error=err,
                                                                lease_owner=None, lease_expires_at=None)
-            task_append_with_retry(task_id=task.pk, event_type="outcome.unknown", actor=actor,
-                                   payload_fn=lambda t: {"action_id": str(action.pk), "error": err})
+            _append_or_record_refusal(task_id=task.pk, event_type="outcome.unknown", actor=actor,
+                                      payload_fn=lambda t: {"action_id": str(action.pk), "error": err})
             return "unknown"
-        retry_ok = (
-            exc.retryable
-            and message.attempts < MAX_ATTEMPTS
-            and tool_get(action.tool).idempotent_by_key
-            and task.deadline_at > now
-        )
         if retry_ok:
             delay = backoff_delay(message.attempts)
             ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.RETRYABLE, error=err,
@@ -226,9 +317,9 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
         Action.objects.filter(pk=action.pk).update(status=ActionStatus.FAILED, last_error=err)
         OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED, last_error=err,
                                                            lease_owner=None, lease_expires_at=None)
-        task_append_with_retry(task_id=task.pk, event_type="dispatch.failed", actor=actor,
-                               payload_fn=lambda t: {"action_id": str(action.pk), "error": err["code"],
-                                                     "detail": err["detail"], "executed": False})
+        _append_or_record_refusal(task_id=task.pk, event_type="dispatch.failed", actor=actor,
+                                  payload_fn=lambda t: {"action_id": str(action.pk), "error": err["code"],
+                                                        "detail": err["detail"], "executed": False})
     return "failed"
 
 

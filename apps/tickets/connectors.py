@@ -125,6 +125,31 @@ class ReferenceTicketConnector:
         return Receipt(external_id=body["id"], version=int(body["version"]), status=body.get("status", "open"),
                        body=body, replayed=True)
 
+    def fence(self, *, idempotency_key: str, fencing_token: int) -> Receipt | None:
+        """POST /fences: raise the key's fencing token at the remote to ``fencing_token`` and
+        look the key up in the same remote transaction. Returns the ticket created with the key
+        as a :class:`Receipt`, or None — and then no request carrying a lower token can ever
+        create one (DESIGN.md §6: "not executed" is only recorded after this).
+
+        Raises ``PreconditionFailed`` (409) when a higher token already reached the remote (the
+        caller is stale), ``DefinitelyNotExecuted``/``OutcomeUnknown`` when the call fails."""
+        try:
+            with self._client() as client:
+                resp = client.post(
+                    "/fences", headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)}
+                )
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise errors.DefinitelyNotExecuted(f"fence not delivered: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise errors.OutcomeUnknown(f"fence failed: {exc!r}") from exc
+        if resp.status_code != 200:
+            raise _error_for_status(resp)
+        body = resp.json().get("ticket")
+        if body is None:
+            return None
+        return Receipt(external_id=body["id"], version=int(body["version"]), status=body.get("status", "open"),
+                       body=body, replayed=True)
+
     def get_ticket(self, *, external_id: str) -> dict | None:
         """GET /tickets/{id} → the ticket JSON (with ``version``) or None when absent."""
         with self._client() as client:
