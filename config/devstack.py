@@ -192,7 +192,7 @@ def demo(wait: bool) -> None:
     ok = demo_client.run(base_url=f"http://127.0.0.1:{web_port()}",
                          refservice_url=f"http://127.0.0.1:{refservice_port()}",
                          credentials_path=VAR_DIR / "demo-credentials.json",
-                         before_ok=lambda: _manage("replay", "--all"))
+                         before_ok=lambda: _manage("replay", "--all", "--remote"))
     if not ok:
         raise SystemExit(1)
     if not wait:

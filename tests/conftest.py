@@ -140,8 +140,9 @@ def drive(task_id, *, rounds: int = 30):
 @pytest.fixture(autouse=True)
 def _replay_every_task(request):
     """After every test that used the database, replay each task it created and fail on any
-    divergence from the materialized row (issue 3; DESIGN.md §12 invariant 7). Tests that tamper
-    with a row on purpose are marked ``allow_divergence``."""
+    divergence from the materialized row, or any action row that disagrees with the replayed
+    state (issue 3; DESIGN.md §12 invariant 7). Tests that tamper with a row on purpose are marked
+    ``allow_divergence``."""
     marker = request.node.get_closest_marker("django_db")
     names = request.fixturenames
     if "transactional_db" in names or (marker and marker.kwargs.get("transaction")):
@@ -154,8 +155,12 @@ def _replay_every_task(request):
     yield
     if request.node.get_closest_marker("allow_divergence"):
         return
+    from apps.actions.audit import task_actions_audit
     from apps.events.replay import task_replay
     from apps.tasks.models import Task
 
-    diverged = [r for r in (task_replay(t) for t in Task.objects.all()) if not r.ok]
+    tasks = list(Task.objects.all())
+    diverged = [r for r in (task_replay(t) for t in tasks) if not r.ok]
     assert not diverged, f"tasks diverge from their event log: {diverged}"
+    disagreeing = {str(t.pk): problems for t in tasks if (problems := task_actions_audit(t))}
+    assert not disagreeing, f"action rows disagree with the task state: {disagreeing}"

@@ -10,6 +10,7 @@ with its old fencing token. The reference ticket service is a real HTTP server o
 from __future__ import annotations
 
 import pytest
+from django.urls import reverse
 
 from apps.actions import errors
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
@@ -133,7 +134,7 @@ def test_stalled_dispatcher_cannot_send_on_an_invalidated_approval(committed, de
 
 
 def test_crashed_dispatcher_whose_ticket_exists_is_not_recorded_as_not_executed(committed, requester, refadmin,
-                                                                                 monkeypatch):
+                                                                                 monkeypatch, client):
     """F3: A's request created the ticket, then A died before recording anything; the task is
     cancelled. B must not record "not executed": it fences, finds the ticket and records it as
     the receipt of a cancelled task (a late effect, shown, not undone)."""
@@ -148,10 +149,17 @@ def test_crashed_dispatcher_whose_ticket_exists_is_not_recorded_as_not_executed(
     assert action.attempts.get().outcome == AttemptOutcome.IN_FLIGHT
 
     task_cancel(principal=p(requester), task_id=committed.pk, reason="changed my mind")
+    # The requester's page says the outcome is being confirmed, and keeps polling for it.
+    client.force_login(requester)
+    page = client.get(reverse("task-detail", args=[committed.pk])).content.decode()
+    assert "we are confirming with the ticket system whether it was created" in page
+    assert 'hx-trigger="every 2s"' in page
     _expire_lease(OutboxMessage.objects.get(action=action).pk)
     results = {}
     _dispatch_b(results)
     assert results["b"] == "receipt"
+    page = client.get(reverse("task-detail", args=[committed.pk])).content.decode()
+    assert "cancelled after this ticket was created" in page and 'hx-trigger="every 2s"' not in page
 
     action.refresh_from_db()
     assert action.status == ActionStatus.SUCCEEDED

@@ -53,3 +53,51 @@ def test_replay_needs_an_argument(db):
 def test_replay_rejects_a_malformed_id(db):
     with pytest.raises(CommandError, match="not a task id"):
         call_command("replay", "not-a-uuid")
+
+
+@pytest.fixture
+def completed_task(requester, approver, device, kb, refservice):
+    from apps.approvals.models import ApprovalRequest
+    from apps.approvals.services import approval_decide
+
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom="Fuser error after warm-up.").task
+    task = drive(task.pk)
+    approval = ApprovalRequest.objects.get(task=task)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    return drive(task.pk)
+
+
+def test_replay_remote_checks_every_action_against_the_ticket_system(completed_task):
+    out = StringIO()
+    call_command("replay", "--all", "--remote", stdout=out)
+    assert "1 of 1 tasks have action records that agree with their state and the ticket system" in out.getvalue()
+
+
+@pytest.mark.allow_divergence
+def test_replay_remote_reports_an_action_recorded_not_executed_whose_ticket_exists(completed_task):
+    from apps.actions.models import Action, ActionStatus
+
+    action = Action.objects.get(task=completed_task)
+    Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT)
+    out = StringIO()
+    with pytest.raises(CommandError, match="1 task\\(s\\) with disagreeing action records"):
+        call_command("replay", str(completed_task.pk), "--remote", stdout=out)
+    text = out.getvalue()
+    assert f"ACTIONS {completed_task.pk}: action {action.pk}: state says SUCCEEDED, row says NOT_SENT" in text
+    assert f"is recorded NOT_SENT (not executed) but the remote holds ticket {action.external_id}" in text
+
+
+@pytest.mark.allow_divergence
+def test_replay_remote_reports_a_receipt_the_remote_does_not_hold(completed_task, refadmin):
+    refadmin.client.post("/_admin/reset")
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("replay", "--all", "--remote", stdout=out)
+    assert "the remote has none for its key" in out.getvalue()
+    assert "0 of 1 tasks have action records that agree" in out.getvalue()
+
+
+def test_replay_remote_fails_clearly_when_the_ticket_system_is_down(completed_task, settings):
+    settings.FAULTDESK = {**settings.FAULTDESK, "REFSERVICE_URL": "http://127.0.0.1:9"}
+    with pytest.raises(CommandError, match="the ticket system could not be asked"):
+        call_command("replay", "--all", "--remote", stdout=StringIO())

@@ -79,3 +79,10 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in reducer.TERMINAL
+
+    @property
+    def outcome_pending(self) -> bool:
+        """True while the task's committed action has no recorded outcome yet (intended, in flight
+        or unknown) — also after a cancel, until the dispatcher or the reconciler settles it."""
+        action = (self.state or {}).get("action")
+        return bool(action) and action.get("status") in ("INTENDED", "UNKNOWN")

@@ -1,10 +1,16 @@
 """``python manage.py replay TASK_ID`` / ``replay --all``: rebuild state from snapshot + events,
-compare with the task row, exit non-zero naming the first divergent event when they differ."""
+compare with the task row, exit non-zero naming the first divergent event when they differ.
+
+It also audits each task's action rows against the replayed state
+(:func:`apps.actions.audit.task_actions_audit`); with ``--remote`` it asks the ticket system, by
+idempotency key, whether every recorded outcome is true there as well."""
 
 import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
+from apps.actions import errors
+from apps.actions.audit import task_actions_audit
 from apps.events.replay import task_replay
 from apps.tasks.models import Task
 
@@ -16,8 +22,10 @@ class Command(BaseCommand):
         parser.add_argument("task_id", nargs="?")
         parser.add_argument("--all", action="store_true")
         parser.add_argument("--no-snapshot", action="store_true", help="replay from the first event")
+        parser.add_argument("--remote", action="store_true",
+                            help="also check every settled action against the ticket system, by its key")
 
-    def handle(self, *args, task_id=None, all=False, no_snapshot=False, **options):  # noqa: A002
+    def handle(self, *args, task_id=None, all=False, no_snapshot=False, remote=False, **options):  # noqa: A002
         if bool(task_id) == bool(all):
             raise CommandError("give a TASK_ID or --all")
         if task_id:
@@ -28,8 +36,12 @@ class Command(BaseCommand):
         qs = Task.objects.all().order_by("created_at") if all else Task.objects.filter(pk=task_id)
         if not all and not qs.exists():
             raise CommandError(f"no task {task_id}")
-        bad = 0
-        count = 0
+        connector = None
+        if remote:
+            from apps.tickets.connectors import ReferenceTicketConnector
+
+            connector = ReferenceTicketConnector()
+        bad = bad_actions = count = 0
         for task in qs.iterator():
             count += 1
             r = task_replay(task, use_snapshot=not no_snapshot)
@@ -40,7 +52,16 @@ class Command(BaseCommand):
             else:
                 bad += 1
                 self.stdout.write(f"DIVERGED {r.task_id}: first divergent event seq {r.divergent_seq}: {r.detail}")
+            try:
+                problems = task_actions_audit(task, remote=connector)
+            except errors.ToolError as exc:
+                raise CommandError(f"the ticket system could not be asked: {exc.detail}") from exc
+            for problem in problems:
+                self.stdout.write(f"ACTIONS {task.pk}: {problem}")
+            bad_actions += bool(problems)
         if all:
             self.stdout.write(f"{count - bad} of {count} tasks replay to their materialized state")
-        if bad:
-            raise CommandError(f"{bad} task(s) diverge")
+            where = "their state and the ticket system" if remote else "their state"
+            self.stdout.write(f"{count - bad_actions} of {count} tasks have action records that agree with {where}")
+        if bad or bad_actions:
+            raise CommandError(f"{bad} task(s) diverge, {bad_actions} task(s) with disagreeing action records")

@@ -1,0 +1,76 @@
+"""Audit of a task's actions against its event-sourced state and, optionally, against the ticket
+system itself (DESIGN.md §12 invariants 2 and 7; spec §16.3 "replay"; issue 3 review note).
+
+Replay proves the task row equals its event log. This proves the rest of the record agrees:
+
+* the action in the task's state is the newest action row of the task, with the matching status
+  (``FAILED`` in the state is ``FAILED`` or ``NOT_SENT`` on the row) and, once recorded, the
+  receipt's ticket id;
+* every earlier action of the task is settled (never ``INTENDED`` or ``UNKNOWN`` behind a newer
+  one) and none of them succeeded — a task has at most one effect;
+* with a connector (``remote=``): a ``SUCCEEDED`` action's key finds exactly its ticket at the
+  remote, and a ``NOT_SENT`` or ``FAILED`` action's key finds nothing. Actions still in flight
+  (``INTENDED``, ``UNKNOWN``) are not judged against the remote.
+
+The audit only reads (the remote lookup is ``GET /tickets?idempotency_key=``).
+"""
+
+from __future__ import annotations
+
+from apps.actions.models import Action, ActionStatus
+
+#: task-state action status -> the action row statuses that agree with it
+_AGREES = {
+    "INTENDED": {ActionStatus.INTENDED},
+    "UNKNOWN": {ActionStatus.UNKNOWN},
+    "SUCCEEDED": {ActionStatus.SUCCEEDED},
+    "FAILED": {ActionStatus.FAILED, ActionStatus.NOT_SENT},
+}
+
+
+def task_actions_audit(task, *, remote=None) -> list[str]:
+    """Return the disagreements found for ``task`` (a :class:`~apps.tasks.models.Task`) as
+    human-readable strings; an empty list means the record is consistent.
+
+    ``remote``: a connector with ``lookup_by_key(idempotency_key=...)`` (e.g.
+    :class:`~apps.tickets.connectors.ReferenceTicketConnector`), or None to check the database
+    only. A lookup that fails raises the connector's :class:`~apps.actions.errors.ToolError`."""
+    problems: list[str] = []
+    actions = list(Action.objects.filter(task_id=task.pk).order_by("created_at"))
+    current = (task.state or {}).get("action")
+    receipt = (task.state or {}).get("receipt")
+    if current is None:
+        if actions:
+            problems.append(f"{len(actions)} action row(s) but no action in the task state")
+    else:
+        newest = actions[-1] if actions else None
+        if newest is None or str(newest.pk) != current["id"]:
+            problems.append(f"the state's action {current['id']} is not the task's newest action row")
+        elif newest.status not in _AGREES.get(current["status"], set()):
+            problems.append(f"action {newest.pk}: state says {current['status']}, row says {newest.status}")
+        if receipt is not None and newest is not None and newest.external_id != receipt["external_id"]:
+            problems.append(f"receipt ticket {receipt['external_id']} but the action row holds "
+                            f"{newest.external_id or 'none'}")
+    for older in actions[:-1]:
+        if older.status in (ActionStatus.INTENDED, ActionStatus.UNKNOWN, ActionStatus.SUCCEEDED):
+            problems.append(f"superseded action {older.pk} is {older.status}")
+    if remote is not None:
+        for action in actions:
+            problems.extend(_remote_disagreement(action, remote))
+    return problems
+
+
+def _remote_disagreement(action: Action, remote) -> list[str]:
+    if action.status in (ActionStatus.INTENDED, ActionStatus.UNKNOWN):
+        return []
+    found = remote.lookup_by_key(idempotency_key=action.idempotency_key)
+    if action.status == ActionStatus.SUCCEEDED:
+        if found is None:
+            return [f"action {action.pk} recorded ticket {action.external_id}; the remote has none for its key"]
+        if found.external_id != action.external_id:
+            return [f"action {action.pk} recorded ticket {action.external_id}; the remote has {found.external_id}"]
+        return []
+    if found is not None:
+        return [f"action {action.pk} is recorded {action.status} (not executed) but the remote holds "
+                f"ticket {found.external_id} for its key"]
+    return []
