@@ -7,7 +7,9 @@ Replay proves the task row equals its event log. This proves the rest of the rec
   (``FAILED`` in the state is ``FAILED`` or ``NOT_SENT`` on the row) and, once recorded, the
   receipt's ticket id;
 * every earlier action of the task is settled (never ``INTENDED`` or ``UNKNOWN`` behind a newer
-  one) and none of them succeeded — a task has at most one effect;
+  one) and none of them succeeded — a task has at most one effect; when the state holds no action
+  (an approval invalidated before sending sends the task back to re-plan), every action row is
+  ``NOT_SENT`` or ``FAILED``;
 * with a connector (``remote=``): a ``SUCCEEDED`` action's key finds exactly its ticket at the
   remote, and a ``NOT_SENT`` or ``FAILED`` action's key finds nothing. Actions still in flight
   (``INTENDED``, ``UNKNOWN``) are not judged against the remote.
@@ -40,9 +42,13 @@ def task_actions_audit(task, *, remote=None) -> list[str]:
     current = (task.state or {}).get("action")
     receipt = (task.state or {}).get("receipt")
     if current is None:
-        if actions:
-            problems.append(f"{len(actions)} action row(s) but no action in the task state")
+        # The state drops an action that was invalidated before it was sent (re-plan): its row
+        # must say so.
+        problems.extend(f"action {a.pk} is {a.status} but the task state holds no action" for a in actions
+                        if a.status not in (ActionStatus.NOT_SENT, ActionStatus.FAILED))
+        actions_behind = []
     else:
+        actions_behind = actions[:-1]
         newest = actions[-1] if actions else None
         if newest is None or str(newest.pk) != current["id"]:
             problems.append(f"the state's action {current['id']} is not the task's newest action row")
@@ -51,7 +57,7 @@ def task_actions_audit(task, *, remote=None) -> list[str]:
         if receipt is not None and newest is not None and newest.external_id != receipt["external_id"]:
             problems.append(f"receipt ticket {receipt['external_id']} but the action row holds "
                             f"{newest.external_id or 'none'}")
-    for older in actions[:-1]:
+    for older in actions_behind:
         if older.status in (ActionStatus.INTENDED, ActionStatus.UNKNOWN, ActionStatus.SUCCEEDED):
             problems.append(f"superseded action {older.pk} is {older.status}")
     if remote is not None:
