@@ -8,6 +8,8 @@ from drf_spectacular.views import SpectacularAPIView
 from apps.approvals import views as approval_views
 from apps.approvals.api import views as approval_api
 from apps.devices.api import views as device_api
+from apps.outbox import api as reconciliation_api
+from apps.outbox import views as reconciliation_views
 from apps.tasks import views as task_views
 from apps.tasks.api import views as task_api
 from apps.traces import views as trace_views
@@ -24,6 +26,9 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/input/", task_views.task_input_view, name="task-input"),
     path("tasks/<uuid:task_id>/trace/", trace_views.task_trace, name="task-trace"),
     path("admin-tasks/", trace_views.admin_tasks, name="admin-tasks"),
+    path("reconciliation/", reconciliation_views.reconciliation_page, name="reconciliation"),
+    path("reconciliation/<uuid:action_id>/resolve/", reconciliation_views.reconciliation_resolve_view,
+         name="reconciliation-resolve"),
     path("approvals/", approval_views.approval_queue, name="approval-queue"),
     path("approvals/<uuid:approval_id>/decide/", approval_views.approval_decide_view, name="approval-decide"),
     # API
@@ -37,6 +42,9 @@ urlpatterns = [
     path("api/approvals/<uuid:approval_id>/decision/", approval_api.ApprovalDecisionApi.as_view(),
          name="api-approval-decision"),
     path("api/devices/", device_api.DeviceListApi.as_view(), name="api-device-list"),
+    path("api/reconciliation/", reconciliation_api.ReconciliationListApi.as_view(), name="api-reconciliation-list"),
+    path("api/reconciliation/<uuid:action_id>/resolution/", reconciliation_api.ReconciliationResolveApi.as_view(),
+         name="api-reconciliation-resolve"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("django-admin/", admin.site.urls),
 ]

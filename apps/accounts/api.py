@@ -47,6 +47,13 @@ class Forbidden(DomainError):
     code = "forbidden"
 
 
+class Unavailable(DomainError):
+    """A system the decision depends on (e.g. the ticket system) cannot be asked right now."""
+
+    http_status = 503
+    code = "unavailable"
+
+
 def request_principal(request) -> Principal:
     """The principal of an authenticated DRF/Django request; 403 when it has no tenant."""
     try:

@@ -36,6 +36,12 @@ class Action(models.Model):
     external_id = models.CharField(max_length=100, blank=True)
     external_version = models.PositiveIntegerField(null=True, blank=True)
     last_error = models.JSONField(null=True, blank=True)
+    # Reconciliation of an unknown outcome (DESIGN.md §6): lookups by key so far, the last one's
+    # failure, and when. After ``FAULTDESK["RECONCILE_ESCALATE_AFTER"]`` failed lookups (or for a
+    # tool without a result lookup) the action waits for a person on the reconciliation page.
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    last_reconcile_error = models.JSONField(null=True, blank=True)
+    last_reconciled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -43,6 +49,7 @@ class Action(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="action_tenant_key_uniq"),
         ]
+        indexes = [models.Index(fields=["status", "updated_at"], name="action_status_updated_idx")]
         ordering = ["-created_at"]
 
     def __str__(self) -> str:

@@ -29,7 +29,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from apps.actions import errors
@@ -323,13 +323,15 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
     return "failed"
 
 
-def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str) -> None:
+def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str, resolution: dict | None = None) -> None:
     """Record a receipt (DESIGN.md §1 step 8): action SUCCEEDED, ticket mirror, outbox DELIVERED
     and the task's ``receipt.recorded`` event (settling the budget reservation) in one
     transaction; then the agent composes the answer. Idempotent: a second receipt for the same
-    action changes nothing."""
+    action changes nothing. ``resolution`` (a person's reconciliation: who, why, verified how) is
+    recorded in the event payload."""
     try:
-        _receipt_record(action_id=action_id, receipt=receipt, attempt_id=attempt_id, actor=actor)
+        _receipt_record(action_id=action_id, receipt=receipt, attempt_id=attempt_id, actor=actor,
+                        resolution=resolution)
     except reducer.IllegalTransition as exc:
         # The whole recording rolled back with the refusal; keep the record of what δ refused.
         from apps.tasks.services import refused_event_record
@@ -340,7 +342,7 @@ def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str) 
         log.error("receipt for action %s refused: %s", action_id, exc.reason)
 
 
-def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str) -> None:
+def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str, resolution=None) -> None:
     now = timezone.now()
     with transaction.atomic():
         action = Action.objects.select_for_update().get(pk=action_id)
@@ -364,7 +366,8 @@ def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str)
         task_append_with_retry(
             task_id=action.task_id, event_type="receipt.recorded", actor=actor,
             payload_fn=lambda t: {"action_id": str(action.pk), "receipt": receipt.as_dict(),
-                                  "cost": action.reservation, "recorded_at": now.isoformat()},
+                                  "cost": action.reservation, "recorded_at": now.isoformat(),
+                                  **({"resolution": resolution} if resolution else {})},
         )
         _kick_agent(action.task_id)
 
@@ -377,7 +380,9 @@ def actions_reconcile(*, limit: int = 50) -> int:
     unknown = list(Action.objects.filter(status=ActionStatus.UNKNOWN).order_by("updated_at")[:limit])
     for action in unknown:
         # Examined now: a failing action moves to the back of the queue instead of blocking it.
-        Action.objects.filter(pk=action.pk).update(updated_at=timezone.now())
+        now = timezone.now()
+        Action.objects.filter(pk=action.pk).update(updated_at=now, last_reconciled_at=now,
+                                                   reconcile_attempts=F("reconcile_attempts") + 1)
         try:
             _reconcile_one(action)
         except Exception:  # noqa: BLE001 - logged; the next tick tries again
@@ -391,6 +396,7 @@ def _reconcile_one(action: Action) -> None:
         found = connector_for(action.tool).lookup_by_key(idempotency_key=action.idempotency_key)
     except errors.ToolError as exc:
         log.info("reconcile %s: lookup failed (%s)", action.pk, exc)
+        Action.objects.filter(pk=action.pk).update(last_reconcile_error=exc.as_dict())
         return
     if found is not None:
         receipt_record(action_id=action.pk, receipt=found, actor="reconciler")

@@ -18,6 +18,7 @@ read timeout, dropped connection, 5xx      ``OutcomeUnknown``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import httpx
 from django.conf import settings
@@ -151,9 +152,16 @@ class ReferenceTicketConnector:
                        body=body, replayed=True)
 
     def get_ticket(self, *, external_id: str) -> dict | None:
-        """GET /tickets/{id} → the ticket JSON (with ``version``) or None when absent."""
-        with self._client() as client:
-            resp = client.get(f"/tickets/{external_id}")
+        """GET /tickets/{id} → the ticket JSON (with ``version``) or None when absent. Raises
+        ``DefinitelyNotExecuted``/``OutcomeUnknown`` when the call fails, and the table's class for
+        any other status."""
+        try:
+            with self._client() as client:
+                resp = client.get(f"/tickets/{quote(external_id, safe='')}")
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise errors.DefinitelyNotExecuted(f"read not delivered: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise errors.OutcomeUnknown(f"read failed: {exc!r}") from exc
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:

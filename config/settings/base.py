@@ -166,6 +166,8 @@ FAULTDESK = {
     # Model layer (DESIGN.md §10): the local deterministic drafter needs no network.
     "MODEL_PROVIDER": env("FAULTDESK_MODEL_PROVIDER", default="local"),
     "EMBEDDING_MODEL": "all-MiniLM-L6-v2",
+    # Failed lookups by key before an unknown action is shown as needing a person (DESIGN.md §6).
+    "RECONCILE_ESCALATE_AFTER": env.int("FAULTDESK_RECONCILE_ESCALATE_AFTER", default=5),
     # Key retention covers retries + reconciliation + a database-restore window (DESIGN.md §6).
     "IDEMPOTENCY_KEY_RETENTION_DAYS": env.int("FAULTDESK_IDEMPOTENCY_KEY_RETENTION_DAYS", default=35),
     "PUBLIC_BASE_URL": env("FAULTDESK_PUBLIC_BASE_URL", default="http://127.0.0.1:8000"),

@@ -1,0 +1,167 @@
+"""Reconciliation by a person: the admin's view of actions whose outcome is unknown, and the two
+recorded resolutions, "executed, here is the ticket" and "not executed" (DESIGN.md §6; spec
+§16.4 "结果未知", table 16.5 row "remote done, response lost"; issue 4 item 4).
+
+The reconciler (:func:`apps.outbox.services.actions_reconcile`) settles most unknown outcomes by
+itself: it looks the action up by key and adopts the ticket, or re-sends with the same key. An
+action waits for a person when its tool has no result lookup, or when the lookups have failed
+``FAULTDESK["RECONCILE_ESCALATE_AFTER"]`` times. An admin may resolve any unknown action, and a
+person's word is checked against the ticket system before it is recorded:
+
+* **executed**: the named ticket must exist, and when the ticket system records the key a ticket
+  was created with, it must be this action's key. The ticket is recorded as the receipt
+  (``receipt.recorded`` with a ``resolution``: who, why, verified).
+* **not executed**: the outbox row is claimed with a new fencing token, the key is fenced at the
+  ticket system with it and looked up (see ADR 0009). A ticket found is recorded as the receipt
+  instead and the person is told (409). Nothing found: the action is ``NOT_SENT`` and
+  ``dispatch.failed`` (``executed: false``, with the resolution) ends the task's wait.
+
+Both are events with the person as actor; neither is possible for another tenant's action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+
+from apps.accounts.api import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
+from apps.accounts.principal import Principal
+from apps.actions import errors
+from apps.actions.models import Action, ActionStatus
+from apps.actions.registry import tool_get
+from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.outbox.services import _append_or_record_refusal, receipt_record
+from apps.tickets.connectors import Receipt, connector_for
+
+MAX_NOTE = 1000
+
+
+@dataclass(frozen=True)
+class UnknownAction:
+    """One row of the reconciliation page: the action (with its task, device and attempts
+    prefetched), whether it waits for a person, and why."""
+
+    action: Action
+    needs_person: bool
+    why: str
+
+
+def _require_admin(principal: Principal) -> None:
+    if not principal.is_admin:
+        raise Forbidden("only an admin may reconcile actions")
+
+
+def reconciliation_list(*, principal: Principal) -> list[UnknownAction]:
+    """The principal's tenant's actions whose outcome is unknown, oldest first, each marked
+    whether it waits for a person. Raises ``Forbidden`` for a non-admin."""
+    _require_admin(principal)
+    escalate = settings.FAULTDESK["RECONCILE_ESCALATE_AFTER"]
+    rows = (Action.objects.filter(tenant_id=principal.tenant_id, status=ActionStatus.UNKNOWN)
+            .select_related("task", "task__device", "task__requester").prefetch_related("attempts")
+            .order_by("created_at"))
+    out = []
+    for action in rows:
+        if tool_get(action.tool).result_lookup is None:
+            out.append(UnknownAction(action, True, "this tool has no result lookup: only a person can tell"))
+        elif action.reconcile_attempts >= escalate:
+            out.append(UnknownAction(action, True, f"{action.reconcile_attempts} lookups by key did not settle it"))
+        else:
+            out.append(UnknownAction(action, False, "the reconciler is still looking it up by key"))
+    return out
+
+
+def reconciliation_resolve(*, principal: Principal, action_id, executed: bool, external_id: str = "",
+                           note: str = "") -> Action:
+    """Record a person's resolution of the unknown action ``action_id`` and return the action.
+
+    ``executed=True`` needs ``external_id`` (the ticket that was created); ``note`` (why the
+    person knows, 1..1000 characters) is always required.
+
+    Raises ``NotFound`` (not an action of the principal's tenant), ``Forbidden`` (not an admin),
+    ``Unprocessable`` (missing note or ticket id; the ticket does not exist or belongs to another
+    action), ``Conflict`` (the action is no longer unknown, or the ticket system holds a ticket
+    for "not executed" — which is then recorded as the receipt) and ``Unavailable`` (the ticket
+    system cannot be asked; nothing is recorded).
+    """
+    _require_admin(principal)
+    action = Action.objects.filter(pk=action_id, tenant_id=principal.tenant_id).first()
+    if action is None:
+        raise NotFound("action not found")
+    note = (note or "").strip()
+    if not note:
+        raise Unprocessable("say how you know (note)")
+    if len(note) > MAX_NOTE:
+        raise Unprocessable(f"the note is limited to {MAX_NOTE} characters")
+    if action.status != ActionStatus.UNKNOWN:
+        raise Conflict(f"the action is {action.status}, not unknown: nothing to resolve", status=action.status)
+    actor = principal.as_actor()
+    if executed:
+        return _resolve_executed(action, (external_id or "").strip(), note, actor)
+    return _resolve_not_executed(action, note, actor)
+
+
+def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -> Action:
+    if not external_id:
+        raise Unprocessable("name the ticket that was created (external_id)")
+    try:
+        ticket = connector_for(action.tool).get_ticket(external_id=external_id)
+    except errors.ToolError as exc:
+        raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
+    if ticket is None:
+        raise Unprocessable(f"the ticket system has no ticket {external_id}")
+    key = ticket.get("idempotency_key")
+    if key and key != action.idempotency_key:
+        raise Unprocessable(f"ticket {external_id} was created for another action (key {key})")
+    receipt = Receipt(external_id=ticket["id"], version=int(ticket["version"]), status=ticket.get("status", "open"),
+                      body=ticket, replayed=True)
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=action.pk)
+        if locked.status != ActionStatus.UNKNOWN:
+            raise Conflict(f"the action became {locked.status} meanwhile", status=locked.status)
+        receipt_record(action_id=action.pk, receipt=receipt, actor=actor,
+                       resolution={"by": actor, "executed": True, "note": note, "verified": "ticket read by id"})
+    action.refresh_from_db()
+    return action
+
+
+def _resolve_not_executed(action: Action, note: str, actor: str) -> Action:
+    # 1. Claim the row with a new fencing token: a dispatcher still holding an older one is fenced.
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=action.pk)
+        if locked.status != ActionStatus.UNKNOWN:
+            raise Conflict(f"the action became {locked.status} meanwhile", status=locked.status)
+        OutboxMessage.objects.filter(action=action).update(lease_generation=F("lease_generation") + 1)
+        token = OutboxMessage.objects.get(action=action).lease_generation
+    # 2. Fence the key at the ticket system with it and look the key up (ADR 0009).
+    try:
+        found = connector_for(action.tool).fence(idempotency_key=action.idempotency_key, fencing_token=token)
+    except errors.ToolError as exc:
+        raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
+    if found is not None:
+        receipt_record(action_id=action.pk, receipt=found, actor=actor,
+                       resolution={"by": actor, "executed": True, "note": f"asserted not executed: {note}",
+                                   "verified": "found by key at the ticket system"})
+        raise Conflict(f"the ticket system holds ticket {found.external_id} for this action's key: it was executed, "
+                       "and is now recorded as the receipt", external_id=found.external_id)
+    # 3. Record "not executed" — only if nobody claimed the row since the fence.
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=action.pk)
+        if locked.status != ActionStatus.UNKNOWN or not OutboxMessage.objects.filter(
+            action=action, lease_generation=token
+        ).exists():
+            raise Conflict("the action changed while it was being checked; look again", status=locked.status)
+        reason = "not executed (resolved by a person)"
+        Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error={"reason": reason})
+        OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.FAILED, last_error={"reason": reason},
+                                                           lease_owner=None, lease_expires_at=None)
+        _append_or_record_refusal(
+            task_id=action.task_id, event_type="dispatch.failed", actor=actor,
+            payload_fn=lambda t: {"action_id": str(action.pk), "error": "resolved_not_executed", "executed": False,
+                                  "resolution": {"by": actor, "executed": False, "note": note,
+                                                 "verified": f"fenced at token {token}, nothing found by key"}},
+        )
+    action.refresh_from_db()
+    return action

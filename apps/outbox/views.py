@@ -1,0 +1,58 @@
+"""The admin's reconciliation page (HTMX): actions whose outcome is unknown, what is known about
+each (attempts with their errors, lookups by key so far), and the two recorded resolutions
+(DESIGN.md §6; issue 4 item 4). The same through the API in :mod:`apps.outbox.api`."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import render
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.accounts.api import DomainError
+from apps.actions.models import Action
+from apps.outbox.reconciliation import UnknownAction, reconciliation_list, reconciliation_resolve
+from apps.tasks.views import _principal
+
+
+@login_required
+@require_GET
+def reconciliation_page(request):
+    p = _principal(request)
+    if not p.is_admin:
+        raise Http404("admins only")
+    response = render(request, "reconciliation/page.html", {"rows": reconciliation_list(principal=p)})
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+@login_required
+@require_POST
+def reconciliation_resolve_view(request, action_id):
+    p = _principal(request)
+    if not p.is_admin:
+        raise Http404("admins only")
+    error, status = None, 200
+    executed = request.POST.get("executed")
+    try:
+        if executed not in ("yes", "no"):
+            raise _Choice("choose “executed” or “not executed”")
+        reconciliation_resolve(principal=p, action_id=action_id, executed=executed == "yes",
+                               external_id=request.POST.get("external_id", ""), note=request.POST.get("note", ""))
+    except DomainError as exc:
+        error, status = exc.detail, exc.http_status
+    action = (Action.objects.filter(pk=action_id, tenant_id=p.tenant_id)
+              .select_related("task", "task__device", "task__requester").prefetch_related("attempts").first())
+    if action is None:
+        raise Http404("action not found")
+    row = next((r for r in reconciliation_list(principal=p) if r.action.pk == action.pk), None)
+    row = row or UnknownAction(action, False, "")
+    response = render(request, "reconciliation/_row.html", {"r": row, "error": error}, status=status)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+class _Choice(DomainError):
+    http_status = 422
+    code = "unprocessable"
