@@ -11,6 +11,7 @@ read timeout, dropped connection, 5xx      ``OutcomeUnknown``
 503 / 429                                  ``TemporarilyUnavailable``
 400 / 422                                  ``InvalidParams``
 401 / 403                                  ``Unauthorized``
+409 (request with the key in progress)     ``TemporarilyUnavailable``
 409 (stale fencing token) / 412            ``PreconditionFailed``
 =========================================  ================================
 """
@@ -57,6 +58,9 @@ def _error_for_status(resp: httpx.Response) -> errors.ToolError:
         return errors.InvalidParams(detail, status=code, body=body)
     if code in (401, 403):
         return errors.Unauthorized(detail, status=code, body=body)
+    if code == 409 and body.get("error") == "request_in_progress":
+        # Refused before doing anything; the earlier request's outcome decides. Same key later.
+        return errors.TemporarilyUnavailable(detail, status=code, body=body)
     if code in (409, 412):
         return errors.PreconditionFailed(detail, status=code, body=body)
     if code in (429, 503):

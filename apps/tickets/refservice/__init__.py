@@ -46,6 +46,9 @@ Ticket shape
     * Same key, same digest: 201 with the stored response (the ticket as it was
       created) plus ``Idempotent-Replayed: true``; nothing new happens.
     * Same key, different digest: 422 ``{"error":"idempotency_key_reused","detail":"..."}``.
+    * Same key while an earlier request with it is still being processed (e.g.
+      during a ``delay`` fault): 409 ``{"error":"request_in_progress"}`` with
+      ``Retry-After: 1``; nothing happens. A retry after it finished replays.
     * Fencing: the highest token seen per key is stored. A token lower than it
       gets 409 ``{"error":"stale_fencing_token","highest":N}``; an equal or
       higher token is accepted and raises the stored maximum. Requests without

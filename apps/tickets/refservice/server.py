@@ -88,6 +88,17 @@ def create_ticket(server, request):
     fields = validate_create(payload)
     digest = body_digest(payload)
 
+    if not server.key_begin(key):
+        # Another request with this key is being processed: its outcome is not known yet.
+        raise ApiError(409, "request_in_progress", headers={"Retry-After": "1"},
+                       detail="a request with this Idempotency-Key is in progress; retry later with the same key")
+    try:
+        return _create_ticket_once(server, key, digest, fields, fencing_token)
+    finally:
+        server.key_end(key)
+
+
+def _create_ticket_once(server, key, digest, fields, fencing_token):
     fault = server.faults.take()
     if fault and fault.mode == "fail_503":
         log.warning("fault fail_503: rejecting POST /tickets key=%s", key)
@@ -355,6 +366,8 @@ class RefServiceServer(ThreadingHTTPServer):
     def __init__(self, server_address, store, api_key=None):
         self.store = store
         self.faults = FaultInjector()
+        self._inflight = set()
+        self._inflight_lock = threading.Lock()
         self.api_key = api_key or None
         self.thread = None
         self._serving = False
@@ -364,6 +377,19 @@ class RefServiceServer(ThreadingHTTPServer):
         """Bind without the reverse-DNS lookup ``HTTPServer.server_bind`` does."""
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
+
+    def key_begin(self, key):
+        """Mark a create with idempotency ``key`` as in progress; False if one already is."""
+        with self._inflight_lock:
+            if key in self._inflight:
+                return False
+            self._inflight.add(key)
+            return True
+
+    def key_end(self, key):
+        """The create with ``key`` finished (answered, refused or dropped)."""
+        with self._inflight_lock:
+            self._inflight.discard(key)
 
     @property
     def url(self):

@@ -477,3 +477,23 @@ def test_runs_as_a_process_with_env_api_key(tmp_path):
         output = proc.communicate(timeout=10)[0].decode()
     assert proc.returncode == 0, output
     assert "listening on" in output
+
+
+def test_same_key_while_in_flight_is_409_then_replays(server):
+    call(server, "POST", "/_admin/faults", {"mode": "delay", "delay_seconds": 1.0})
+    first = {}
+    slow = threading.Thread(target=lambda: first.update(r=create(server, "in-flight", X_Fencing_Token="1")))
+    slow.start()
+    deadline = time.monotonic() + 10
+    while "in-flight" not in server._inflight:  # until the delayed request holds the key
+        assert time.monotonic() < deadline, "the delayed request never started"
+        time.sleep(0.01)
+    status, headers, body = create(server, "in-flight", X_Fencing_Token="1")
+    assert (status, body["error"], headers["Retry-After"]) == (409, "request_in_progress", "1")
+    # Other keys are not held up.
+    assert create(server, "unrelated")[0] == 201
+    slow.join()
+    assert first["r"][0] == 201
+    status, headers, _ = create(server, "in-flight", X_Fencing_Token="1")
+    assert status == 201 and headers["Idempotent-Replayed"] == "true"
+    assert effects(server, "in-flight") == 1
