@@ -50,6 +50,9 @@ def _env() -> dict[str, str]:
     env.setdefault("REFSERVICE_URL", f"http://127.0.0.1:{refservice_port()}")
     env.setdefault("REFSERVICE_API_KEY", "faultdesk-refservice-dev-key")
     env.setdefault("FAULTDESK_PUBLIC_BASE_URL", f"http://127.0.0.1:{web_port()}")
+    # Status changes of reference tickets come back as signed webhooks (DESIGN.md §11).
+    env.setdefault("REFSERVICE_WEBHOOK_SECRET", "faultdesk-webhook-dev-secret")
+    env.setdefault("REFSERVICE_WEBHOOK_URL", f"http://127.0.0.1:{web_port()}/webhooks/reference/")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -72,6 +75,7 @@ def programs() -> dict[str, str]:
 def write_supervisor_conf() -> None:
     env = _env()
     keep = ("DJANGO_SETTINGS_MODULE", "REFSERVICE_URL", "REFSERVICE_API_KEY", "FAULTDESK_PUBLIC_BASE_URL",
+            "REFSERVICE_WEBHOOK_SECRET", "REFSERVICE_WEBHOOK_URL",
             "PYTHONUNBUFFERED", "DATABASE_URL", "REDIS_URL", "PATH", "HOME", "DJANGO_SECRET_KEY",
             "FAULTDESK_MODEL_PROVIDER")
     env_line = ",".join(f'{k}="{env[k]}"' for k in keep if k in env)

@@ -12,6 +12,7 @@ from apps.outbox import api as reconciliation_api
 from apps.outbox import views as reconciliation_views
 from apps.tasks import views as task_views
 from apps.tasks.api import views as task_api
+from apps.tickets import webhooks as ticket_webhooks
 from apps.traces import views as trace_views
 
 urlpatterns = [
@@ -31,6 +32,7 @@ urlpatterns = [
          name="reconciliation-resolve"),
     path("approvals/", approval_views.approval_queue, name="approval-queue"),
     path("approvals/<uuid:approval_id>/decide/", approval_views.approval_decide_view, name="approval-decide"),
+    path("webhooks/reference/", ticket_webhooks.reference_webhook, name="webhook-reference"),
     # API
     path("api/tasks/", task_api.TaskListCreateApi.as_view(), name="api-task-list"),
     path("api/tasks/<uuid:task_id>/", task_api.TaskDetailApi.as_view(), name="api-task-detail"),

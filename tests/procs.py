@@ -73,6 +73,8 @@ class Stack:
             "REFSERVICE_URL": f"http://127.0.0.1:{self.ref_port}",
             "REFSERVICE_API_KEY": "e2e-key",
             "FAULTDESK_PUBLIC_BASE_URL": f"http://127.0.0.1:{self.web_port}",
+            "REFSERVICE_WEBHOOK_SECRET": "e2e-webhook-secret",
+            "REFSERVICE_WEBHOOK_URL": f"http://127.0.0.1:{self.web_port}/webhooks/reference/",
             "PYTHONUNBUFFERED": "1",
             **env_extra,
         }

@@ -14,6 +14,7 @@ from apps.accounts.models import AccessScope, Role
 from apps.events.replay import task_replay
 from apps.evidence.models import Chunk
 from apps.tasks.models import Task
+from apps.tickets.models import InboundWebhook, TicketMirror
 from tests.conftest import KB, SMALL_KB
 from tests.factories import DeviceFactory, MembershipFactory, TenantFactory, UserFactory
 from tests.procs import Stack
@@ -113,3 +114,13 @@ def test_main_job_end_to_end_with_real_processes(stack):
 
     result = task_replay(task)
     assert result.ok, result.detail
+
+    # A person resolves the ticket in the ticket system: its signed webhook reaches the web
+    # process, which verifies it and updates our mirror of the ticket.
+    assert ref.patch(f"/tickets/{ticket_id}", json={"status": "resolved"}, headers={"If-Match": '"1"'}).is_success
+    deadline = time.monotonic() + 30
+    while TicketMirror.objects.get(external_id=ticket_id).status != "resolved":
+        assert time.monotonic() < deadline, f"webhook never applied: {stack.log('refservice')[-2000:]}"
+        time.sleep(0.2)
+    hook = InboundWebhook.objects.get(outcome="APPLIED")
+    assert hook.verified and hook.action.task_id == task.pk

@@ -1,10 +1,19 @@
 from django.contrib import admin
 
 from apps.accounts.admin_base import ReadOnlyTenantAdmin
-from apps.tickets.models import TicketMirror
+from apps.tickets.models import InboundWebhook, TicketMirror
 
 
 @admin.register(TicketMirror)
 class TicketMirrorAdmin(ReadOnlyTenantAdmin):
     list_display = ("external_id", "connector", "external_version", "status", "tenant", "updated_at")
     list_filter = ("connector", "status")
+
+
+@admin.register(InboundWebhook)
+class InboundWebhookAdmin(ReadOnlyTenantAdmin):
+    """Deliveries that correlate to no tenant (forged, malformed, uncorrelated) are visible to a
+    platform superuser only."""
+
+    list_display = ("received_at", "source", "event_id", "outcome", "verified", "reason", "tenant")
+    list_filter = ("source", "outcome", "verified")

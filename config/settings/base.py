@@ -148,6 +148,9 @@ FAULTDESK = {
     "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
     "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default="faultdesk-refservice-dev-key"),
     "REFSERVICE_TIMEOUT_SECONDS": env.float("REFSERVICE_TIMEOUT_SECONDS", default=5.0),
+    # Inbound webhooks from the reference service: HMAC secret and the accepted clock skew.
+    "REFSERVICE_WEBHOOK_SECRET": env("REFSERVICE_WEBHOOK_SECRET", default="faultdesk-webhook-dev-secret"),
+    "WEBHOOK_TOLERANCE_SECONDS": env.int("FAULTDESK_WEBHOOK_TOLERANCE_SECONDS", default=300),
     # Leases (DESIGN.md §5)
     "LEASE_SECONDS": env.int("FAULTDESK_LEASE_SECONDS", default=60),
     "OUTBOX_LEASE_SECONDS": env.int("FAULTDESK_OUTBOX_LEASE_SECONDS", default=30),

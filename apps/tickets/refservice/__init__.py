@@ -82,10 +82,19 @@ Ticket shape
 ``GET /healthz``
     200 ``{"ok": true}``; never needs authentication.
 
+Webhooks
+    Started with ``--webhook-url`` (or ``REFSERVICE_WEBHOOK_URL``) and
+    ``REFSERVICE_WEBHOOK_SECRET``, the service stores an event for every status
+    change in the same transaction and delivers it as a signed ``POST`` (HMAC-SHA256,
+    header ``X-Refservice-Signature: t=<unix>,v1=<hex>`` over ``"<t>." + body``, plus
+    ``X-Refservice-Event-Id``), retrying with backoff; see :mod:`.webhooks`.
+
 Admin / fault injection (same authentication; for tests)
     * ``GET /_admin/effects?idempotency_key=K`` -> ``{"idempotency_key": K, "effects": N}``,
       the number of real ticket creations for K (0 or 1).
     * ``GET /_admin/tickets`` -> ``{"results": [every ticket, oldest first]}``.
+    * ``GET /_admin/webhooks`` -> ``{"results": [every webhook event with its
+      delivery state: attempts, delivered_at, last_status]}``.
     * ``POST /_admin/faults`` body ``{"mode": "none"|"drop_after_commit"|"fail_503"|"delay",
       "count": int >= 1 (default 1), "delay_seconds": float 0..60 (default 1.0)}``
       arms a fault for the next ``count`` valid ``POST /tickets`` requests

@@ -3,7 +3,9 @@
 Options: ``--host`` (127.0.0.1), ``--port`` (8765; 0 picks a free port),
 ``--db`` (var/refservice/tickets.sqlite3), ``--api-key`` (else the
 ``REFSERVICE_API_KEY`` environment variable; neither means auth is off),
-``--log-level`` (INFO). Stops cleanly on SIGINT or SIGTERM.
+``--log-level`` (INFO), ``--webhook-url`` (else ``REFSERVICE_WEBHOOK_URL``; the
+HMAC secret comes from ``REFSERVICE_WEBHOOK_SECRET``; both needed to send
+webhooks). Stops cleanly on SIGINT or SIGTERM.
 """
 
 import argparse
@@ -33,6 +35,8 @@ def build_parser():
         "--api-key", default=None, help="bearer key; default: $REFSERVICE_API_KEY; none = auth off"
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    parser.add_argument("--webhook-url", default=None,
+                        help="deliver signed status-change webhooks here; default: $REFSERVICE_WEBHOOK_URL")
     return parser
 
 
@@ -52,14 +56,19 @@ def main(argv=None):
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     api_key = resolve_api_key(args.api_key)
-    server = make_server(args.host, args.port, args.db, api_key)
-    log.info("refservice listening on %s db=%s auth=%s", server.url, args.db, "on" if api_key else "off")
+    webhook_url = args.webhook_url or os.environ.get("REFSERVICE_WEBHOOK_URL") or None
+    webhook_secret = os.environ.get("REFSERVICE_WEBHOOK_SECRET") or None
+    server = make_server(args.host, args.port, args.db, api_key, webhook_url, webhook_secret)
+    log.info("refservice listening on %s db=%s auth=%s webhooks=%s", server.url, args.db,
+             "on" if api_key else "off", webhook_url if webhook_secret else "off")
     signal.signal(signal.SIGTERM, _stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         log.info("refservice stopping")
     finally:
+        if server.webhooks is not None:
+            server.webhooks.stop()
         server.server_close()
     return 0
 

@@ -31,6 +31,7 @@ from .validation import (
     validate_faults,
     validate_patch,
 )
+from .webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,8 @@ def patch_ticket(server, request):
             headers={"ETag": f'"{exc.current_version}"'},
             current_version=exc.current_version,
         ) from None
+    if server.webhooks is not None:
+        server.webhooks.wake()
     return _ticket_response(200, ticket)
 
 
@@ -189,6 +192,12 @@ def admin_effects(server, request):
 def admin_tickets(server, request):
     """``GET /_admin/tickets`` -> ``{"results": [every ticket, oldest first]}``."""
     return Response(200, {"results": server.store.list_tickets()})
+
+
+def admin_webhooks(server, request):
+    """``GET /_admin/webhooks`` -> ``{"results": [{"event_id", "body", "attempts", "delivered_at",
+    "last_status"}]}``, oldest first."""
+    return Response(200, {"results": server.store.list_webhooks()})
 
 
 def admin_faults(server, request):
@@ -224,6 +233,7 @@ ROUTES = (
     Route(re.compile(r"/_admin/effects"), {"GET": admin_effects}),
     Route(re.compile(r"/_admin/tickets"), {"GET": admin_tickets}),
     Route(re.compile(r"/_admin/faults"), {"POST": admin_faults}),
+    Route(re.compile(r"/_admin/webhooks"), {"GET": admin_webhooks}),
     Route(re.compile(r"/_admin/reset"), {"POST": admin_reset}),
 )
 
@@ -363,8 +373,12 @@ class RefServiceServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # listen backlog; the stdlib default of 5 resets bursts of clients
 
-    def __init__(self, server_address, store, api_key=None):
+    def __init__(self, server_address, store, api_key=None, webhook_url=None, webhook_secret=None):
         self.store = store
+        self.webhooks = None
+        if webhook_url and webhook_secret:
+            store.record_webhooks = True
+            self.webhooks = WebhookSender(store, webhook_url, webhook_secret)
         self.faults = FaultInjector()
         self._inflight = set()
         self._inflight_lock = threading.Lock()
@@ -412,6 +426,8 @@ class RefServiceServer(ThreadingHTTPServer):
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+        if self.webhooks is not None:
+            self.webhooks.stop()
         self.server_close()
 
     def handle_error(self, request, client_address):
@@ -419,22 +435,23 @@ class RefServiceServer(ThreadingHTTPServer):
         log.warning("connection error with %s", client_address, exc_info=True)
 
 
-def make_server(host, port, db_path, api_key=None):
+def make_server(host, port, db_path, api_key=None, webhook_url=None, webhook_secret=None):
     """Create (but do not start) the service on ``host:port`` with its SQLite file at ``db_path``.
 
     ``port`` 0 picks a free port (see ``server.server_address``). With a falsy
-    ``api_key`` authentication is off. Returns a :class:`RefServiceServer`;
-    run it with ``serve_forever()``.
+    ``api_key`` authentication is off. With ``webhook_url`` and ``webhook_secret``
+    every status change is delivered there as a signed webhook (:mod:`.webhooks`).
+    Returns a :class:`RefServiceServer`; run it with ``serve_forever()``.
     """
-    return RefServiceServer((host, port), storage.TicketStore(db_path), api_key)
+    return RefServiceServer((host, port), storage.TicketStore(db_path), api_key, webhook_url, webhook_secret)
 
 
-def serve_in_thread(host, port, db_path, api_key=None):
+def serve_in_thread(host, port, db_path, api_key=None, webhook_url=None, webhook_secret=None):
     """Like :func:`make_server`, but already serving from a daemon thread (for tests).
 
     Returns the :class:`RefServiceServer`; call ``shutdown()`` to stop it.
     """
-    server = make_server(host, port, db_path, api_key)
+    server = make_server(host, port, db_path, api_key, webhook_url, webhook_secret)
     server.thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="refservice", daemon=True
     )

@@ -12,6 +12,8 @@ Tables:
   the sequential id (``REF-000001``...).
 * ``idempotency_keys`` -- per key: body digest, ticket id, the stored create
   response, the highest fencing token seen and the effects counter.
+* ``webhooks`` -- status-change events to deliver (see :mod:`.webhooks`), written
+  in the same transaction as the change when ``record_webhooks`` is on.
 * ``fences`` -- per key, the highest fencing token seen, whether it came with a
   create or with a fence alone (``POST /fences``). A fence may name a key no
   ticket has been created for yet: after it, a create with a lower token is
@@ -22,9 +24,13 @@ Tables:
 import json
 import os
 import sqlite3
+import time
+import uuid
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from .webhooks import event_body
 
 SCHEMA_VERSION = 2
 SCHEMA = """
@@ -43,6 +49,15 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     response_body TEXT NOT NULL,
     highest_fencing_token INTEGER,
     effects INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhooks (
+    event_id TEXT PRIMARY KEY,
+    body TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL,
+    delivered_at TEXT,
+    last_status TEXT,
     created_at TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS fences (
@@ -119,9 +134,10 @@ class TicketStore:
     for the write lock before ``sqlite3.OperationalError`` is raised.
     """
 
-    def __init__(self, db_path, busy_timeout=30.0):
+    def __init__(self, db_path, busy_timeout=30.0, record_webhooks=False):
         self.db_path = os.fspath(db_path)
         self.busy_timeout = busy_timeout
+        self.record_webhooks = record_webhooks
         parent = os.path.dirname(os.path.abspath(self.db_path))
         os.makedirs(parent, exist_ok=True)
         with closing(self._connect()) as conn:
@@ -264,6 +280,7 @@ class TicketStore:
                 raise VersionMismatch(version)
             ticket = json.loads(doc)
             now = utc_now()
+            previous_status = ticket["status"]
             for name in ("status", "priority", "assignee"):
                 if name in changes:
                     ticket[name] = changes[name]
@@ -275,7 +292,49 @@ class TicketStore:
                 "UPDATE tickets SET version = ?, doc = ? WHERE id = ?",
                 (ticket["version"], json.dumps(ticket, ensure_ascii=False), ticket_id),
             )
+            if self.record_webhooks and ticket["status"] != previous_status:
+                self._webhook_add(conn, {
+                    "type": "ticket.status_changed", "ticket_id": ticket_id,
+                    "idempotency_key": ticket["idempotency_key"], "version": ticket["version"],
+                    "status": ticket["status"], "previous_status": previous_status, "occurred_at": now,
+                })
             return ticket
+
+    @staticmethod
+    def _webhook_add(conn, event):
+        event = {"event_id": uuid.uuid4().hex, **event}
+        conn.execute(
+            "INSERT INTO webhooks (event_id, body, attempts, next_attempt_at, created_at) VALUES (?, ?, 0, ?, ?)",
+            (event["event_id"], event_body(event), time.time(), utc_now()),
+        )
+
+    def webhooks_due(self, max_attempts):
+        """Return ``[(event_id, body, attempts)]`` of undelivered events due now, oldest first."""
+        with self._read() as conn:
+            return conn.execute(
+                "SELECT event_id, body, attempts FROM webhooks WHERE delivered_at IS NULL AND attempts < ?"
+                " AND next_attempt_at <= ? ORDER BY created_at", (max_attempts, time.time()),
+            ).fetchall()
+
+    def webhook_delivered(self, event_id):
+        """Mark the event delivered."""
+        with self._write() as conn:
+            conn.execute("UPDATE webhooks SET delivered_at = ?, attempts = attempts + 1, last_status = '2xx'"
+                         " WHERE event_id = ?", (utc_now(), event_id))
+
+    def webhook_failed(self, event_id, status, delay_seconds):
+        """Count a failed delivery of the event and schedule the next in ``delay_seconds``."""
+        with self._write() as conn:
+            conn.execute("UPDATE webhooks SET attempts = attempts + 1, last_status = ?, next_attempt_at = ?"
+                         " WHERE event_id = ?", (status, time.time() + delay_seconds, event_id))
+
+    def list_webhooks(self):
+        """Return every webhook event with its delivery state, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT event_id, body, attempts, delivered_at, last_status FROM webhooks"
+                                " ORDER BY created_at").fetchall()
+        return [{"event_id": e, "body": json.loads(b), "attempts": a, "delivered_at": d, "last_status": st}
+                for e, b, a, d, st in rows]
 
     def get_ticket(self, ticket_id):
         """Return the ticket dict with id ``ticket_id``, or None."""
@@ -307,3 +366,4 @@ class TicketStore:
             conn.execute("DELETE FROM tickets")
             conn.execute("DELETE FROM idempotency_keys")
             conn.execute("DELETE FROM fences")
+            conn.execute("DELETE FROM webhooks")

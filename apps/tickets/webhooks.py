@@ -1,0 +1,108 @@
+"""Inbound webhooks from the reference ticket service (DESIGN.md §11; issue 4 item 8).
+
+``POST /webhooks/reference/`` — the only unauthenticated-by-session endpoint; the HMAC signature
+is its authentication (format in :mod:`apps.tickets.refservice.webhooks`). In order:
+
+1. **authenticate**: the signature must verify against ``FAULTDESK["REFSERVICE_WEBHOOK_SECRET"]``
+   with a timestamp within ``WEBHOOK_TOLERANCE_SECONDS``; otherwise 401 (a forgery or an old
+   replay), recorded as ``REJECTED`` and logged;
+2. **parse**: a JSON object with ``event_id``, ``type``, ``ticket_id``, ``idempotency_key``,
+   ``version`` and ``status``; otherwise 400 ``MALFORMED``;
+3. **deduplicate**: a second verified delivery of the same ``event_id`` → 200 ``DUPLICATE``;
+4. **correlate**: the ticket must be the receipt of one of our actions, created with the same
+   idempotency key; otherwise 202 ``UNCORRELATED`` (acknowledged so it is not re-sent, and
+   changes nothing);
+5. **apply**: a version newer than the mirror's updates the mirror's status and version
+   (``APPLIED``); an older one is ``STALE`` (webhooks may arrive out of order).
+
+Every delivery leaves one :class:`~apps.tickets.models.InboundWebhook` row; none touches a task's
+event log (a ticket's later life is not a step of the task that created it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from apps.tickets.models import InboundWebhook, TicketMirror, WebhookOutcome
+from apps.tickets.refservice.webhooks import verify
+
+log = logging.getLogger(__name__)
+
+SOURCE = "reference"
+MAX_BODY_BYTES = 64 * 1024
+REQUIRED = ("event_id", "type", "ticket_id", "idempotency_key", "version", "status")
+
+
+def webhook_receive(*, body: bytes, signature: str | None, now: float | None = None) -> tuple[int, dict]:
+    """Process one delivery. Returns ``(http_status, response_body)``; see the module docstring
+    for each outcome. Never raises for bad input."""
+    ok, why = verify(settings.FAULTDESK["REFSERVICE_WEBHOOK_SECRET"], body, signature,
+                     tolerance_seconds=settings.FAULTDESK["WEBHOOK_TOLERANCE_SECONDS"], now=now)
+    if not ok:
+        return _reject(body, f"signature {why}")
+    try:
+        event = json.loads(body)
+        if not isinstance(event, dict) or any(k not in event for k in REQUIRED):
+            raise ValueError(f"a JSON object with {', '.join(REQUIRED)} is required")
+        version = int(event["version"])
+        event_id = str(event["event_id"])[:100]
+    except (ValueError, TypeError) as exc:
+        InboundWebhook.objects.create(source=SOURCE, verified=False, outcome=WebhookOutcome.MALFORMED,
+                                      reason=str(exc)[:300], raw_excerpt=body[:1000].decode("utf-8", "replace"))
+        log.warning("webhook from %s: malformed (%s)", SOURCE, exc)
+        return 400, {"error": "malformed", "detail": str(exc)[:300]}
+    try:
+        with transaction.atomic():
+            return _apply(event, event_id, version)
+    except IntegrityError:
+        InboundWebhook.objects.create(source=SOURCE, event_id=event_id, verified=True,
+                                      outcome=WebhookOutcome.DUPLICATE, reason="already received", body=event)
+        log.info("webhook %s: duplicate delivery ignored", event_id)
+        return 200, {"status": "duplicate"}
+
+
+def _apply(event: dict, event_id: str, version: int) -> tuple[int, dict]:
+    mirror = (TicketMirror.objects.select_for_update().select_related("action")
+              .filter(connector=SOURCE, external_id=str(event["ticket_id"])).first())
+    if mirror is None or mirror.action.idempotency_key != event["idempotency_key"]:
+        InboundWebhook.objects.create(source=SOURCE, event_id=event_id, verified=True,
+                                      outcome=WebhookOutcome.UNCORRELATED, body=event,
+                                      reason="no action of ours created this ticket with this key")
+        log.warning("webhook %s: ticket %s is not one of ours; ignored", event_id, event["ticket_id"])
+        return 202, {"status": "uncorrelated"}
+    row = dict(source=SOURCE, event_id=event_id, verified=True, body=event, tenant_id=mirror.tenant_id,
+               action_id=mirror.action_id)
+    if version <= mirror.external_version:
+        InboundWebhook.objects.create(**row, outcome=WebhookOutcome.STALE,
+                                      reason=f"version {version} is not newer than {mirror.external_version}")
+        return 200, {"status": "stale"}
+    mirror.external_version = version
+    mirror.status = str(event["status"])[:32]
+    mirror.data = {**(mirror.data or {}), "status": mirror.status, "version": version}
+    mirror.save(update_fields=["external_version", "status", "data", "updated_at"])
+    InboundWebhook.objects.create(**row, outcome=WebhookOutcome.APPLIED)
+    return 200, {"status": "applied"}
+
+
+def _reject(body: bytes, reason: str) -> tuple[int, dict]:
+    InboundWebhook.objects.create(source=SOURCE, verified=False, outcome=WebhookOutcome.REJECTED, reason=reason,
+                                  raw_excerpt=body[:1000].decode("utf-8", "replace"))
+    log.warning("webhook from %s rejected: %s", SOURCE, reason)
+    return 401, {"error": "invalid_signature", "detail": reason}
+
+
+@csrf_exempt
+@require_POST
+def reference_webhook(request):
+    """The HTTP endpoint; see :func:`webhook_receive`. Bodies over 64 KiB get 413."""
+    if int(request.META.get("CONTENT_LENGTH") or 0) > MAX_BODY_BYTES:
+        return JsonResponse({"error": "payload_too_large"}, status=413)
+    status, body = webhook_receive(body=request.body, signature=request.headers.get("X-Refservice-Signature"))
+    return JsonResponse(body, status=status)
