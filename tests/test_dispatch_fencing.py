@@ -316,3 +316,112 @@ def test_a_refused_outcome_is_recorded_and_the_row_still_closes(committed, reque
     failed = TaskEvent.objects.get(task=task, type="dispatch.failed")
     assert failed.payload["executed"] is False and task.budget_reserved == 0
     assert ActionAttempt.objects.filter(action__task=committed).count() == 0
+
+
+def _unknown(monkeypatch):
+    """Dispatcher A sends and gets no answer (the request never arrived): the action is UNKNOWN."""
+    def lost_in_transit(self, **kwargs):
+        raise errors.OutcomeUnknown("sent, no answer: ReadTimeout")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ReferenceTicketConnector, "create_ticket", lost_in_transit)
+        assert _run_a()[1] == "unknown"
+
+
+def test_reconciler_settles_a_cancelled_tasks_unknown_action_without_sending(committed, requester, refadmin,
+                                                                              monkeypatch):
+    """Review 3 finding 1: the reconciler finds nothing for a cancelled task's unknown action. It
+    must not re-queue a send (δ would refuse the retry and leave the rows disagreeing with the
+    state): it fences the key and records "not executed"."""
+    _unknown(monkeypatch)
+    task_cancel(principal=p(requester), task_id=committed.pk, reason="no longer needed")
+    outbox.actions_reconcile()
+    action = Action.objects.get(task=committed)
+    assert action.status == ActionStatus.NOT_SENT
+    assert OutboxMessage.objects.get(action=action).status == OutboxStatus.FAILED
+    failed = TaskEvent.objects.get(task=committed, type="dispatch.failed")
+    assert failed.payload["executed"] is False and failed.payload["error"] == "not sent again: cancelled"
+    assert not RefusedEvent.objects.filter(task=committed).exists()
+    task = Task.objects.get(pk=committed.pk)
+    assert task.status == reducer.CANCELLED and task.budget_reserved == 0
+    assert refadmin.effects(action.idempotency_key) == 0
+    assert [a.outcome for a in action.attempts.all()] == [AttemptOutcome.UNKNOWN]
+
+
+def test_unknown_loop_ends_at_the_deadline_with_an_explicit_decision(committed, refadmin, monkeypatch):
+    """Review 3 finding 3: a remote that never answers must not be sent to for ever. Past the
+    deadline the reconciler settles the action (fence + lookup) and the task fails with a reason."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    def hung(self, **kwargs):
+        raise errors.OutcomeUnknown("sent, no answer: ReadTimeout")
+
+    monkeypatch.setattr(ReferenceTicketConnector, "create_ticket", hung)
+    outbox.outbox_dispatch_batch()
+    Task.objects.filter(pk=committed.pk).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    for _ in range(10):
+        outbox.outbox_dispatch_batch()
+        outbox.actions_reconcile()
+    assert ActionAttempt.objects.filter(action__task=committed).count() == 1
+    task = Task.objects.get(pk=committed.pk)
+    assert task.status == reducer.FAILED
+    assert task.termination_reason == "dispatch_failed: not sent again: deadline passed"
+    assert Action.objects.get(task=committed).status == ActionStatus.NOT_SENT
+
+
+def test_unknown_loop_ends_after_the_attempts_are_used(committed, monkeypatch):
+    def hung(self, **kwargs):
+        raise errors.OutcomeUnknown("sent, no answer: ReadTimeout")
+
+    monkeypatch.setattr(ReferenceTicketConnector, "create_ticket", hung)
+    for _ in range(outbox.MAX_ATTEMPTS + 5):
+        outbox.outbox_dispatch_batch()
+        outbox.actions_reconcile()
+    assert ActionAttempt.objects.filter(action__task=committed).count() == outbox.MAX_ATTEMPTS
+    retries = TaskEvent.objects.filter(task=committed, type="reconciliation.retry")
+    assert retries.count() == outbox.MAX_ATTEMPTS - 1
+    task = Task.objects.get(pk=committed.pk)
+    assert task.status == reducer.FAILED
+    assert task.termination_reason == f"dispatch_failed: not sent again: {outbox.MAX_ATTEMPTS} attempts used"
+
+
+def test_a_dispatcher_whose_action_got_its_receipt_elsewhere_closes_its_attempt(committed, monkeypatch):
+    """Review 3 finding 6: no attempt stays IN_FLIGHT once the action is settled."""
+    real = ReferenceTicketConnector.create_ticket
+
+    def created_then_lost(self, **kwargs):
+        receipt = real(self, **kwargs)
+        outbox.receipt_record(action_id=Action.objects.get(task=committed).pk, receipt=receipt, actor="other")
+        raise errors.OutcomeUnknown("sent, no answer")
+
+    monkeypatch.setattr(ReferenceTicketConnector, "create_ticket", created_then_lost)
+    assert _run_a()[1] == "already_done"
+    action = Action.objects.get(task=committed)
+    assert action.status == ActionStatus.SUCCEEDED
+    assert [a.outcome for a in action.attempts.all()] == [AttemptOutcome.UNKNOWN]
+
+
+def test_controller_invalidation_refused_by_a_lost_lease_is_recorded(committed, requester, approver, device, kb):
+    """Review 3 finding 2: a worker whose lease passed on finds a changed premise; its
+    ``approval.invalidated`` is refused and the refusal is recorded, and the approval row is left
+    as it was."""
+    from django.db.models import F
+
+    from apps.tasks.controller import _resume_after_approval
+    from apps.tasks.services import StaleWrite, task_claim
+
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
+    task = drive(task.pk)
+    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    device_update_state(device=device, alert_message="Fuser temperature low: 120 C")
+    lease = task_claim(task_id=task.pk)
+    Task.objects.filter(pk=task.pk).update(lease_generation=F("lease_generation") + 1)  # another worker took it
+    stale = Task.objects.select_related("device", "tenant", "requester").get(pk=task.pk)
+    with pytest.raises(StaleWrite):
+        _resume_after_approval(stale, lease)
+    refused = RefusedEvent.objects.get(task=task, type="approval.invalidated")
+    assert "lease lost" in refused.reason
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalStatus.APPROVED

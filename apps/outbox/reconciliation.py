@@ -25,15 +25,13 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 
 from apps.accounts.api import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
 from apps.accounts.principal import Principal
 from apps.actions import errors
 from apps.actions.models import Action, ActionStatus
 from apps.actions.registry import tool_get
-from apps.outbox.models import OutboxMessage, OutboxStatus
-from apps.outbox.services import _append_or_record_refusal, receipt_record
+from apps.outbox.services import ActionChanged, action_settle_unknown, receipt_record
 from apps.tickets.connectors import Receipt, connector_for
 
 MAX_NOTE = 1000
@@ -128,40 +126,15 @@ def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -
 
 
 def _resolve_not_executed(action: Action, note: str, actor: str) -> Action:
-    # 1. Claim the row with a new fencing token: a dispatcher still holding an older one is fenced.
-    with transaction.atomic():
-        locked = Action.objects.select_for_update().get(pk=action.pk)
-        if locked.status != ActionStatus.UNKNOWN:
-            raise Conflict(f"the action became {locked.status} meanwhile", status=locked.status)
-        OutboxMessage.objects.filter(action=action).update(lease_generation=F("lease_generation") + 1)
-        token = OutboxMessage.objects.get(action=action).lease_generation
-    # 2. Fence the key at the ticket system with it and look the key up (ADR 0009).
+    resolution = {"by": actor, "executed": False, "note": note, "verified": "fenced, nothing found by key"}
     try:
-        found = connector_for(action.tool).fence(idempotency_key=action.idempotency_key, fencing_token=token)
+        found = action_settle_unknown(action, actor=actor, reason="resolved_not_executed", resolution=resolution)
     except errors.ToolError as exc:
         raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
+    except ActionChanged as exc:
+        raise Conflict(f"{exc}; look again") from exc
     if found is not None:
-        receipt_record(action_id=action.pk, receipt=found, actor=actor,
-                       resolution={"by": actor, "executed": True, "note": f"asserted not executed: {note}",
-                                   "verified": "found by key at the ticket system"})
         raise Conflict(f"the ticket system holds ticket {found.external_id} for this action's key: it was executed, "
                        "and is now recorded as the receipt", external_id=found.external_id)
-    # 3. Record "not executed" — only if nobody claimed the row since the fence.
-    with transaction.atomic():
-        locked = Action.objects.select_for_update().get(pk=action.pk)
-        if locked.status != ActionStatus.UNKNOWN or not OutboxMessage.objects.filter(
-            action=action, lease_generation=token
-        ).exists():
-            raise Conflict("the action changed while it was being checked; look again", status=locked.status)
-        reason = "not executed (resolved by a person)"
-        Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error={"reason": reason})
-        OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.FAILED, last_error={"reason": reason},
-                                                           lease_owner=None, lease_expires_at=None)
-        _append_or_record_refusal(
-            task_id=action.task_id, event_type="dispatch.failed", actor=actor,
-            payload_fn=lambda t: {"action_id": str(action.pk), "error": "resolved_not_executed", "executed": False,
-                                  "resolution": {"by": actor, "executed": False, "note": note,
-                                                 "verified": f"fenced at token {token}, nothing found by key"}},
-        )
     action.refresh_from_db()
     return action

@@ -53,9 +53,11 @@ BACKOFF_CAP_SECONDS = 60.0
 
 
 def backoff_delay(attempt: int, *, rng: random.Random | None = None) -> float:
-    """Exponential backoff with full jitter: uniform(0, min(cap, base · 2^attempt)) seconds."""
+    """Exponential backoff with full jitter: uniform(0, min(cap, base · 2^attempt)) seconds, with
+    the base from ``FAULTDESK["RETRY_BACKOFF_BASE_SECONDS"]`` (default 1 s)."""
     rng = rng or random.Random()  # noqa: S311 - jitter, not security
-    return rng.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2**attempt)))
+    base = settings.FAULTDESK.get("RETRY_BACKOFF_BASE_SECONDS", BACKOFF_BASE_SECONDS)
+    return rng.uniform(0, min(BACKOFF_CAP_SECONDS, base * (2**attempt)))
 
 
 def outbox_claim_batch(*, owner: str, limit: int, now=None) -> list[OutboxMessage]:
@@ -292,6 +294,8 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
             ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=outcome, error=err, finished_at=now)
             return "lost_lease"
         if Action.objects.filter(pk=action.pk, status=ActionStatus.SUCCEEDED).exists():
+            outcome = AttemptOutcome.FAILED if exc.executed is False else AttemptOutcome.UNKNOWN
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=outcome, error=err, finished_at=now)
             return "already_done"
         if unknown:
             # Sent and unanswered — or a newer dispatcher holds this key: either way the effect may
@@ -350,6 +354,11 @@ def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str,
             return
         if attempt_id is not None:
             ActionAttempt.objects.filter(pk=attempt_id).update(outcome=AttemptOutcome.RECEIPT, finished_at=now)
+        # Attempts whose dispatcher never reported (died or stalls): one of them may be the one
+        # that created the ticket, none is still "in flight" for the record.
+        ActionAttempt.objects.filter(action_id=action_id, outcome=AttemptOutcome.IN_FLIGHT).exclude(
+            pk=attempt_id).update(outcome=AttemptOutcome.UNKNOWN, finished_at=now,
+                                  error={"detail": "no report from its dispatcher; the action has its receipt"})
         action.status = ActionStatus.SUCCEEDED
         action.receipt = receipt.as_dict()
         action.external_id = receipt.external_id
@@ -391,7 +400,10 @@ def actions_reconcile(*, limit: int = 50) -> int:
 
 
 def _reconcile_one(action: Action) -> None:
-    """Look one unknown action up by key: adopt the ticket found, else re-queue the same row."""
+    """Look one unknown action up by key: adopt the ticket found. Otherwise re-queue the same row
+    (same key) with backoff — unless the task was cancelled, its deadline passed or the row used up
+    its attempts: then the action is settled without sending again (:func:`action_settle_unknown`),
+    which ends the wait with an explicit decision."""
     try:
         found = connector_for(action.tool).lookup_by_key(idempotency_key=action.idempotency_key)
     except errors.ToolError as exc:
@@ -401,7 +413,31 @@ def _reconcile_one(action: Action) -> None:
     if found is not None:
         receipt_record(action_id=action.pk, receipt=found, actor="reconciler")
         return
-    if tool_get(action.tool).idempotent_by_key:
+    task = Task.objects.get(pk=action.task_id)
+    message = OutboxMessage.objects.get(action=action)
+    now = timezone.now()
+    stop = None
+    if task.status == reducer.CANCELLED or task.state.get("cancel_requested"):
+        stop = "cancelled"
+    elif task.deadline_at <= now:
+        stop = "deadline passed"
+    elif message.attempts >= MAX_ATTEMPTS:
+        stop = f"{message.attempts} attempts used"
+    if stop is not None:
+        try:
+            action_settle_unknown(action, actor="reconciler", reason=f"not sent again: {stop}")
+        except (errors.ToolError, ActionChanged) as exc:
+            log.info("reconcile %s: not settled yet (%s)", action.pk, exc)
+        return
+    _requeue_same_key(action, message, delay=backoff_delay(message.attempts))
+
+
+def _requeue_same_key(action: Action, message: OutboxMessage, *, delay: float) -> None:
+    """Send the same action (same key, same row) again after ``delay`` seconds, with a
+    ``reconciliation.retry`` event in the same transaction. If δ refuses the event (the task was
+    cancelled meanwhile) nothing changes and the refusal is recorded."""
+    refused = None
+    try:
         with transaction.atomic():
             claimed = Action.objects.select_for_update(skip_locked=True).filter(
                 pk=action.pk, status=ActionStatus.UNKNOWN
@@ -409,19 +445,78 @@ def _reconcile_one(action: Action) -> None:
             if claimed is None:
                 return
             Action.objects.filter(pk=action.pk).update(status=ActionStatus.INTENDED)
-            OutboxMessage.objects.filter(action=action).update(
-                status=OutboxStatus.PENDING, available_at=timezone.now(), lease_owner=None,
-                lease_expires_at=None,
+            OutboxMessage.objects.filter(pk=message.pk).update(
+                status=OutboxStatus.PENDING, available_at=timezone.now() + timedelta(seconds=delay),
+                lease_owner=None, lease_expires_at=None,
             )
-            try:
-                task_append_with_retry(
-                    task_id=action.task_id, event_type="reconciliation.retry", actor="reconciler",
-                    payload_fn=lambda t, a=action: {"action_id": str(a.pk), "reason": "not found by key"},
-                )
-            except (reducer.IllegalTransition, StaleWrite):
-                # A cancelled task refuses the retry event; the dispatcher then sees the
-                # cancellation before sending and records the action as not sent.
-                pass
-        from apps.outbox.tasks import enqueue_dispatch
+            task_append_with_retry(
+                task_id=action.task_id, event_type="reconciliation.retry", actor="reconciler",
+                payload_fn=lambda t, a=action: {"action_id": str(a.pk), "reason": "not found by key",
+                                                "retry_in_seconds": round(delay, 3)},
+            )
+    except (reducer.IllegalTransition, StaleWrite) as exc:
+        refused = exc
+    if refused is not None:
+        # Rolled back with the rows; keep the record of what was refused. The next tick settles it.
+        from apps.tasks.services import refused_event_record
 
-        transaction.on_commit(enqueue_dispatch)
+        reason = refused.reason if isinstance(refused, reducer.IllegalTransition) else str(refused)
+        refused_event_record(task=Task.objects.get(pk=action.task_id), event_type="reconciliation.retry",
+                             payload={"action_id": str(action.pk), "reason": "not found by key"}, reason=reason,
+                             actor="reconciler")
+        return
+    from apps.outbox.tasks import enqueue_dispatch
+
+    transaction.on_commit(enqueue_dispatch)
+
+
+class ActionChanged(Exception):
+    """The action or its outbox row changed while it was being settled: another process acted."""
+
+
+def action_settle_unknown(action: Action, *, actor: str, reason: str, resolution: dict | None = None) -> Receipt | None:
+    """Settle an ``UNKNOWN`` action without sending it again (DESIGN.md §6, ADR 0009).
+
+    Claims the action's outbox row with a new fencing token, fences the key at the ticket system
+    with it and looks it up. Found: the ticket is recorded as the receipt and returned. Not
+    found — and no request with an older token can create it any more: the action becomes
+    ``NOT_SENT``, its row ``FAILED``, earlier attempts still marked in flight are closed as
+    ``FAILED`` (fenced), and ``dispatch.failed`` (``executed: false``, ``reason``, ``resolution``)
+    is appended; returns None.
+
+    Raises a :class:`~apps.actions.errors.ToolError` when the ticket system cannot be asked
+    (nothing is recorded) and :class:`ActionChanged` when the action is no longer unknown or its
+    row was claimed by someone else meanwhile."""
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=action.pk)
+        if locked.status != ActionStatus.UNKNOWN:
+            raise ActionChanged(f"the action is {locked.status}")
+        OutboxMessage.objects.filter(action=action).update(lease_generation=F("lease_generation") + 1,
+                                                            lease_owner=None, lease_expires_at=None)
+        token = OutboxMessage.objects.get(action=action).lease_generation
+    found = connector_for(action.tool).fence(idempotency_key=action.idempotency_key, fencing_token=token)
+    if found is not None:
+        # Whatever was asserted, the ticket system decides: it was executed.
+        if resolution:
+            resolution = {**resolution, "executed": True, "asserted_executed": resolution.get("executed"),
+                          "verified": "found by key at the ticket system"}
+        receipt_record(action_id=action.pk, receipt=found, actor=actor, resolution=resolution)
+        return found
+    now = timezone.now()
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=action.pk)
+        if locked.status != ActionStatus.UNKNOWN or not OutboxMessage.objects.filter(
+            action=action, lease_generation=token
+        ).exists():
+            raise ActionChanged(f"the action changed while it was being settled (now {locked.status})")
+        Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error={"reason": reason})
+        OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.FAILED, last_error={"reason": reason})
+        ActionAttempt.objects.filter(action=action, outcome=AttemptOutcome.IN_FLIGHT).update(
+            outcome=AttemptOutcome.FAILED, finished_at=now,
+            error={"detail": f"fenced at token {token}: this attempt can no longer take effect"},
+        )
+        payload = {"action_id": str(action.pk), "error": reason, "executed": False,
+                   "fenced_at_token": token, **({"resolution": resolution} if resolution else {})}
+        _append_or_record_refusal(task_id=action.task_id, event_type="dispatch.failed", actor=actor,
+                                  payload_fn=lambda t: payload)
+    return None

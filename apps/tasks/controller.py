@@ -267,6 +267,14 @@ def _validate_and_authorize(task: Task, lease: Lease) -> bool:
     return False
 
 
+def _invalidating(approval: ApprovalRequest, reason: str):
+    """A ``side_effects`` callback that marks ``approval`` invalidated in the event's transaction."""
+    def apply(task: Task, event) -> None:
+        approval_invalidate(approval=approval, reason=reason)
+
+    return apply
+
+
 def _resume_after_approval(task: Task, lease: Lease) -> bool:
     """WAITING_APPROVAL: when the approval is granted, re-check the premises (device version,
     binding, expiry, approver's role) and commit the intent; otherwise invalidate and re-plan."""
@@ -279,10 +287,11 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
     if a["status"] == "PENDING":
         expires = parse_datetime(a["expires_at"])
         if expires is not None and expires <= now and approval.status == "PENDING":
-            with transaction.atomic():
-                approval_invalidate(approval=approval, reason="approval expired before a decision")
-                task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                                  payload={"approval_id": a["id"], "reason": "expired"})
+            # The approval row changes in the event's own transaction, so a refused event
+            # (lease lost) is still recorded and the row is left as it was.
+            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                              payload={"approval_id": a["id"], "reason": "expired"},
+                              side_effects=_invalidating(approval, "approval expired before a decision"))
             return True
         return False
     if a["status"] != "APPROVED":
@@ -293,10 +302,9 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
                           payload={"reason": "requester no longer holds a requester role in the tenant"})
         return False
     if changed:
-        with transaction.atomic():
-            approval_invalidate(approval=approval, reason=changed)
-            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                              payload={"approval_id": a["id"], "reason": changed})
+        task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                          payload={"approval_id": a["id"], "reason": changed},
+                          side_effects=_invalidating(approval, changed))
         return True
     current = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
     check = approval_check_binding(
@@ -304,11 +312,10 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
         object_version=current["version"] if current else -1, now=now,
     )
     if not check.ok:
-        with transaction.atomic():
-            approval_invalidate(approval=approval, reason=check.reason)
-            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                              payload={"approval_id": a["id"], "reason": check.reason,
-                                       "device_version_now": current["version"] if current else None})
+        task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                          payload={"approval_id": a["id"], "reason": check.reason,
+                                   "device_version_now": current["version"] if current else None},
+                          side_effects=_invalidating(approval, check.reason))
         return True
     _commit_intent(task, lease, proposal=state["proposal"], approval=approval, object_version=approval.object_version)
     return False

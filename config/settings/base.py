@@ -169,6 +169,8 @@ FAULTDESK = {
     # Model layer (DESIGN.md §10): the local deterministic drafter needs no network.
     "MODEL_PROVIDER": env("FAULTDESK_MODEL_PROVIDER", default="local"),
     "EMBEDDING_MODEL": "all-MiniLM-L6-v2",
+    # Exponential backoff with full jitter for retries and re-sends: base · 2^attempt, capped at 60 s.
+    "RETRY_BACKOFF_BASE_SECONDS": env.float("FAULTDESK_RETRY_BACKOFF_BASE_SECONDS", default=1.0),
     # Failed lookups by key before an unknown action is shown as needing a person (DESIGN.md §6).
     "RECONCILE_ESCALATE_AFTER": env.int("FAULTDESK_RECONCILE_ESCALATE_AFTER", default=5),
     # Key retention covers retries + reconciliation + a database-restore window (DESIGN.md §6).

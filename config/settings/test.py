@@ -26,4 +26,5 @@ if "DATABASE_URL" not in os.environ:
 
 # In-process tests never talk to a broker; end-to-end tests give their worker processes a real one.
 CELERY_BROKER_URL = "memory://"
-FAULTDESK = {**FAULTDESK, "SNAPSHOT_EVERY": 4}  # noqa: F405
+# Retries in tests need no wall-clock wait: backoff is tested through backoff_delay directly.
+FAULTDESK = {**FAULTDESK, "SNAPSHOT_EVERY": 4, "RETRY_BACKOFF_BASE_SECONDS": 0.0}  # noqa: F405

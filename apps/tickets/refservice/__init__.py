@@ -62,7 +62,9 @@ Ticket shape
     After it, every ``POST /tickets`` for the key with a lower token gets 409,
     so ``"ticket": null`` means no request with a lower token can ever create
     one. A token below the stored maximum gets 409 ``stale_fencing_token`` and
-    changes nothing; an equal token is accepted.
+    changes nothing; an equal token is accepted. Once a key is fenced, a
+    ``POST /tickets`` for it without ``X-Fencing-Token`` gets 409
+    ``fencing_token_required``.
 
 ``GET /tickets/<id>``
     200 ticket with ``ETag: "<version>"``; 404 ``{"error":"not_found"}``.

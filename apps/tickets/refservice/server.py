@@ -111,6 +111,9 @@ def _create_ticket_once(server, key, digest, fields, fencing_token):
         result = server.store.create_ticket(key, digest, fields, fencing_token)
     except storage.StaleFencingToken as exc:
         raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
+    except storage.FencingTokenRequired:
+        raise ApiError(409, "fencing_token_required",
+                       detail="this Idempotency-Key was fenced: send X-Fencing-Token") from None
     except storage.IdempotencyKeyReused:
         raise ApiError(
             422,

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 
 from .webhooks import event_body
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tickets (
     seq INTEGER PRIMARY KEY,
@@ -63,7 +63,8 @@ CREATE TABLE IF NOT EXISTS webhooks (
 CREATE TABLE IF NOT EXISTS fences (
     key TEXT PRIMARY KEY,
     highest_fencing_token INTEGER NOT NULL,
-    updated_at TEXT NOT NULL
+    updated_at TEXT NOT NULL,
+    fenced_at TEXT
 );
 """
 
@@ -86,6 +87,10 @@ class StaleFencingToken(Exception):
     def __init__(self, highest):
         super().__init__(f"highest fencing token seen is {highest}")
         self.highest = highest
+
+
+class FencingTokenRequired(Exception):
+    """The key was fenced (``POST /fences``): a create without a fencing token is refused."""
 
 
 class IdempotencyKeyReused(Exception):
@@ -141,8 +146,16 @@ class TicketStore:
         parent = os.path.dirname(os.path.abspath(self.db_path))
         os.makedirs(parent, exist_ok=True)
         with closing(self._connect()) as conn:
+            (found,) = conn.execute("PRAGMA user_version").fetchone()
+            if found > SCHEMA_VERSION:
+                raise RuntimeError(f"{self.db_path} has storage schema {found}, newer than this code's "
+                                   f"{SCHEMA_VERSION}: refusing to open it (older code would ignore fences)")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
+            # Schema 2 had no fenced_at column.
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(fences)")}
+            if "fenced_at" not in columns:
+                conn.execute("ALTER TABLE fences ADD COLUMN fenced_at TEXT")
             # Schema 1 kept the highest token only in idempotency_keys: carry it into fences.
             conn.execute(
                 "INSERT OR IGNORE INTO fences (key, highest_fencing_token, updated_at)"
@@ -182,8 +195,9 @@ class TicketStore:
         An accepted token above the stored maximum raises it.
 
         Raises :class:`StaleFencingToken` when ``fencing_token`` is below the
-        maximum seen for ``key`` and :class:`IdempotencyKeyReused` when ``key``
-        was used with another digest; neither changes anything.
+        maximum seen for ``key``, :class:`FencingTokenRequired` when ``key`` was
+        fenced and no token is given, and :class:`IdempotencyKeyReused` when
+        ``key`` was used with another digest; none changes anything.
         """
         with self._write() as conn:
             row = conn.execute(
@@ -194,6 +208,8 @@ class TicketStore:
             highest = self._highest_token(conn, key)
             if fencing_token is not None and highest is not None and fencing_token < highest:
                 raise StaleFencingToken(highest)
+            if fencing_token is None and self._is_fenced(conn, key):
+                raise FencingTokenRequired()
             if row is not None:
                 stored_digest, status, body, _ = row
                 if stored_digest != digest:
@@ -235,6 +251,11 @@ class TicketStore:
         return row[0] if row else None
 
     @staticmethod
+    def _is_fenced(conn, key):
+        row = conn.execute("SELECT fenced_at FROM fences WHERE key = ?", (key,)).fetchone()
+        return bool(row and row[0])
+
+    @staticmethod
     def _raise_token(conn, key, token):
         conn.execute(
             "INSERT INTO fences (key, highest_fencing_token, updated_at) VALUES (?, ?, ?)"
@@ -260,6 +281,7 @@ class TicketStore:
                 raise StaleFencingToken(highest)
             if highest is None or fencing_token > highest:
                 self._raise_token(conn, key, fencing_token)
+            conn.execute("UPDATE fences SET fenced_at = ? WHERE key = ?", (utc_now(), key))
             row = conn.execute("SELECT doc FROM tickets WHERE idempotency_key = ?", (key,)).fetchone()
         return FenceResult(max(fencing_token, highest or 0), json.loads(row[0]) if row else None)
 

@@ -501,3 +501,41 @@ def test_same_key_while_in_flight_is_409_then_replays(server):
     status, headers, _ = create(server, "in-flight", X_Fencing_Token="1")
     assert status == 201 and headers["Idempotent-Replayed"] == "true"
     assert effects(server, "in-flight") == 1
+
+
+def test_tokenless_create_after_a_fence_is_refused(server):
+    assert fence(server, "fenced-key", 3)[0] == 200
+    status, _, body = create(server, "fenced-key")
+    assert (status, body["error"]) == (409, "fencing_token_required")
+    assert effects(server, "fenced-key") == 0
+    # Keys never fenced still accept tokenless creates (and their replays).
+    assert create(server, "plain")[0] == 201 and create(server, "plain")[0] == 201
+
+
+def test_a_newer_storage_schema_is_not_opened(db_path):
+    import sqlite3
+
+    from apps.tickets.refservice.store import SCHEMA_VERSION, TicketStore
+
+    TicketStore(db_path)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(RuntimeError, match="newer than this code"):
+        TicketStore(db_path)
+
+
+def test_schema_2_files_get_the_fenced_at_column(db_path):
+    import sqlite3
+
+    from apps.tickets.refservice.store import FencingTokenRequired, TicketStore
+
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("CREATE TABLE fences (key TEXT PRIMARY KEY, highest_fencing_token INTEGER NOT NULL,"
+                     " updated_at TEXT NOT NULL)")
+        conn.execute("INSERT INTO fences VALUES ('k', 4, '2026-11-29T00:00:00Z')")
+        conn.execute("PRAGMA user_version=2")
+    store = TicketStore(db_path)
+    assert store.fence("k", 4).highest_fencing_token == 4
+    with pytest.raises(FencingTokenRequired):
+        store.create_ticket("k", "digest", {"title": "t"}, None)
