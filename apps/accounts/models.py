@@ -22,9 +22,19 @@ class Role(models.TextChoices):
     ADMIN = "admin", "Admin"
 
 
+class TicketSystem(models.TextChoices):
+    """The external ticket system a tenant's tickets go to (DESIGN.md §11)."""
+
+    REFERENCE = "reference", "Reference ticket service"
+    HELPDESK = "helpdesk", "django-helpdesk"
+
+
 class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
+    ticket_system = models.CharField(max_length=16, choices=TicketSystem.choices, default=TicketSystem.REFERENCE,
+                                     help_text="where this tenant's tickets are created; an action keeps the "
+                                               "system it was committed for")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -23,6 +23,8 @@ class Action(models.Model):
     task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="actions")
     tool = models.CharField(max_length=64)
     tool_version = models.CharField(max_length=16)
+    connector = models.CharField(max_length=16, default="reference",
+                                 help_text="the ticket system this action is sent to, fixed at intent")
     params = models.JSONField()
     params_digest = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=200)

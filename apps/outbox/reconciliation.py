@@ -105,7 +105,7 @@ def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -
     if not external_id:
         raise Unprocessable("name the ticket that was created (external_id)")
     try:
-        ticket = connector_for(action.tool).get_ticket(external_id=external_id)
+        ticket = connector_for(action.tool, action.connector).get_ticket(external_id=external_id)
     except errors.ToolError as exc:
         raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
     if ticket is None:

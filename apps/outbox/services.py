@@ -29,7 +29,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
 from apps.actions import errors
@@ -158,6 +158,13 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
                 _kick_agent(task.pk)
             return "invalidated"
 
+    # A ticket system without idempotency: before any resend, look the key up (after every
+    # unanswered request can no longer take effect) — found is the receipt, never a second ticket.
+    if not connector_for(action.tool, action.connector).idempotent_by_key:
+        settled = _settle_not_executed(message, action, fencing_token, actor)
+        if settled is not None:
+            return settled
+
     # 3. the attempt row is durable before the request leaves
     with transaction.atomic():
         if not _still_ours(message.pk, fencing_token).exists():
@@ -174,7 +181,7 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     timeout = max(0.5, min(contract.deadline_seconds, remaining))
     failpoint("before_send")
     try:
-        receipt = connector_for(action.tool).create_ticket(
+        receipt = connector_for(action.tool, action.connector).create_ticket(
             idempotency_key=action.idempotency_key, fencing_token=fencing_token, params=action.params,
             timeout=timeout,
         )
@@ -215,6 +222,35 @@ def _may_have_executed(action_id, *, except_attempt_id=None) -> bool:
     return attempts.exists()
 
 
+class NotYetProvable(errors.TemporarilyUnavailable):
+    """The ticket system cannot fence, and an unanswered request of the action may still take
+    effect until ``provable_at`` (its start + the connector's request lifetime)."""
+
+    code = "not_yet_provable"
+
+    def __init__(self, provable_at):
+        super().__init__(f"an unanswered request may still take effect until {provable_at.isoformat()}")
+        self.provable_at = provable_at
+
+
+def _fence(action: Action, token: int):
+    """Make "nothing found by key" final, then look the key up (ADR 0009). Where the ticket system
+    can fence a key, fence it at ``token``. Where it cannot (django-helpdesk), wait until every
+    unanswered attempt is older than the connector's request lifetime, then look up. Returns the
+    ticket as a :class:`Receipt` or None; raises :class:`NotYetProvable` or the connector's
+    :class:`~apps.actions.errors.ToolError`."""
+    connector = connector_for(action.tool, action.connector)
+    if not connector.supports_fence:
+        newest = ActionAttempt.objects.filter(
+            action_id=action.pk, outcome__in=[AttemptOutcome.IN_FLIGHT, AttemptOutcome.UNKNOWN]
+        ).aggregate(newest=Max("started_at"))["newest"]
+        if newest is not None:
+            provable_at = newest + timedelta(seconds=connector.request_lifetime_seconds)
+            if timezone.now() < provable_at:
+                raise NotYetProvable(provable_at)
+    return connector.fence(idempotency_key=action.idempotency_key, fencing_token=token)
+
+
 def _settle_not_executed(message, action, fencing_token: int, actor: str, *, except_attempt_id=None) -> str | None:
     """Establish that the action was not executed before anyone records so (DESIGN.md §6).
 
@@ -227,15 +263,17 @@ def _settle_not_executed(message, action, fencing_token: int, actor: str, *, exc
     if not _may_have_executed(action.pk, except_attempt_id=except_attempt_id):
         return None
     try:
-        found = connector_for(action.tool).fence(idempotency_key=action.idempotency_key,
-                                                 fencing_token=fencing_token)
+        found = _fence(action, fencing_token)
     except errors.ToolError as exc:
         with transaction.atomic():
             if not _still_ours(message.pk, fencing_token).exists():
                 return "lost_lease"
             now = timezone.now()
+            retry_at = now + timedelta(seconds=backoff_delay(message.attempts))
+            if isinstance(exc, NotYetProvable):
+                retry_at = max(retry_at, exc.provable_at)
             OutboxMessage.objects.filter(pk=message.pk).update(
-                status=OutboxStatus.PENDING, available_at=now + timedelta(seconds=backoff_delay(message.attempts)),
+                status=OutboxStatus.PENDING, available_at=retry_at,
                 last_error={**exc.as_dict(), "while": "fencing before recording not executed"},
                 lease_owner=None, lease_expires_at=None,
             )
@@ -271,12 +309,9 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
     unknown = isinstance(exc, errors.OutcomeUnknown) or (
         isinstance(exc, errors.PreconditionFailed) and exc.body.get("error") == "stale_fencing_token"
     )
-    retry_ok = (
-        exc.retryable
-        and message.attempts < MAX_ATTEMPTS
-        and tool_get(action.tool).idempotent_by_key
-        and task.deadline_at > now
-    )
+    # A retryable error means this request did nothing; a resend to a ticket system without
+    # idempotency first looks the key up (see outbox_deliver), so both kinds may retry.
+    retry_ok = exc.retryable and message.attempts < MAX_ATTEMPTS and task.deadline_at > now
     if not unknown and not retry_ok:
         # About to record "not executed": an earlier attempt may still have created the ticket.
         settled = _settle_not_executed(message, action, fencing_token, actor, except_attempt_id=attempt.pk)
@@ -405,7 +440,7 @@ def _reconcile_one(action: Action) -> None:
     its attempts: then the action is settled without sending again (:func:`action_settle_unknown`),
     which ends the wait with an explicit decision."""
     try:
-        found = connector_for(action.tool).lookup_by_key(idempotency_key=action.idempotency_key)
+        found = connector_for(action.tool, action.connector).lookup_by_key(idempotency_key=action.idempotency_key)
     except errors.ToolError as exc:
         log.info("reconcile %s: lookup failed (%s)", action.pk, exc)
         Action.objects.filter(pk=action.pk).update(last_reconcile_error=exc.as_dict())
@@ -494,7 +529,7 @@ def action_settle_unknown(action: Action, *, actor: str, reason: str, resolution
         OutboxMessage.objects.filter(action=action).update(lease_generation=F("lease_generation") + 1,
                                                             lease_owner=None, lease_expires_at=None)
         token = OutboxMessage.objects.get(action=action).lease_generation
-    found = connector_for(action.tool).fence(idempotency_key=action.idempotency_key, fencing_token=token)
+    found = _fence(action, token)
     if found is not None:
         # Whatever was asserted, the ticket system decides: it was executed.
         if resolution:

@@ -332,11 +332,12 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
     action_id = uuid.uuid4()
     key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
                           digest=proposal["digest"], intent_seq=task.version + 1)
+    connector = task.tenant.ticket_system  # the ticket system this action goes to, fixed now
 
     def write_action(t: Task, event) -> None:
         action = Action.objects.create(
             id=action_id, tenant_id=t.tenant_id, task_id=t.pk, tool=tool.name, tool_version=tool.version,
-            params=proposal["params"], params_digest=proposal["digest"], idempotency_key=key,
+            connector=connector, params=proposal["params"], params_digest=proposal["digest"], idempotency_key=key,
             approval=approval, object_version=object_version, reservation=tool.cost_units,
         )
         OutboxMessage.objects.create(
@@ -349,6 +350,7 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
         payload={"action_id": str(action_id), "idempotency_key": key, "digest": proposal["digest"],
                  "reservation": tool.cost_units, "approval_required": approval is not None,
                  "approval_id": str(approval.pk) if approval else None,
-                 "proposal": proposal if approval is None else None, "object_version": object_version},
+                 "proposal": proposal if approval is None else None, "object_version": object_version,
+                 "connector": connector},
         side_effects=write_action,
     )

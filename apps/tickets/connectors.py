@@ -29,13 +29,15 @@ from apps.actions import errors
 
 @dataclass(frozen=True)
 class Receipt:
-    """The ticket system's confirmation of an effect: external id + version + the full body."""
+    """The ticket system's confirmation of an effect: external id + version + the full body, and
+    the connector (``"reference"`` or ``"helpdesk"``) that reported it."""
 
     external_id: str
     version: int
     status: str
     body: dict
     replayed: bool
+    connector: str = "reference"
 
     def as_dict(self) -> dict:
         return {
@@ -43,7 +45,7 @@ class Receipt:
             "version": self.version,
             "status": self.status,
             "replayed": self.replayed,
-            "connector": ReferenceTicketConnector.name,
+            "connector": self.connector,
         }
 
 
@@ -70,9 +72,13 @@ def _error_for_status(resp: httpx.Response) -> errors.ToolError:
 
 class ReferenceTicketConnector:
     """The reference ticket service over HTTP: create with ``Idempotency-Key`` and
-    ``X-Fencing-Token``, look up by key, get by id."""
+    ``X-Fencing-Token``, look up by key, fence a key, get by id."""
 
     name = "reference"
+    #: The remote deduplicates by ``Idempotency-Key``: a resend returns the stored response.
+    idempotent_by_key = True
+    #: The remote can fence a key (ADR 0009): "not executed" is provable at once.
+    supports_fence = True
 
     def __init__(self, *, base_url: str | None = None, api_key: str | None = None, timeout: float | None = None):
         conf = settings.FAULTDESK
@@ -173,8 +179,118 @@ class ReferenceTicketConnector:
         return resp.json()
 
 
-def connector_for(tool: str) -> ReferenceTicketConnector:
-    """The connector that executes ``tool`` (only ``ticket.create`` on the reference service now)."""
-    if tool == "ticket.create":
-        return ReferenceTicketConnector()
-    raise KeyError(f"no connector for tool {tool!r}")
+HELPDESK_PRIORITY = {"P1": 1, "P2": 2, "P3": 3, "P4": 4}
+HELPDESK_STATUS = {1: "open", 2: "reopened", 3: "resolved", 4: "closed", 5: "duplicate"}
+
+
+class HelpdeskConnector:
+    """django-helpdesk 2.6 over its REST API (``Authorization: Token``), DESIGN.md §11.
+
+    It has no idempotency support: the action's key goes into the custom field
+    ``faultdesk_key``, and :meth:`lookup_by_key` finds it through the deployment's bridge view.
+    The dispatcher reconciles by key before any retry. The deployment's unique index on the key
+    answers a second create for the same key with 409, which :meth:`create_ticket` turns into the
+    existing ticket.
+
+    It cannot fence a key. Instead, a request can no longer take effect once it is older than
+    ``request_lifetime_seconds``: the helpdesk's gunicorn kills a request after ``--timeout``
+    (30 s), and the lifetime adds a margin. The dispatcher waits that long after the last
+    unanswered attempt before it records "not executed" (:meth:`fence` only looks up).
+    """
+
+    name = "helpdesk"
+    idempotent_by_key = False
+    supports_fence = False
+
+    def __init__(self, *, base_url: str | None = None, token: str | None = None, timeout: float | None = None):
+        conf = settings.FAULTDESK
+        self.base_url = (base_url or conf["HELPDESK_URL"]).rstrip("/")
+        self.token = token if token is not None else conf["HELPDESK_API_TOKEN"]
+        self.timeout = timeout if timeout is not None else conf["HELPDESK_TIMEOUT_SECONDS"]
+        self.queue_id = conf["HELPDESK_QUEUE_ID"]
+        self.request_lifetime_seconds = conf["HELPDESK_REQUEST_LIFETIME_SECONDS"]
+
+    def _client(self, timeout: float | None = None) -> httpx.Client:
+        t = timeout if timeout is not None else self.timeout
+        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Token {self.token}"},
+                            timeout=httpx.Timeout(t, connect=min(t, 3.0)))
+
+    def _receipt(self, body: dict, *, replayed: bool) -> Receipt:
+        status = HELPDESK_STATUS.get(body.get("status"), str(body.get("status")))
+        # helpdesk keeps no ticket version: a receipt is version 1, later changes come from reads.
+        return Receipt(external_id=str(body["id"]), version=1, status=status, body=body, replayed=replayed,
+                       connector=self.name)
+
+    def _send(self, method: str, path: str, *, what: str, timeout: float | None = None, **kwargs) -> httpx.Response:
+        try:
+            with self._client(timeout) as client:
+                return client.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise errors.DefinitelyNotExecuted(f"{what} not delivered: {exc!r}") from exc
+        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise errors.OutcomeUnknown(f"{what}: sent, no answer: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise errors.OutcomeUnknown(f"{what} failed: {exc!r}") from exc
+
+    def create_ticket(self, *, idempotency_key: str, fencing_token: int, params: dict,
+                      timeout: float | None = None) -> Receipt:
+        """POST /helpdesk/api/tickets/ with the key in ``custom_faultdesk_key``. The fencing token
+        cannot travel (helpdesk has no such check). Returns a :class:`Receipt`; a 409 (the key's
+        ticket already exists) returns that ticket. Raises the module table's error classes."""
+        description = "\n".join([
+            params.get("description", ""), "",
+            f"Device: {params.get('device', '')}",
+            f"Requester: {params.get('requester', '')} ({params.get('tenant', '')})",
+            f"Labels: {', '.join(params.get('labels', []))}",
+            "Evidence:", *[f"- {e}" for e in params.get("evidence", [])],
+        ])
+        payload = {"queue": self.queue_id, "title": params["title"], "description": description,
+                   "priority": HELPDESK_PRIORITY.get(params.get("priority"), 3),
+                   "custom_faultdesk_key": idempotency_key}
+        resp = self._send("POST", "/helpdesk/api/tickets/", what="create", timeout=timeout, json=payload)
+        if resp.status_code == 201:
+            return self._receipt(resp.json(), replayed=False)
+        if resp.status_code == 409:
+            found = self.lookup_by_key(idempotency_key=idempotency_key)
+            if found is not None:
+                return found
+        raise _error_for_status(resp)
+
+    def lookup_by_key(self, *, idempotency_key: str) -> Receipt | None:
+        """The ticket whose ``faultdesk_key`` is the key (bridge view), or None."""
+        resp = self._send("GET", "/helpdesk/api/faultdesk/tickets/by-custom-field/", what="lookup",
+                          params={"field": "faultdesk_key", "value": idempotency_key})
+        if resp.status_code != 200:
+            raise _error_for_status(resp)
+        results = resp.json().get("results", [])
+        return self._receipt(results[0], replayed=True) if results else None
+
+    def fence(self, *, idempotency_key: str, fencing_token: int) -> Receipt | None:
+        """No fencing at helpdesk: only the lookup. The caller must first have waited out
+        ``request_lifetime_seconds`` since the last unanswered attempt."""
+        return self.lookup_by_key(idempotency_key=idempotency_key)
+
+    def get_ticket(self, *, external_id: str) -> dict | None:
+        """The ticket JSON by id (bridge view), with ``idempotency_key`` set from
+        ``custom_faultdesk_key``; None when absent."""
+        if not external_id.isdigit():
+            return None
+        resp = self._send("GET", f"/helpdesk/api/faultdesk/tickets/{external_id}/", what="read")
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise _error_for_status(resp)
+        body = resp.json()
+        return {**body, "id": str(body["id"]), "version": 1, "status": HELPDESK_STATUS.get(body.get("status")),
+                "idempotency_key": body.get("custom_faultdesk_key") or None}
+
+
+CONNECTORS = {ReferenceTicketConnector.name: ReferenceTicketConnector, HelpdeskConnector.name: HelpdeskConnector}
+
+
+def connector_for(tool: str, connector: str = "reference") -> ReferenceTicketConnector | HelpdeskConnector:
+    """The connector that executes ``tool`` on the ticket system named ``connector`` (an action's
+    ``connector`` field). Raises ``KeyError`` for an unknown tool or ticket system."""
+    if tool != "ticket.create":
+        raise KeyError(f"no connector for tool {tool!r}")
+    return CONNECTORS[connector]()

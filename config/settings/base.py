@@ -148,6 +148,14 @@ FAULTDESK = {
     "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
     "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default="faultdesk-refservice-dev-key"),
     "REFSERVICE_TIMEOUT_SECONDS": env.float("REFSERVICE_TIMEOUT_SECONDS", default=5.0),
+    # django-helpdesk, the second ticket system (apps/tickets/helpdesk_site): REST API token, the
+    # queue tickets go to, and how long a request can still take effect after it was sent
+    # (its gunicorn --timeout 30 s plus a margin).
+    "HELPDESK_URL": env("HELPDESK_URL", default="http://127.0.0.1:8766"),
+    "HELPDESK_API_TOKEN": env("HELPDESK_API_TOKEN", default="faultdeskhelpdeskdevtoken000000000000000"),
+    "HELPDESK_QUEUE_ID": env.int("HELPDESK_QUEUE_ID", default=1),
+    "HELPDESK_TIMEOUT_SECONDS": env.float("HELPDESK_TIMEOUT_SECONDS", default=10.0),
+    "HELPDESK_REQUEST_LIFETIME_SECONDS": env.float("HELPDESK_REQUEST_LIFETIME_SECONDS", default=45.0),
     # Inbound webhooks from the reference service: HMAC secret and the accepted clock skew.
     "REFSERVICE_WEBHOOK_SECRET": env("REFSERVICE_WEBHOOK_SECRET", default="faultdesk-webhook-dev-secret"),
     "WEBHOOK_TOLERANCE_SECONDS": env.int("FAULTDESK_WEBHOOK_TOLERANCE_SECONDS", default=300),

@@ -1,0 +1,192 @@
+"""django-helpdesk 2.6 as the second ticket system (DESIGN.md §11; issue 4 item 7): a real
+helpdesk project in its own process (gunicorn) and its own SQLite database, reached only over its
+REST API — through the fault-injecting proxy, so a response can be lost after helpdesk committed.
+
+helpdesk has no idempotency support: the connector writes the action key into the custom field
+``faultdesk_key`` and looks it up before any resend."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from apps.actions import errors
+from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.approvals.services import approval_decide
+from apps.events.models import TaskEvent
+from apps.outbox import services as outbox
+from apps.tasks import reducer
+from apps.tasks.controller import agent_run
+from apps.tasks.models import Task
+from apps.tasks.services import task_cancel, task_submit
+from apps.tickets import faultproxy
+from apps.tickets.connectors import HelpdeskConnector
+from apps.tickets.helpdesk_site import run as helpdesk
+from tests.conftest import drive, p
+from tests.procs import free_port
+
+TOKEN = "helpdesktesttoken0000000000000000000000"[:40].ljust(40, "0")
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+
+
+@pytest.fixture(scope="module")
+def helpdesk_server(tmp_path_factory):
+    """A real django-helpdesk (gunicorn, own SQLite) for this module, and a fault proxy before it."""
+    var = tmp_path_factory.mktemp("helpdesk")
+    helpdesk.prepare(var, TOKEN)
+    port = free_port()
+    log = open(var / "gunicorn.log", "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(helpdesk.gunicorn_command(port), cwd=helpdesk.ROOT,  # noqa: S603
+                            env=helpdesk.helpdesk_env(var), stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/helpdesk/api/tickets/", headers={"Authorization": f"Token {TOKEN}"},
+                         timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, (var / "gunicorn.log").read_text()[-2000:]
+        assert time.monotonic() < deadline, "helpdesk did not start"
+        time.sleep(0.2)
+    proxy = faultproxy.serve_in_thread(0, base, fault_prefix="/helpdesk/api/tickets/")
+    yield proxy
+    proxy.shutdown()
+    proxy.server_close()
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+@pytest.fixture
+def hd(helpdesk_server, settings, tenant):
+    """This test's settings point at the helpdesk (through the proxy); the tenant files there."""
+    settings.FAULTDESK = {**settings.FAULTDESK, "HELPDESK_URL": helpdesk_server.url, "HELPDESK_API_TOKEN": TOKEN,
+                          "HELPDESK_REQUEST_LIFETIME_SECONDS": 1.0}
+    tenant.ticket_system = "helpdesk"
+    tenant.save(update_fields=["ticket_system"])
+    httpx.post(f"{helpdesk_server.url}/_proxy/faults", json={"mode": "none"})
+    return helpdesk_server
+
+
+def _fault(proxy, mode, **kw):
+    assert httpx.post(f"{proxy.url}/_proxy/faults", json={"mode": mode, **kw}).status_code == 200
+
+
+def _tickets_for(key: str) -> list[dict]:
+    resp = httpx.get(f"{HelpdeskConnector().base_url}/helpdesk/api/faultdesk/tickets/by-custom-field/",
+                     params={"field": "faultdesk_key", "value": key}, headers={"Authorization": f"Token {TOKEN}"})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["results"]
+
+
+@pytest.fixture
+def committed(hd, requester, approver, device, kb):
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
+    task = drive(task.pk)
+    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    agent_run(task_id=task.pk)
+    action = Action.objects.get(task=task)
+    assert action.connector == "helpdesk"
+    assert TaskEvent.objects.get(task=task, type="intent.committed").payload["connector"] == "helpdesk"
+    return Task.objects.get(pk=task.pk)
+
+
+def test_main_job_creates_one_helpdesk_ticket_with_the_key(committed):
+    task = drive(committed.pk)
+    assert task.status == reducer.COMPLETED
+    action = Action.objects.get(task=task)
+    [ticket] = _tickets_for(action.idempotency_key)
+    assert str(ticket["id"]) == action.external_id == task.state["receipt"]["external_id"]
+    assert task.state["receipt"]["connector"] == "helpdesk"
+    assert ticket["title"] == action.params["title"]
+    assert ticket["priority"] == {"P1": 1, "P2": 2, "P3": 3, "P4": 4}[action.params["priority"]]
+    assert "PRN-0417" in ticket["description"]
+
+
+def test_response_lost_after_helpdesk_committed_is_adopted_by_reconciliation(committed, hd):
+    """Issue 4 acceptance: the same "response lost after the remote committed" test as for the
+    reference service — one ticket, adopted by reconciliation."""
+    _fault(hd, "drop_after_commit")
+    outbox.outbox_dispatch_batch()
+    action = Action.objects.get(task=committed)
+    assert action.status == ActionStatus.UNKNOWN
+    assert Task.objects.get(pk=committed.pk).status == reducer.WAITING_RECONCILIATION
+    [ticket] = _tickets_for(action.idempotency_key)  # helpdesk did create it
+    outbox.actions_reconcile()
+    action.refresh_from_db()
+    assert action.status == ActionStatus.SUCCEEDED and action.external_id == str(ticket["id"])
+    assert TaskEvent.objects.get(task=committed, type="receipt.recorded").actor == "reconciler"
+    task = drive(committed.pk)
+    assert task.status == reducer.COMPLETED
+    assert len(_tickets_for(action.idempotency_key)) == 1
+
+
+def test_resend_after_an_unanswered_request_looks_the_key_up_first(committed, hd, monkeypatch):
+    """The request is lost before helpdesk saw it. The reconciler finds nothing and re-queues;
+    the dispatcher may resend only once the unanswered request can no longer take effect (its
+    lifetime, 1 s here), and only after looking the key up again. One ticket."""
+    def lost(self, **kwargs):
+        raise errors.OutcomeUnknown("sent, no answer: ReadTimeout")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(HelpdeskConnector, "create_ticket", lost)
+        outbox.outbox_dispatch_batch()
+    action = Action.objects.get(task=committed)
+    assert action.status == ActionStatus.UNKNOWN
+    outbox.actions_reconcile()  # nothing found: re-queued with the same key
+    assert outbox.outbox_dispatch_batch() == 1
+    message = action.outbox
+    message.refresh_from_db()
+    assert message.status == "PENDING" and message.last_error["code"] == "not_yet_provable"
+    assert ActionAttempt.objects.filter(action=action).count() == 1, "no resend inside the lifetime"
+    time.sleep(1.1)
+    from apps.outbox.models import OutboxMessage
+
+    OutboxMessage.objects.filter(pk=message.pk).update(available_at=message.created_at)
+    task = drive(committed.pk)
+    assert task.status == reducer.COMPLETED
+    assert [a.outcome for a in action.attempts.order_by("number")] == [AttemptOutcome.UNKNOWN,
+                                                                         AttemptOutcome.RECEIPT]
+    assert len(_tickets_for(action.idempotency_key)) == 1
+
+
+def test_a_second_create_with_the_same_key_returns_the_first_ticket(hd):
+    connector = HelpdeskConnector()
+    params = {"title": "Fuser error on PRN-0417", "description": "Smeared pages after warm-up.", "priority": "P3",
+              "device": "PRN-0417", "tenant": "acme", "requester": "riley", "labels": [], "evidence": ["kb/x"]}
+    first = connector.create_ticket(idempotency_key="hd-dup-key", fencing_token=1, params=params)
+    second = connector.create_ticket(idempotency_key="hd-dup-key", fencing_token=2, params=params)
+    assert (first.replayed, second.replayed) == (False, True)
+    assert first.external_id == second.external_id
+    assert len(_tickets_for("hd-dup-key")) == 1
+    assert connector.get_ticket(external_id=first.external_id)["idempotency_key"] == "hd-dup-key"
+    assert connector.get_ticket(external_id="999999") is None
+
+
+def test_cancel_with_an_unanswered_request_waits_then_records_not_executed(committed, hd, requester, monkeypatch):
+    """helpdesk cannot fence a key: "not executed" is recorded only after the unanswered request's
+    lifetime, and after a lookup."""
+    def lost(self, **kwargs):
+        raise errors.OutcomeUnknown("sent, no answer: ReadTimeout")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(HelpdeskConnector, "create_ticket", lost)
+        outbox.outbox_dispatch_batch()
+    task_cancel(principal=p(requester), task_id=committed.pk, reason="fixed itself")
+    outbox.actions_reconcile()  # cancelled: settle without resending, but not provable yet
+    action = Action.objects.get(task=committed)
+    assert action.status == ActionStatus.UNKNOWN
+    time.sleep(1.1)
+    outbox.actions_reconcile()
+    action.refresh_from_db()
+    assert action.status == ActionStatus.NOT_SENT
+    assert _tickets_for(action.idempotency_key) == []
+    task = Task.objects.get(pk=committed.pk)
+    assert task.status == reducer.CANCELLED and task.budget_reserved == 0
