@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from apps.tickets.helpdesk_site import run as helpdesk_site
 from config import embedded
 from config.env import BASE_DIR, VAR_DIR
 
@@ -44,6 +45,13 @@ def refservice_port() -> int:
     return int(os.environ.get("REFSERVICE_PORT", "8765"))
 
 
+def helpdesk_port() -> int:
+    return int(os.environ.get("HELPDESK_PORT", "8766"))
+
+
+HELPDESK_VAR = VAR_DIR / "helpdesk"
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
@@ -53,6 +61,8 @@ def _env() -> dict[str, str]:
     # Status changes of reference tickets come back as signed webhooks (DESIGN.md §11).
     env.setdefault("REFSERVICE_WEBHOOK_SECRET", "faultdesk-webhook-dev-secret")
     env.setdefault("REFSERVICE_WEBHOOK_URL", f"http://127.0.0.1:{web_port()}/webhooks/reference/")
+    env.setdefault("HELPDESK_URL", f"http://127.0.0.1:{helpdesk_port()}")
+    env.setdefault("HELPDESK_API_TOKEN", "faultdeskhelpdeskdevtoken000000000000000")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -69,6 +79,8 @@ def programs() -> dict[str, str]:
         "beat": f"{celery} beat --loglevel INFO -s {RUN / 'celerybeat-schedule'} --pidfile=",
         "refservice": f"{sys.executable} -m apps.tickets.refservice --host 127.0.0.1 --port {refservice_port()} "
                       f"--db {VAR_DIR / 'refservice' / 'tickets.sqlite3'}",
+        # django-helpdesk, the second ticket system: its own project, settings and SQLite file.
+        "helpdesk": " ".join(helpdesk_site.gunicorn_command(helpdesk_port())),
     }
 
 
@@ -77,8 +89,13 @@ def write_supervisor_conf() -> None:
     keep = ("DJANGO_SETTINGS_MODULE", "REFSERVICE_URL", "REFSERVICE_API_KEY", "FAULTDESK_PUBLIC_BASE_URL",
             "REFSERVICE_WEBHOOK_SECRET", "REFSERVICE_WEBHOOK_URL",
             "PYTHONUNBUFFERED", "DATABASE_URL", "REDIS_URL", "PATH", "HOME", "DJANGO_SECRET_KEY",
-            "FAULTDESK_MODEL_PROVIDER")
+            "FAULTDESK_MODEL_PROVIDER", "HELPDESK_URL", "HELPDESK_API_TOKEN")
     env_line = ",".join(f'{k}="{env[k]}"' for k in keep if k in env)
+    # The helpdesk is another Django project: its own settings module and var directory.
+    helpdesk_env = helpdesk_site.helpdesk_env(HELPDESK_VAR)
+    helpdesk_line = ",".join(f'{k}="{helpdesk_env[k]}"' for k in
+                             ("DJANGO_SETTINGS_MODULE", "HELPDESK_VAR_DIR", "PATH", "HOME", "PYTHONUNBUFFERED")
+                             if k in helpdesk_env)
     lines = [
         "[unix_http_server]", f"file={SOCK}", "",
         "[supervisord]", f"logfile={LOGS / 'supervisord.log'}", f"pidfile={RUN / 'supervisord.pid'}",
@@ -88,7 +105,8 @@ def write_supervisor_conf() -> None:
     ]
     for name, cmd in programs().items():
         lines += [
-            f"[program:{name}]", f"command={cmd}", f"directory={BASE_DIR}", f"environment={env_line}",
+            f"[program:{name}]", f"command={cmd}", f"directory={BASE_DIR}",
+            f"environment={helpdesk_line if name == 'helpdesk' else env_line}",
             "autostart=true", "autorestart=true", "startsecs=2", "stopasgroup=true", "killasgroup=true",
             "stopwaitsecs=20", f"stdout_logfile={LOGS / (name + '.log')}", "redirect_stderr=true", "",
         ]
@@ -132,6 +150,8 @@ def up() -> None:
         embedded.ensure_redis()
     print("• migrating", flush=True)
     _manage("migrate", "--no-input", "-v", "0")
+    print("• django-helpdesk in var/helpdesk (its own database)", flush=True)
+    helpdesk_site.prepare(HELPDESK_VAR, _env()["HELPDESK_API_TOKEN"], site_domain=f"127.0.0.1:{helpdesk_port()}")
     if _supervisord_running():
         print("• processes already running; restarting them", flush=True)
         _supervisorctl("shutdown")
@@ -140,11 +160,14 @@ def up() -> None:
     subprocess.run([str(BIN / "supervisord"), "-c", str(CONF)], check=True)  # noqa: S603
     ok_web = _wait_http(f"http://127.0.0.1:{web_port()}/healthz", 60)
     ok_ref = _wait_http(f"http://127.0.0.1:{refservice_port()}/healthz", 30)
+    ok_hd = _wait_http(f"http://127.0.0.1:{helpdesk_port()}/helpdesk/login/", 30)
     print(_supervisorctl("status").stdout, flush=True)
-    if not (ok_web and ok_ref):
-        raise SystemExit(f"services did not come up (web={ok_web}, refservice={ok_ref}); see var/log/")
+    if not (ok_web and ok_ref and ok_hd):
+        raise SystemExit(f"services did not come up (web={ok_web}, refservice={ok_ref}, helpdesk={ok_hd}); "
+                         "see var/log/")
     print(f"• web on http://127.0.0.1:{web_port()}/ · reference ticket service on "
-          f"http://127.0.0.1:{refservice_port()}/ · logs in var/log/", flush=True)
+          f"http://127.0.0.1:{refservice_port()}/ · django-helpdesk on http://127.0.0.1:{helpdesk_port()}/helpdesk/ "
+          "· logs in var/log/", flush=True)
 
 
 def down() -> None:
