@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo up down status test proptest lint clean
+.PHONY: install demo up down status test proptest chaos lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: $(STAMP)
 ## make proptest — the property tests at 10,000 examples each (CI runs them at 1,000)
 proptest: $(STAMP)
 	HYPOTHESIS_PROFILE=proptest $(BIN)/python -m pytest -m property -q $(PYTEST_ARGS)
+
+## make chaos — N tasks per ticket system through the full flow with random SIGKILLs and remote faults,
+## then a check of lost tasks, duplicate effects and replay divergences (CHAOS_ARGS="--n 200 --helpdesk-n 50")
+chaos: $(STAMP)
+	$(BIN)/python -m config.chaos $(CHAOS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

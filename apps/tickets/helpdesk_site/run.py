@@ -35,7 +35,8 @@ def prepare(var_dir: Path, token: str, *, site_domain: str = "127.0.0.1") -> Non
                     "--user", "faultdesk", "--token", token], cwd=ROOT, env=env, check=True, capture_output=True)
 
 
-def gunicorn_command(port: int, *, workers: int = 2) -> list[str]:
-    """The command line that serves the helpdesk on 127.0.0.1:``port``."""
+def gunicorn_command(port: int, *, workers: int = 2, timeout: int = REQUEST_TIMEOUT_SECONDS) -> list[str]:
+    """The command line that serves the helpdesk on 127.0.0.1:``port``; gunicorn kills a request
+    after ``timeout`` seconds (keep HELPDESK_REQUEST_LIFETIME_SECONDS above it)."""
     return [str(Path(sys.executable).parent / "gunicorn"), "apps.tickets.helpdesk_site.wsgi", "-b",
-            f"127.0.0.1:{port}", "-w", str(workers), "--timeout", str(REQUEST_TIMEOUT_SECONDS)]
+            f"127.0.0.1:{port}", "-w", str(workers), "--timeout", str(timeout)]
