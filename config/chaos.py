@@ -364,7 +364,8 @@ def seed(systems: list[str]) -> None:
 def check() -> None:
     """Print one JSON line: per ticket system, the figures of the module docstring."""
     from apps.actions.audit import task_actions_audit
-    from apps.actions.models import Action
+    from apps.actions.models import Action, ActionAttempt
+    from apps.events.models import RefusedEvent, TaskEvent
     from apps.events.replay import task_replay
     from apps.tasks.models import Task
     from apps.tickets.connectors import CONNECTORS
@@ -389,11 +390,19 @@ def check() -> None:
         for task in tasks.values():
             if not task_replay(task).ok or task_actions_audit(task, remote=connector):
                 divergences += 1
+        attempts = ActionAttempt.objects.filter(action__task_id__in=ids)
         result[system] = {
             "tasks": len(ids), "completed": statuses.count("COMPLETED"),
             "waiting": sum(s.startswith("WAITING") for s in statuses), "failed": statuses.count("FAILED"),
             "cancelled": statuses.count("CANCELLED"), "lost": lost, "duplicate_effects": duplicates,
             "replay_divergences": divergences, "remote_tickets": len(remote),
+            # What the chaos did to the work: sends without an answer, refused or retried sends,
+            # receipts found by the reconciler, and events refused to a stale worker.
+            "unknown_outcomes": attempts.filter(outcome="UNKNOWN").count(),
+            "retried_sends": attempts.filter(outcome="RETRYABLE").count(),
+            "reconciled_receipts": TaskEvent.objects.filter(task_id__in=ids, type="receipt.recorded",
+                                                            actor="reconciler").count(),
+            "refused_events": RefusedEvent.objects.filter(task_id__in=ids).count(),
         }
     print(json.dumps(result))
 
