@@ -19,6 +19,7 @@ from config import embedded
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 BROKER_DB = 9
+HELPDESK_TOKEN = "e2ehelpdesktoken".ljust(40, "0")
 
 
 def free_port() -> int:
@@ -62,6 +63,7 @@ class Stack:
     def __init__(self, log_dir: Path, **env_extra: str):
         self.log_dir = log_dir
         self.web_port, self.ref_port = free_port(), free_port()
+        self.hd_port, self.proxy_port = free_port(), free_port()
         self.broker = broker_url()
         flush_broker(self.broker)
         self.env = {
@@ -73,6 +75,11 @@ class Stack:
             "REFSERVICE_URL": f"http://127.0.0.1:{self.ref_port}",
             "REFSERVICE_API_KEY": "e2e-key",
             "FAULTDESK_PUBLIC_BASE_URL": f"http://127.0.0.1:{self.web_port}",
+            # django-helpdesk (started by start_helpdesk), reached through the fault proxy; its
+            # gunicorn kills a request after 10 s, so 15 s is a safe request lifetime.
+            "HELPDESK_URL": f"http://127.0.0.1:{self.proxy_port}",
+            "HELPDESK_API_TOKEN": HELPDESK_TOKEN,
+            "HELPDESK_REQUEST_LIFETIME_SECONDS": "15",
             "REFSERVICE_WEBHOOK_SECRET": "e2e-webhook-secret",
             "REFSERVICE_WEBHOOK_URL": f"http://127.0.0.1:{self.web_port}/webhooks/reference/",
             "PYTHONUNBUFFERED": "1",
@@ -102,6 +109,23 @@ class Stack:
                                   "--port", str(self.ref_port), "--db", str(self.log_dir / "tickets.sqlite3"),
                                   "--api-key", "e2e-key"])
         self.wait_http(f"{self.ref}/healthz", 30)
+
+    @property
+    def proxy(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
+
+    def start_helpdesk(self) -> None:
+        """A real django-helpdesk (own settings, own SQLite) and the fault proxy in front of it."""
+        from apps.tickets.helpdesk_site import run as helpdesk
+
+        var = self.log_dir / "helpdesk"
+        helpdesk.prepare(var, HELPDESK_TOKEN)
+        self.start("helpdesk", helpdesk.gunicorn_command(self.hd_port, timeout=10),
+                   DJANGO_SETTINGS_MODULE=helpdesk.SETTINGS, HELPDESK_VAR_DIR=str(var))
+        self.start("faultproxy", [sys.executable, "-m", "apps.tickets.faultproxy", "--port", str(self.proxy_port),
+                                  "--upstream", f"http://127.0.0.1:{self.hd_port}",
+                                  "--fault-prefix", "/helpdesk/api/tickets/"])
+        self.wait_http(f"{self.proxy}/helpdesk/login/", 60)
 
     def start_web(self) -> None:
         self.start("web", [str(BIN / "gunicorn"), "config.wsgi", "-b", f"127.0.0.1:{self.web_port}", "-w", "2",

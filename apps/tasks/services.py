@@ -150,7 +150,12 @@ def task_append_event(
     for field, value in columns.items():
         setattr(task, field, value)
     task.version = expected + 1
-    failpoint(f"after_commit:{event_type}")
+    # "After commit" means after the outermost commit: inside a caller's transaction (a receipt
+    # recorded with its action and outbox rows) the failpoint waits for that commit.
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: failpoint(f"after_commit:{event_type}"))
+    else:
+        failpoint(f"after_commit:{event_type}")
     return task
 
 
