@@ -104,6 +104,10 @@ class RefAdmin:
     def effects(self, key: str) -> int:
         return self.client.get("/_admin/effects", params={"idempotency_key": key}).json()["effects"]
 
+    def requests(self, key: str) -> int:
+        """``POST /tickets`` requests the service received with ``key`` (answered or not)."""
+        return self.client.get("/_admin/effects", params={"idempotency_key": key}).json()["requests"]
+
     def tickets(self) -> list[dict]:
         body = self.client.get("/_admin/tickets").json()
         return body["results"]

@@ -31,7 +31,14 @@ from apps.tasks import reducer
 from apps.tasks.answer import answer_compose
 from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task
-from apps.tasks.services import Lease, StaleWrite, task_append_event, task_claim, task_release
+from apps.tasks.services import (
+    Lease,
+    StaleWrite,
+    refused_event_record,
+    task_append_event,
+    task_claim,
+    task_release,
+)
 
 log = logging.getLogger(__name__)
 
@@ -333,6 +340,18 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
     key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
                           digest=proposal["digest"], intent_seq=task.version + 1)
     connector = task.tenant.ticket_system  # the ticket system this action goes to, fixed now
+    reused = Action.objects.filter(tenant_id=task.tenant_id, idempotency_key=key).first()
+    if reused is not None:
+        # One key, one logical action: a key already bound to other parameters (or to another
+        # action) is refused before any action or outbox row is written.
+        reason = (f"idempotency key {key} is already bound to action {reused.pk} "
+                  f"({'other parameters' if reused.params_digest != proposal['digest'] else 'the same parameters'})")
+        refused_event_record(task=task, event_type="intent.committed", payload={"idempotency_key": key,
+                             "digest": proposal["digest"]}, reason=reason, actor=_actor(lease),
+                             lease_generation=lease.generation)
+        task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=lease.generation,
+                          payload={"reason": "idempotency key reused: the intent was refused"})
+        return
 
     def write_action(t: Task, event) -> None:
         action = Action.objects.create(

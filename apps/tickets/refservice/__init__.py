@@ -92,8 +92,9 @@ Webhooks
     ``X-Refservice-Event-Id``), retrying with backoff; see :mod:`.webhooks`.
 
 Admin / fault injection (same authentication; for tests)
-    * ``GET /_admin/effects?idempotency_key=K`` -> ``{"idempotency_key": K, "effects": N}``,
-      the number of real ticket creations for K (0 or 1).
+    * ``GET /_admin/effects?idempotency_key=K`` -> ``{"idempotency_key": K, "effects": N,
+      "requests": M}``: the number of real ticket creations for K (0 or 1), and of
+      ``POST /tickets`` requests with K since the process started.
     * ``GET /_admin/tickets`` -> ``{"results": [every ticket, oldest first]}``.
     * ``GET /_admin/webhooks`` -> ``{"results": [every webhook event with its
       delivery state: attempts, delivered_at, last_status]}``.

@@ -84,6 +84,7 @@ def create_ticket(server, request):
     returns None so the connection is closed unanswered.
     """
     key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
+    server.count_request(key)
     fencing_token = parse_fencing_token(request.headers.get("X-Fencing-Token"))
     payload = parse_json_object(request.body)
     fields = validate_create(payload)
@@ -185,11 +186,14 @@ def patch_ticket(server, request):
 
 
 def admin_effects(server, request):
-    """``GET /_admin/effects?idempotency_key=K`` -> ``{"idempotency_key": K, "effects": N}``."""
+    """``GET /_admin/effects?idempotency_key=K`` -> ``{"idempotency_key": K, "effects": N,
+    "requests": M}``: tickets really created for K (0 or 1), and ``POST /tickets`` requests with K
+    received since the process started (whatever their answer)."""
     key = request.query.get("idempotency_key")
     if not key:
         raise invalid("query parameter idempotency_key is required")
-    return Response(200, {"idempotency_key": key, "effects": server.store.effects(key)})
+    return Response(200, {"idempotency_key": key, "effects": server.store.effects(key),
+                          "requests": server.requests_for(key)})
 
 
 def admin_tickets(server, request):
@@ -384,6 +388,7 @@ class RefServiceServer(ThreadingHTTPServer):
             self.webhooks = WebhookSender(store, webhook_url, webhook_secret)
         self.faults = FaultInjector()
         self._inflight = set()
+        self._requests = {}
         self._inflight_lock = threading.Lock()
         self.api_key = api_key or None
         self.thread = None
@@ -394,6 +399,16 @@ class RefServiceServer(ThreadingHTTPServer):
         """Bind without the reverse-DNS lookup ``HTTPServer.server_bind`` does."""
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
+
+    def count_request(self, key):
+        """Count one ``POST /tickets`` with idempotency ``key`` (for tests: requests, not effects)."""
+        with self._inflight_lock:
+            self._requests[key] = self._requests.get(key, 0) + 1
+
+    def requests_for(self, key):
+        """How many ``POST /tickets`` with ``key`` arrived since the process started."""
+        with self._inflight_lock:
+            return self._requests.get(key, 0)
 
     def key_begin(self, key):
         """Mark a create with idempotency ``key`` as in progress; False if one already is."""
