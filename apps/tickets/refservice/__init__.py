@@ -58,13 +58,26 @@ Ticket shape
     Headers: ``Idempotency-Key`` and ``X-Fencing-Token`` (both required). Raises
     the key's highest token to the one given, even when no ticket exists for the
     key yet, in the same transaction as it looks the key up. Answers 200
-    ``{"idempotency_key", "highest_fencing_token", "ticket": ticket | null}``.
+    ``{"idempotency_key", "highest_fencing_token", "ticket": ticket | null,
+    "comment": comment response | null}`` (``comment`` for a comment's key).
     After it, every ``POST /tickets`` for the key with a lower token gets 409,
     so ``"ticket": null`` means no request with a lower token can ever create
     one. A token below the stored maximum gets 409 ``stale_fencing_token`` and
     changes nothing; an equal token is accepted. Once a key is fenced, a
     ``POST /tickets`` for it without ``X-Fencing-Token`` gets 409
     ``fencing_token_required``.
+
+``POST /tickets/<id>/comments`` -- a comment, exactly once per idempotency key
+    Headers: ``Idempotency-Key`` (required; each comment has its own key),
+    ``If-Match: "<version>"`` (optional: conditional on the ticket's version,
+    else 412 ``version_mismatch``), ``X-Fencing-Token`` (as for creates).
+    Body ``{"body": str}``. 201 ``{"comment": {"id", "body", "created_at",
+    "idempotency_key"}, "ticket_id", "ticket_version"}``; the ticket's version
+    goes up by one. The same key again replays the stored response
+    (``Idempotent-Replayed: true``); with another body or ticket, 422
+    ``idempotency_key_reused``. Unknown ticket: 404.
+    ``GET /tickets/<id>/comments?idempotency_key=K`` -> ``{"results": [that
+    response]}`` (0 or 1 entries).
 
 ``GET /tickets/<id>``
     200 ticket with ``ETag: "<version>"``; 404 ``{"error":"not_found"}``.

@@ -27,6 +27,7 @@ from .validation import (
     parse_idempotency_key,
     parse_if_match,
     parse_json_object,
+    validate_comment,
     validate_create,
     validate_faults,
     validate_patch,
@@ -145,7 +146,52 @@ def fence_key(server, request):
     except storage.StaleFencingToken as exc:
         raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
     return Response(200, {"idempotency_key": key, "highest_fencing_token": result.highest_fencing_token,
-                          "ticket": result.ticket})
+                          "ticket": result.ticket, "comment": result.comment})
+
+
+def add_comment(server, request):
+    """``POST /tickets/<id>/comments``: a comment, exactly once per ``Idempotency-Key``.
+
+    Body ``{"body": str}`` (1..20000 characters). ``If-Match`` (optional) makes it conditional
+    on the ticket's version (412 ``version_mismatch``); ``X-Fencing-Token`` as for creates.
+    201 ``{"comment", "ticket_id", "ticket_version"}`` (with ``Idempotent-Replayed: true`` for a
+    replay), 404, 409, 412 or 422 (the key was used with another body or ticket)."""
+    key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
+    server.count_request(key)
+    fencing_token = parse_fencing_token(request.headers.get("X-Fencing-Token"))
+    if_match = request.headers.get("If-Match")
+    expected_version = parse_if_match(if_match) if if_match is not None else None
+    payload = parse_json_object(request.body)
+    body = validate_comment(payload)
+    try:
+        result = server.store.add_comment(request.params["ticket_id"], key, body_digest(payload), body,
+                                          expected_version, fencing_token)
+    except storage.NotFound:
+        raise ApiError(404, "not_found") from None
+    except storage.VersionMismatch as exc:
+        raise ApiError(412, "version_mismatch", headers={"ETag": f'"{exc.current_version}"'},
+                       current_version=exc.current_version) from None
+    except storage.StaleFencingToken as exc:
+        raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
+    except storage.FencingTokenRequired:
+        raise ApiError(409, "fencing_token_required",
+                       detail="this Idempotency-Key was fenced: send X-Fencing-Token") from None
+    except storage.IdempotencyKeyReused:
+        raise ApiError(422, "idempotency_key_reused",
+                       detail="this Idempotency-Key was already used with a different body or ticket") from None
+    headers = {"ETag": f'"{result.body["ticket_version"]}"'}
+    if result.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return Response(201, result.body, headers)
+
+
+def lookup_comments(server, request):
+    """``GET /tickets/<id>/comments?idempotency_key=K`` -> 200 ``{"results": [comment response]}``."""
+    key = request.query.get("idempotency_key")
+    if not key:
+        raise invalid("query parameter idempotency_key is required")
+    found = server.store.find_comment_by_key(request.params["ticket_id"], key)
+    return Response(200, {"results": [found] if found else []})
 
 
 def lookup_tickets(server, request):
@@ -236,6 +282,7 @@ ROUTES = (
     Route(re.compile(r"/healthz"), {"GET": healthz}, public=True),
     Route(re.compile(r"/tickets"), {"GET": lookup_tickets, "POST": create_ticket}),
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)"), {"GET": get_ticket, "PATCH": patch_ticket}),
+    Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/comments"), {"GET": lookup_comments, "POST": add_comment}),
     Route(re.compile(r"/fences"), {"POST": fence_key}),
     Route(re.compile(r"/_admin/effects"), {"GET": admin_effects}),
     Route(re.compile(r"/_admin/tickets"), {"GET": admin_tickets}),

@@ -105,6 +105,7 @@ class FenceResult:
 
     highest_fencing_token: int
     ticket: dict | None
+    comment: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,72 @@ class TicketStore:
                 self._raise_token(conn, key, fencing_token)
             conn.execute("UPDATE fences SET fenced_at = ? WHERE key = ?", (utc_now(), key))
             row = conn.execute("SELECT doc FROM tickets WHERE idempotency_key = ?", (key,)).fetchone()
-        return FenceResult(max(fencing_token, highest or 0), json.loads(row[0]) if row else None)
+            comment = None
+            if row is None:  # a comment's key: its stored response
+                found = conn.execute("SELECT response_body FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
+                comment = json.loads(found[0]) if found else None
+        return FenceResult(max(fencing_token, highest or 0), json.loads(row[0]) if row else None, comment)
+
+    def add_comment(self, ticket_id, key, digest, body, expected_version=None, fencing_token=None):
+        """Append a comment to a ticket once per idempotency ``key``; replay it afterwards.
+
+        ``body`` is the validated comment text, ``digest`` the request body digest,
+        ``expected_version`` the ``If-Match`` version or None (unconditional),
+        ``fencing_token`` an int or None. A new comment bumps the ticket's version. Returns a
+        :class:`CreateResult` whose body is ``{"comment": {"id", "body", "created_at",
+        "idempotency_key"}, "ticket_id", "ticket_version"}``.
+
+        Raises :class:`StaleFencingToken`, :class:`FencingTokenRequired`,
+        :class:`IdempotencyKeyReused` (the key was used with another body or ticket),
+        :class:`NotFound` and :class:`VersionMismatch`; none changes anything.
+        """
+        with self._write() as conn:
+            highest = self._highest_token(conn, key)
+            if fencing_token is not None and highest is not None and fencing_token < highest:
+                raise StaleFencingToken(highest)
+            if fencing_token is None and self._is_fenced(conn, key):
+                raise FencingTokenRequired()
+            row = conn.execute("SELECT body_digest, ticket_id, response_body FROM idempotency_keys WHERE key = ?",
+                               (key,)).fetchone()
+            if row is not None:
+                stored_digest, stored_ticket, response = row
+                if stored_digest != digest or stored_ticket != ticket_id:
+                    raise IdempotencyKeyReused()
+                if fencing_token is not None and (highest is None or fencing_token > highest):
+                    self._raise_token(conn, key, fencing_token)
+                return CreateResult(201, json.loads(response), replayed=True)
+            found = conn.execute("SELECT version, doc FROM tickets WHERE id = ?", (ticket_id,)).fetchone()
+            if found is None:
+                raise NotFound(ticket_id)
+            version, doc = found
+            if expected_version is not None and version != expected_version:
+                raise VersionMismatch(version)
+            ticket = json.loads(doc)
+            now = utc_now()
+            comment = {"id": f"{ticket_id}-C{len(ticket['comments']) + 1}", "body": body, "created_at": now,
+                       "idempotency_key": key}
+            ticket["comments"].append(comment)
+            ticket["version"] = version + 1
+            ticket["updated_at"] = now
+            conn.execute("UPDATE tickets SET version = ?, doc = ? WHERE id = ?",
+                         (ticket["version"], json.dumps(ticket, ensure_ascii=False), ticket_id))
+            response = {"comment": comment, "ticket_id": ticket_id, "ticket_version": ticket["version"]}
+            conn.execute(
+                "INSERT INTO idempotency_keys (key, body_digest, ticket_id, response_status, response_body,"
+                " highest_fencing_token, effects, created_at) VALUES (?, ?, ?, 201, ?, ?, 1, ?)",
+                (key, digest, ticket_id, json.dumps(response, ensure_ascii=False), fencing_token, now),
+            )
+            if fencing_token is not None and (highest is None or fencing_token > highest):
+                self._raise_token(conn, key, fencing_token)
+            return CreateResult(201, response, replayed=False)
+
+    def find_comment_by_key(self, ticket_id, key):
+        """Return the stored comment response for idempotency ``key`` on ``ticket_id``, or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT response_body FROM idempotency_keys WHERE key = ? AND ticket_id = ?"
+                               " AND NOT EXISTS (SELECT 1 FROM tickets WHERE idempotency_key = ?)",
+                               (key, ticket_id, key)).fetchone()
+        return json.loads(row[0]) if row else None
 
     def update_ticket(self, ticket_id, expected_version, changes):
         """Apply validated ``changes`` to a ticket if it is at ``expected_version``.

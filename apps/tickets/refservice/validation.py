@@ -163,6 +163,13 @@ def validate_patch(payload):
     return changes
 
 
+def validate_comment(payload):
+    """Validate a ``POST /tickets/<id>/comments`` body ``{"body": str}``; return the text.
+    Raises 400 ``invalid_params`` for unknown fields or a blank or too long body."""
+    _unknown_fields(payload, {"body"})
+    return _string(payload, "body", 20_000, required=True)
+
+
 def parse_idempotency_key(value):
     """Return the ``Idempotency-Key`` header value.
 

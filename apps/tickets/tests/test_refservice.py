@@ -242,7 +242,7 @@ def fence(server, key, token):
 def test_fence_without_a_ticket_refuses_lower_tokens_later(server):
     # Nothing was created for the key: the fence answers "no ticket" and raises the maximum.
     assert fence(server, "never-sent", 4) == (200, {"idempotency_key": "never-sent", "highest_fencing_token": 4,
-                                                    "ticket": None})
+                                                    "ticket": None, "comment": None})
     # The stalled request with an older token arrives afterwards: refused, nothing created.
     status, _, body = create(server, "never-sent", X_Fencing_Token="3")
     assert (status, body) == (409, {"error": "stale_fencing_token", "highest": 4})
@@ -539,3 +539,38 @@ def test_schema_2_files_get_the_fenced_at_column(db_path):
     assert store.fence("k", 4).highest_fencing_token == 4
     with pytest.raises(FencingTokenRequired):
         store.create_ticket("k", "digest", {"title": "t"}, None)
+
+
+def comment(server, ticket_id, key, body="Rebooted; still failing.", **headers):
+    extra = {name.replace("_", "-"): value for name, value in headers.items()}
+    return call(server, "POST", f"/tickets/{ticket_id}/comments", {"body": body}, {"Idempotency-Key": key, **extra})
+
+
+def test_comments_have_their_own_keys_and_replay(server):
+    _, _, ticket = create(server, "for-comments")
+    status, headers, first = comment(server, ticket["id"], "c-1", If_Match='"1"', X_Fencing_Token="1")
+    assert status == 201 and first["ticket_version"] == 2 and headers["ETag"] == '"2"'
+    assert first["comment"]["id"] == f"{ticket['id']}-C1" and first["comment"]["idempotency_key"] == "c-1"
+    # The same key again: the stored response, no second comment.
+    status, headers, again = comment(server, ticket["id"], "c-1", If_Match='"1"', X_Fencing_Token="1")
+    assert (status, again, headers["Idempotent-Replayed"]) == (201, first, "true")
+    # Another body or another ticket with the key: 422.
+    assert comment(server, ticket["id"], "c-1", body="other text")[0] == 422
+    _, _, other = create(server, "other-ticket")
+    assert comment(server, other["id"], "c-1")[0] == 422
+    # A stale If-Match: 412 with the current version; nothing appended.
+    status, headers, body = comment(server, ticket["id"], "c-2", If_Match='"1"')
+    assert (status, body["error"], body["current_version"]) == (412, "version_mismatch", 2)
+    assert comment(server, "REF-999999", "c-3")[0] == 404
+    assert comment(server, ticket["id"], "c-4", body="  ")[0] == 400
+    _, _, fetched = call(server, "GET", f"/tickets/{ticket['id']}")
+    assert [c["idempotency_key"] for c in fetched["comments"]] == ["c-1"] and fetched["version"] == 2
+    assert effects(server, "c-1") == 1
+    # Lookup by key (reconciliation), and the fence answers with the comment.
+    _, _, found = call(server, "GET", f"/tickets/{ticket['id']}/comments?idempotency_key=c-1")
+    assert found["results"] == [first]
+    _, _, none = call(server, "GET", f"/tickets/{ticket['id']}/comments?idempotency_key=for-comments")
+    assert none["results"] == []
+    status, body = fence(server, "c-1", 2)
+    assert status == 200 and body["ticket"] is None and body["comment"] == first
+    assert comment(server, ticket["id"], "c-1", X_Fencing_Token="1")[0] == 409
