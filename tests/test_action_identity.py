@@ -72,3 +72,12 @@ def test_a_dispatch_queued_twice_sends_one_request(requester, device, kb, refser
     assert ActionAttempt.objects.filter(action=action).count() == 1
     assert refadmin.requests(action.idempotency_key) == 1 and refadmin.effects(action.idempotency_key) == 1
     assert drive(task.pk).status == reducer.COMPLETED
+
+
+def test_key_retention_must_cover_deadline_reconciliation_and_restore(settings):
+    from django.core.checks import run_checks
+
+    assert not [e for e in run_checks() if e.id == "faultdesk.E001"]
+    settings.FAULTDESK = {**settings.FAULTDESK, "IDEMPOTENCY_KEY_RETENTION_DAYS": 20, "RESTORE_WINDOW_DAYS": 30}
+    [error] = [e for e in run_checks() if e.id == "faultdesk.E001"]
+    assert "shorter than the 33.0 days" in error.msg

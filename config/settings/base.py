@@ -181,8 +181,11 @@ FAULTDESK = {
     "RETRY_BACKOFF_BASE_SECONDS": env.float("FAULTDESK_RETRY_BACKOFF_BASE_SECONDS", default=1.0),
     # Failed lookups by key before an unknown action is shown as needing a person (DESIGN.md §6).
     "RECONCILE_ESCALATE_AFTER": env.int("FAULTDESK_RECONCILE_ESCALATE_AFTER", default=5),
-    # Key retention covers retries + reconciliation + a database-restore window (DESIGN.md §6).
+    # Key retention covers retries + reconciliation + a database-restore window (DESIGN.md §6);
+    # `manage.py check` fails (faultdesk.E001) when it is shorter than deadline + both windows.
     "IDEMPOTENCY_KEY_RETENTION_DAYS": env.int("FAULTDESK_IDEMPOTENCY_KEY_RETENTION_DAYS", default=35),
+    "RECONCILE_WINDOW_DAYS": env.int("FAULTDESK_RECONCILE_WINDOW_DAYS", default=3),
+    "RESTORE_WINDOW_DAYS": env.int("FAULTDESK_RESTORE_WINDOW_DAYS", default=30),
     "PUBLIC_BASE_URL": env("FAULTDESK_PUBLIC_BASE_URL", default="http://127.0.0.1:8000"),
 }
 
