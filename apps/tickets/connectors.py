@@ -161,6 +161,46 @@ class ReferenceTicketConnector:
         return Receipt(external_id=body["id"], version=int(body["version"]), status=body.get("status", "open"),
                        body=body, replayed=True)
 
+    def add_comment(self, *, ticket_id: str, idempotency_key: str, fencing_token: int, body: str,
+                    if_match: int | None, timeout: float | None = None) -> Receipt:
+        """POST /tickets/{id}/comments with the comment's own key, conditional on ``if_match``
+        (the ticket version the comment was approved against). Returns a :class:`Receipt` whose
+        ``external_id`` is the comment id and ``version`` the ticket's new version. Raises
+        ``PreconditionFailed`` (412: the ticket changed — re-read and re-plan) and the table's
+        other classes."""
+        headers = {"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)}
+        if if_match is not None:
+            headers["If-Match"] = f'"{if_match}"'
+        try:
+            with self._client(timeout) as client:
+                resp = client.post(f"/tickets/{quote(ticket_id, safe='')}/comments", json={"body": body},
+                                   headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise errors.DefinitelyNotExecuted(f"not delivered: {exc!r}") from exc
+        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise errors.OutcomeUnknown(f"sent, no answer: {exc!r}") from exc
+        if resp.status_code == 201:
+            data = resp.json()
+            return Receipt(external_id=data["comment"]["id"], version=int(data["ticket_version"]), status="commented",
+                           body=data, replayed=resp.headers.get("Idempotent-Replayed") == "true", connector=self.name)
+        raise _error_for_status(resp)
+
+    def update_ticket(self, *, ticket_id: str, if_match: int, changes: dict, timeout: float | None = None) -> dict:
+        """PATCH /tickets/{id} with ``If-Match: "<if_match>"``: the ticket at its new version.
+        Raises ``PreconditionFailed`` (412, with ``current_version`` in its body) when the ticket
+        moved on, and the table's other classes."""
+        try:
+            with self._client(timeout) as client:
+                resp = client.patch(f"/tickets/{quote(ticket_id, safe='')}", json=changes,
+                                    headers={"If-Match": f'"{if_match}"'})
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise errors.DefinitelyNotExecuted(f"not delivered: {exc!r}") from exc
+        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise errors.OutcomeUnknown(f"sent, no answer: {exc!r}") from exc
+        if resp.status_code == 200:
+            return resp.json()
+        raise _error_for_status(resp)
+
     def get_ticket(self, *, external_id: str) -> dict | None:
         """GET /tickets/{id} → the ticket JSON (with ``version``) or None when absent. Raises
         ``DefinitelyNotExecuted``/``OutcomeUnknown`` when the call fails, and the table's class for

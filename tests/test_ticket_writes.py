@@ -1,0 +1,78 @@
+"""Writes on an existing ticket through the connector (DESIGN.md §11; issue 4 item 5): comments
+carry their own idempotency keys and, like updates, are conditional on the ticket's version —
+a 412 is a ``PreconditionFailed`` with the current version, never an overwrite. And the outbox
+keeps per-ticket order: nothing for a ticket is claimed before its create was delivered, while
+unrelated tickets proceed."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from apps.actions import errors
+from apps.actions.models import Action
+from apps.approvals.models import ApprovalPolicy
+from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.outbox.services import outbox_claim_batch
+from apps.tasks.controller import agent_run, context_read
+from apps.tasks.services import task_submit
+from apps.tickets.connectors import ReferenceTicketConnector
+from tests.conftest import p
+from tests.factories import DeviceFactory
+
+PARAMS = {"title": "Fuser error on PRN-0417", "description": "Smeared pages after warm-up.", "priority": "P2",
+          "device": "PRN-0417", "tenant": "acme", "requester": "riley", "labels": [], "evidence": ["kb/fuser"]}
+
+
+def test_comment_with_its_own_key_is_conditional_and_replays(refservice, refadmin):
+    connector = ReferenceTicketConnector()
+    ticket = connector.create_ticket(idempotency_key="t-1", fencing_token=1, params=PARAMS)
+    first = connector.add_comment(ticket_id=ticket.external_id, idempotency_key="t-1:c1", fencing_token=1,
+                                  body="Replaced the fuser; monitoring.", if_match=1)
+    assert (first.version, first.replayed, first.external_id) == (2, False, f"{ticket.external_id}-C1")
+    again = connector.add_comment(ticket_id=ticket.external_id, idempotency_key="t-1:c1", fencing_token=1,
+                                  body="Replaced the fuser; monitoring.", if_match=1)
+    assert (again.external_id, again.version, again.replayed) == (first.external_id, 2, True)
+    with pytest.raises(errors.PreconditionFailed) as stale:
+        connector.add_comment(ticket_id=ticket.external_id, idempotency_key="t-1:c2", fencing_token=1,
+                              body="A second note.", if_match=1)
+    assert stale.value.status == 412 and stale.value.body["current_version"] == 2
+    assert refadmin.effects("t-1:c1") == 1 and refadmin.effects("t-1:c2") == 0
+
+
+def test_update_is_conditional_on_the_version(refservice):
+    connector = ReferenceTicketConnector()
+    ticket = connector.create_ticket(idempotency_key="t-2", fencing_token=1, params=PARAMS)
+    updated = connector.update_ticket(ticket_id=ticket.external_id, if_match=1, changes={"status": "in_progress"})
+    assert (updated["version"], updated["status"]) == (2, "in_progress")
+    with pytest.raises(errors.PreconditionFailed) as stale:
+        connector.update_ticket(ticket_id=ticket.external_id, if_match=1, changes={"status": "closed"})
+    assert stale.value.body["current_version"] == 2
+    assert connector.get_ticket(external_id=ticket.external_id)["status"] == "in_progress"
+    with pytest.raises(errors.InvalidParams):
+        connector.update_ticket(ticket_id=ticket.external_id, if_match=2, changes={"status": "bogus"})
+
+
+@pytest.mark.allow_divergence  # the follow-up action is planted without its event, on purpose
+def test_outbox_keeps_per_ticket_order_while_unrelated_tickets_proceed(tenant, requester, device, kb):
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules={
+        "ticket.create": {"requires_approval": False, "ttl_minutes": 60}})
+    rows = []
+    for d in (device, DeviceFactory(tenant=tenant, asset_tag="PRN-0102")):
+        task = task_submit(principal=p(requester), device_id=d.pk, symptom="Fuser error after warm-up.").task
+        for _ in range(4):
+            agent_run(task_id=task.pk)
+            context_read(task_id=task.pk)
+        rows.append(OutboxMessage.objects.get(action__task=task))
+    create, unrelated = rows
+    # A later write on the first ticket shares its ordering key (the ticket's create key).
+    first = create.action
+    follow = Action.objects.create(tenant=tenant, task=first.task, tool=first.tool, tool_version=first.tool_version,
+                                   params=first.params, params_digest="f" * 64, idempotency_key=first.idempotency_key
+                                   + ":comment-1", object_version=first.object_version)
+    later = OutboxMessage.objects.create(tenant=tenant, action=follow, ordering_key=create.ordering_key,
+                                         available_at=timezone.now())
+    claimed = {r.pk for r in outbox_claim_batch(owner="d1", limit=10)}
+    assert claimed == {create.pk, unrelated.pk}, "the follow-up waits for its ticket's create"
+    OutboxMessage.objects.filter(pk=create.pk).update(status=OutboxStatus.DELIVERED)
+    assert [r.pk for r in outbox_claim_batch(owner="d2", limit=10)] == [later.pk]
