@@ -70,9 +70,35 @@ def _error_for_status(resp: httpx.Response) -> errors.ToolError:
     return errors.OutcomeUnknown(detail, status=code, body=body)
 
 
-class ReferenceTicketConnector:
+class _HttpConnector:
+    """Shared transport for the connectors: one call, every transport failure mapped to exactly
+    one error class (the module table). Subclasses provide ``_client(timeout)``."""
+
+    def _client(self, timeout: float | None = None) -> httpx.Client:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _send(self, method: str, path: str, *, what: str, timeout: float | None = None, **kwargs) -> httpx.Response:
+        """Send one request. Raises ``DefinitelyNotExecuted`` when it never reached the remote and
+        ``OutcomeUnknown`` when it was sent and no answer came back."""
+        try:
+            with self._client(timeout) as client:
+                return client.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise errors.DefinitelyNotExecuted(f"{what} not delivered: {exc!r}") from exc
+        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise errors.OutcomeUnknown(f"{what}: sent, no answer: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise errors.OutcomeUnknown(f"{what} failed: {exc!r}") from exc
+
+
+def _ticket_receipt(body: dict, *, replayed: bool) -> Receipt:
+    return Receipt(external_id=body["id"], version=int(body["version"]), status=body.get("status", "open"),
+                   body=body, replayed=replayed)
+
+
+class ReferenceTicketConnector(_HttpConnector):
     """The reference ticket service over HTTP: create with ``Idempotency-Key`` and
-    ``X-Fencing-Token``, look up by key, fence a key, get by id."""
+    ``X-Fencing-Token``, look up by key, fence a key, comment and update conditionally, get by id."""
 
     name = "reference"
     #: The remote deduplicates by ``Idempotency-Key``: a resend returns the stored response.
@@ -95,46 +121,20 @@ class ReferenceTicketConnector:
                       timeout: float | None = None) -> Receipt:
         """POST /tickets. Returns a :class:`Receipt`; raises a :class:`~apps.actions.errors.ToolError`
         subclass per the module table. ``timeout`` (seconds) is bounded by the caller's deadline."""
-        try:
-            with self._client(timeout) as client:
-                resp = client.post(
-                    "/tickets",
-                    json=params,
-                    headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)},
-                )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise errors.DefinitelyNotExecuted(f"not delivered: {exc!r}") from exc
-        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise errors.OutcomeUnknown(f"sent, no answer: {exc!r}") from exc
+        resp = self._send("POST", "/tickets", what="create", timeout=timeout, json=params,
+                          headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)})
         if resp.status_code in (200, 201):
-            body = resp.json()
-            return Receipt(
-                external_id=body["id"],
-                version=int(body["version"]),
-                status=body.get("status", "open"),
-                body=body,
-                replayed=resp.headers.get("Idempotent-Replayed") == "true",
-            )
+            return _ticket_receipt(resp.json(), replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
 
     def lookup_by_key(self, *, idempotency_key: str) -> Receipt | None:
         """GET /tickets?idempotency_key=… → the ticket created with that key, or None.
         Raises ``OutcomeUnknown``/``DefinitelyNotExecuted`` when the lookup itself fails."""
-        try:
-            with self._client() as client:
-                resp = client.get("/tickets", params={"idempotency_key": idempotency_key})
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise errors.DefinitelyNotExecuted(f"lookup not delivered: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise errors.OutcomeUnknown(f"lookup failed: {exc!r}") from exc
+        resp = self._send("GET", "/tickets", what="lookup", params={"idempotency_key": idempotency_key})
         if resp.status_code != 200:
             raise _error_for_status(resp)
         results = resp.json().get("results", [])
-        if not results:
-            return None
-        body = results[0]
-        return Receipt(external_id=body["id"], version=int(body["version"]), status=body.get("status", "open"),
-                       body=body, replayed=True)
+        return _ticket_receipt(results[0], replayed=True) if results else None
 
     def fence(self, *, idempotency_key: str, fencing_token: int) -> Receipt | None:
         """POST /fences: raise the key's fencing token at the remote to ``fencing_token`` and
@@ -144,22 +144,12 @@ class ReferenceTicketConnector:
 
         Raises ``PreconditionFailed`` (409) when a higher token already reached the remote (the
         caller is stale), ``DefinitelyNotExecuted``/``OutcomeUnknown`` when the call fails."""
-        try:
-            with self._client() as client:
-                resp = client.post(
-                    "/fences", headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)}
-                )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise errors.DefinitelyNotExecuted(f"fence not delivered: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise errors.OutcomeUnknown(f"fence failed: {exc!r}") from exc
+        resp = self._send("POST", "/fences", what="fence",
+                          headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)})
         if resp.status_code != 200:
             raise _error_for_status(resp)
         body = resp.json().get("ticket")
-        if body is None:
-            return None
-        return Receipt(external_id=body["id"], version=int(body["version"]), status=body.get("status", "open"),
-                       body=body, replayed=True)
+        return None if body is None else _ticket_receipt(body, replayed=True)
 
     def add_comment(self, *, ticket_id: str, idempotency_key: str, fencing_token: int, body: str,
                     if_match: int | None, timeout: float | None = None) -> Receipt:
@@ -171,14 +161,8 @@ class ReferenceTicketConnector:
         headers = {"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)}
         if if_match is not None:
             headers["If-Match"] = f'"{if_match}"'
-        try:
-            with self._client(timeout) as client:
-                resp = client.post(f"/tickets/{quote(ticket_id, safe='')}/comments", json={"body": body},
-                                   headers=headers)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise errors.DefinitelyNotExecuted(f"not delivered: {exc!r}") from exc
-        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise errors.OutcomeUnknown(f"sent, no answer: {exc!r}") from exc
+        resp = self._send("POST", f"/tickets/{quote(ticket_id, safe='')}/comments", what="comment",
+                          timeout=timeout, json={"body": body}, headers=headers)
         if resp.status_code == 201:
             data = resp.json()
             return Receipt(external_id=data["comment"]["id"], version=int(data["ticket_version"]), status="commented",
@@ -189,14 +173,8 @@ class ReferenceTicketConnector:
         """PATCH /tickets/{id} with ``If-Match: "<if_match>"``: the ticket at its new version.
         Raises ``PreconditionFailed`` (412, with ``current_version`` in its body) when the ticket
         moved on, and the table's other classes."""
-        try:
-            with self._client(timeout) as client:
-                resp = client.patch(f"/tickets/{quote(ticket_id, safe='')}", json=changes,
-                                    headers={"If-Match": f'"{if_match}"'})
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise errors.DefinitelyNotExecuted(f"not delivered: {exc!r}") from exc
-        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise errors.OutcomeUnknown(f"sent, no answer: {exc!r}") from exc
+        resp = self._send("PATCH", f"/tickets/{quote(ticket_id, safe='')}", what="update", timeout=timeout,
+                          json=changes, headers={"If-Match": f'"{if_match}"'})
         if resp.status_code == 200:
             return resp.json()
         raise _error_for_status(resp)
@@ -205,13 +183,7 @@ class ReferenceTicketConnector:
         """GET /tickets/{id} → the ticket JSON (with ``version``) or None when absent. Raises
         ``DefinitelyNotExecuted``/``OutcomeUnknown`` when the call fails, and the table's class for
         any other status."""
-        try:
-            with self._client() as client:
-                resp = client.get(f"/tickets/{quote(external_id, safe='')}")
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise errors.DefinitelyNotExecuted(f"read not delivered: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise errors.OutcomeUnknown(f"read failed: {exc!r}") from exc
+        resp = self._send("GET", f"/tickets/{quote(external_id, safe='')}", what="read")
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:
@@ -223,7 +195,7 @@ HELPDESK_PRIORITY = {"P1": 1, "P2": 2, "P3": 3, "P4": 4}
 HELPDESK_STATUS = {1: "open", 2: "reopened", 3: "resolved", 4: "closed", 5: "duplicate"}
 
 
-class HelpdeskConnector:
+class HelpdeskConnector(_HttpConnector):
     """django-helpdesk 2.6 over its REST API (``Authorization: Token``), DESIGN.md §11.
 
     It has no idempotency support: the action's key goes into the custom field
@@ -260,17 +232,6 @@ class HelpdeskConnector:
         # helpdesk keeps no ticket version: a receipt is version 1, later changes come from reads.
         return Receipt(external_id=str(body["id"]), version=1, status=status, body=body, replayed=replayed,
                        connector=self.name)
-
-    def _send(self, method: str, path: str, *, what: str, timeout: float | None = None, **kwargs) -> httpx.Response:
-        try:
-            with self._client(timeout) as client:
-                return client.request(method, path, **kwargs)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise errors.DefinitelyNotExecuted(f"{what} not delivered: {exc!r}") from exc
-        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise errors.OutcomeUnknown(f"{what}: sent, no answer: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise errors.OutcomeUnknown(f"{what} failed: {exc!r}") from exc
 
     def create_ticket(self, *, idempotency_key: str, fencing_token: int, params: dict,
                       timeout: float | None = None) -> Receipt:

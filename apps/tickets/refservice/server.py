@@ -12,6 +12,7 @@ import re
 import socketserver
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,6 +65,26 @@ class Response:
     headers: dict = field(default_factory=dict)
 
 
+@contextmanager
+def _store_errors():
+    """Turn the store's refusals into their HTTP answers (none of them changed anything)."""
+    try:
+        yield
+    except storage.NotFound:
+        raise ApiError(404, "not_found") from None
+    except storage.VersionMismatch as exc:
+        raise ApiError(412, "version_mismatch", headers={"ETag": f'"{exc.current_version}"'},
+                       current_version=exc.current_version) from None
+    except storage.StaleFencingToken as exc:
+        raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
+    except storage.FencingTokenRequired:
+        raise ApiError(409, "fencing_token_required",
+                       detail="this Idempotency-Key was fenced: send X-Fencing-Token") from None
+    except storage.IdempotencyKeyReused:
+        raise ApiError(422, "idempotency_key_reused",
+                       detail="this Idempotency-Key was already used with a different request body") from None
+
+
 def _ticket_response(status, ticket, **headers):
     return Response(status, ticket, {"ETag": f'"{ticket["version"]}"', **headers})
 
@@ -109,19 +130,8 @@ def _create_ticket_once(server, key, digest, fields, fencing_token):
     if fault and fault.mode == "delay":
         time.sleep(fault.delay_seconds)
 
-    try:
+    with _store_errors():
         result = server.store.create_ticket(key, digest, fields, fencing_token)
-    except storage.StaleFencingToken as exc:
-        raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
-    except storage.FencingTokenRequired:
-        raise ApiError(409, "fencing_token_required",
-                       detail="this Idempotency-Key was fenced: send X-Fencing-Token") from None
-    except storage.IdempotencyKeyReused:
-        raise ApiError(
-            422,
-            "idempotency_key_reused",
-            detail="this Idempotency-Key was already used with a different request body",
-        ) from None
 
     if fault and fault.mode == "drop_after_commit":
         log.warning("fault drop_after_commit: committed %s, dropping the response", result.body["id"])
@@ -163,22 +173,9 @@ def add_comment(server, request):
     expected_version = parse_if_match(if_match) if if_match is not None else None
     payload = parse_json_object(request.body)
     body = validate_comment(payload)
-    try:
+    with _store_errors():
         result = server.store.add_comment(request.params["ticket_id"], key, body_digest(payload), body,
                                           expected_version, fencing_token)
-    except storage.NotFound:
-        raise ApiError(404, "not_found") from None
-    except storage.VersionMismatch as exc:
-        raise ApiError(412, "version_mismatch", headers={"ETag": f'"{exc.current_version}"'},
-                       current_version=exc.current_version) from None
-    except storage.StaleFencingToken as exc:
-        raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
-    except storage.FencingTokenRequired:
-        raise ApiError(409, "fencing_token_required",
-                       detail="this Idempotency-Key was fenced: send X-Fencing-Token") from None
-    except storage.IdempotencyKeyReused:
-        raise ApiError(422, "idempotency_key_reused",
-                       detail="this Idempotency-Key was already used with a different body or ticket") from None
     headers = {"ETag": f'"{result.body["ticket_version"]}"'}
     if result.replayed:
         headers["Idempotent-Replayed"] = "true"
@@ -215,17 +212,8 @@ def patch_ticket(server, request):
     """``PATCH /tickets/<id>`` with ``If-Match``: 200 new version, 404, 412 or 428."""
     expected_version = parse_if_match(request.headers.get("If-Match"))
     changes = validate_patch(parse_json_object(request.body))
-    try:
+    with _store_errors():
         ticket = server.store.update_ticket(request.params["ticket_id"], expected_version, changes)
-    except storage.NotFound:
-        raise ApiError(404, "not_found") from None
-    except storage.VersionMismatch as exc:
-        raise ApiError(
-            412,
-            "version_mismatch",
-            headers={"ETag": f'"{exc.current_version}"'},
-            current_version=exc.current_version,
-        ) from None
     if server.webhooks is not None:
         server.webhooks.wake()
     return _ticket_response(200, ticket)
