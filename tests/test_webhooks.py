@@ -53,9 +53,14 @@ def _post(client, event=None, *, raw=None, secret=SECRET, timestamp=None, signat
     return client.post(reverse("webhook-reference"), data=body, content_type="application/json", **headers)
 
 
-def test_signed_newer_event_updates_the_mirror_once(client, mirror):
+def test_signed_newer_event_updates_the_mirror_once(client, mirror, admin_user):
     resp = _post(client, _event(mirror))
     assert (resp.status_code, resp.json()) == (200, {"status": "applied"})
+    # The admin's trace of the task shows the ticket's later life.
+    client.force_login(admin_user)
+    trace = client.get(reverse("task-trace", args=[mirror.action.task_id])).content.decode()
+    assert "<code>ev-1</code> · APPLIED · open → resolved (v2)" in trace
+    client.logout()
     mirror.refresh_from_db()
     assert (mirror.status, mirror.external_version) == ("resolved", 2)
     hook = InboundWebhook.objects.get(event_id="ev-1", outcome=WebhookOutcome.APPLIED)

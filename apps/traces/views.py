@@ -39,6 +39,7 @@ def task_trace(request, task_id):
         "task": task,
         "events": task_events(principal=p, task=task),
         "refused": RefusedEvent.objects.filter(task_id=task.pk, tenant_id=p.tenant_id).order_by("recorded_at"),
-        "actions": Action.objects.filter(task_id=task.pk, tenant_id=p.tenant_id).prefetch_related("attempts"),
+        "actions": Action.objects.filter(task_id=task.pk, tenant_id=p.tenant_id).prefetch_related("attempts",
+                                                                                                  "webhooks"),
     }
     return render(request, "traces/trace.html", ctx)
