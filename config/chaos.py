@@ -388,7 +388,7 @@ def check() -> None:
             duplicates += max(0, per_task - 1)
         divergences = 0
         for task in tasks.values():
-            if not task_replay(task).ok or task_actions_audit(task, remote=connector):
+            if not task_replay(task).ok or task_actions_audit(task, remote=True):
                 divergences += 1
         attempts = ActionAttempt.objects.filter(action__task_id__in=ids)
         result[system] = {

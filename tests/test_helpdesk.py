@@ -190,3 +190,38 @@ def test_cancel_with_an_unanswered_request_waits_then_records_not_executed(commi
     assert _tickets_for(action.idempotency_key) == []
     task = Task.objects.get(pk=committed.pk)
     assert task.status == reducer.CANCELLED and task.budget_reserved == 0
+
+
+def test_replay_remote_asks_each_actions_own_ticket_system(committed, refservice):
+    """``replay --all --remote`` checks a helpdesk action at helpdesk, not at the reference service."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    drive(committed.pk)
+    out = StringIO()
+    call_command("replay", "--all", "--remote", stdout=out)
+    assert "1 of 1 tasks have action records that agree with their state and the ticket system" in out.getvalue()
+
+
+def test_executed_resolution_needs_a_ticket_carrying_the_actions_key(committed, hd, admin_user, monkeypatch):
+    """A person may not name an unrelated helpdesk ticket (no key) as this action's effect; the
+    right one is recorded with the helpdesk connector."""
+    from apps.accounts.api import Unprocessable
+    from apps.outbox.reconciliation import reconciliation_resolve
+
+    _fault(hd, "drop_after_commit")
+    outbox.outbox_dispatch_batch()
+    action = Action.objects.get(task=committed)
+    [ours] = _tickets_for(action.idempotency_key)
+    unrelated = httpx.post(f"{hd.url}/helpdesk/api/tickets/", headers={"Authorization": f"Token {TOKEN}"},
+                           json={"queue": 1, "title": "Coffee machine leaking", "description": "kitchen",
+                                 "priority": 3})
+    assert unrelated.status_code == 201
+    with pytest.raises(Unprocessable, match="was not created by this action"):
+        reconciliation_resolve(principal=p(admin_user), action_id=action.pk, executed=True,
+                               external_id=str(unrelated.json()["id"]), note="this one")
+    resolved = reconciliation_resolve(principal=p(admin_user), action_id=action.pk, executed=True,
+                                      external_id=str(ours["id"]), note="found it in helpdesk")
+    assert resolved.status == ActionStatus.SUCCEEDED and resolved.receipt["connector"] == "helpdesk"
+    assert resolved.ticket.connector == "helpdesk"

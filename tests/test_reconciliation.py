@@ -108,7 +108,7 @@ def test_executed_is_refused_for_a_missing_or_foreign_ticket(committed, admin_us
                                external_id="REF-999999", note="I think so")
     other = ReferenceTicketConnector().create_ticket(idempotency_key="someone-else", fencing_token=1,
                                                      params=action.params)
-    with pytest.raises(Unprocessable, match="created for another action"):
+    with pytest.raises(Unprocessable, match="was not created by this action"):
         reconciliation_resolve(principal=p(admin_user), action_id=action.pk, executed=True,
                                external_id=other.external_id, note="this one?")
     with pytest.raises(Unprocessable, match="name the ticket"):

@@ -109,10 +109,17 @@ def test_uncorrelated_and_malformed_deliveries_change_nothing(client, mirror):
     assert resp.status_code == 400 and resp.json()["error"] == "malformed"
     resp = _post(client, raw=b"not json")
     assert resp.status_code == 400
+    # Signed, but with values no ticket has: a clear 400, never a 500.
+    for bad in ({"version": 10**30}, {"version": 2.9}, {"version": True}, {"status": "open\u0000"},
+                {"event_id": 7}, {"ticket_id": "x" * 300}):
+        resp = _post(client, raw=event_body({**_event(mirror), "event_id": "ev-bad", **bad}).encode())
+        assert resp.status_code == 400, bad
+    resp = _post(client, raw=b'{"event_id": "ev-inf", "version": Infinity}')
+    assert resp.status_code == 400
     mirror.refresh_from_db()
     assert (mirror.status, mirror.external_version) == ("open", 1)
     assert sorted(InboundWebhook.objects.values_list("outcome", flat=True)) == [
-        "MALFORMED", "MALFORMED", "UNCORRELATED", "UNCORRELATED"]
+        "MALFORMED"] * 9 + ["UNCORRELATED", "UNCORRELATED"]
     assert client.get(reverse("webhook-reference")).status_code == 405
 
 

@@ -10,11 +10,12 @@ Replay proves the task row equals its event log. This proves the rest of the rec
   one) and none of them succeeded — a task has at most one effect; when the state holds no action
   (an approval invalidated before sending sends the task back to re-plan), every action row is
   ``NOT_SENT`` or ``FAILED``;
-* with a connector (``remote=``): a ``SUCCEEDED`` action's key finds exactly its ticket at the
-  remote, and a ``NOT_SENT`` or ``FAILED`` action's key finds nothing. Actions still in flight
-  (``INTENDED``, ``UNKNOWN``) are not judged against the remote.
+* with ``remote=True``, at the ticket system each action was sent to (its ``connector``): a
+  ``SUCCEEDED`` action's key finds exactly its ticket, and a ``NOT_SENT`` or ``FAILED`` action's
+  key finds nothing. Actions still in flight (``INTENDED``, ``UNKNOWN``) are not judged against
+  the remote.
 
-The audit only reads (the remote lookup is ``GET /tickets?idempotency_key=``).
+The audit only reads (the remote lookup is a lookup by key).
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ _AGREES = {
 }
 
 
-def task_actions_audit(task, *, remote=None) -> list[str]:
+def task_actions_audit(task, *, remote: bool = False) -> list[str]:
     """Return the disagreements found for ``task`` (a :class:`~apps.tasks.models.Task`) as
     human-readable strings; an empty list means the record is consistent.
 
-    ``remote``: a connector with ``lookup_by_key(idempotency_key=...)`` (e.g.
-    :class:`~apps.tickets.connectors.ReferenceTicketConnector`), or None to check the database
-    only. A lookup that fails raises the connector's :class:`~apps.actions.errors.ToolError`."""
+    ``remote``: also ask each action's ticket system by key (False: the database only). A lookup
+    that fails raises the connector's :class:`~apps.actions.errors.ToolError`."""
     problems: list[str] = []
     actions = list(Action.objects.filter(task_id=task.pk).order_by("created_at"))
     current = (task.state or {}).get("action")
@@ -60,9 +60,11 @@ def task_actions_audit(task, *, remote=None) -> list[str]:
     for older in actions_behind:
         if older.status in (ActionStatus.INTENDED, ActionStatus.UNKNOWN, ActionStatus.SUCCEEDED):
             problems.append(f"superseded action {older.pk} is {older.status}")
-    if remote is not None:
+    if remote:
+        from apps.tickets.connectors import connector_for
+
         for action in actions:
-            problems.extend(_remote_disagreement(action, remote))
+            problems.extend(_remote_disagreement(action, connector_for(action.tool, action.connector)))
     return problems
 
 

@@ -8,8 +8,8 @@ action waits for a person when its tool has no result lookup, or when the lookup
 ``FAULTDESK["RECONCILE_ESCALATE_AFTER"]`` times. An admin may resolve any unknown action, and a
 person's word is checked against the ticket system before it is recorded:
 
-* **executed**: the named ticket must exist, and when the ticket system records the key a ticket
-  was created with, it must be this action's key. The ticket is recorded as the receipt
+* **executed**: the named ticket must exist and carry this action's idempotency key (a ticket
+  without it, or with another action's, is refused without saying whose it is). The ticket is recorded as the receipt
   (``receipt.recorded`` with a ``resolution``: who, why, verified).
 * **not executed**: the outbox row is claimed with a new fencing token, the key is fenced at the
   ticket system with it and looked up (see ADR 0009). A ticket found is recorded as the receipt
@@ -110,11 +110,11 @@ def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -
         raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
     if ticket is None:
         raise Unprocessable(f"the ticket system has no ticket {external_id}")
-    key = ticket.get("idempotency_key")
-    if key and key != action.idempotency_key:
-        raise Unprocessable(f"ticket {external_id} was created for another action (key {key})")
-    receipt = Receipt(external_id=ticket["id"], version=int(ticket["version"]), status=ticket.get("status", "open"),
-                      body=ticket, replayed=True)
+    if ticket.get("idempotency_key") != action.idempotency_key:
+        # Only a ticket that carries this action's key is its effect. Say nothing about whose it is.
+        raise Unprocessable(f"ticket {external_id} was not created by this action (it does not carry its key)")
+    receipt = Receipt(external_id=str(ticket["id"]), version=int(ticket["version"]),
+                      status=ticket.get("status") or "open", body=ticket, replayed=True, connector=action.connector)
     with transaction.atomic():
         locked = Action.objects.select_for_update().get(pk=action.pk)
         if locked.status != ActionStatus.UNKNOWN:

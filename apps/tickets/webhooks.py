@@ -48,11 +48,8 @@ def webhook_receive(*, body: bytes, signature: str | None, now: float | None = N
     if not ok:
         return _reject(body, f"signature {why}")
     try:
-        event = json.loads(body)
-        if not isinstance(event, dict) or any(k not in event for k in REQUIRED):
-            raise ValueError(f"a JSON object with {', '.join(REQUIRED)} is required")
-        version = int(event["version"])
-        event_id = str(event["event_id"])[:100]
+        event = _parse(body)
+        version, event_id = event["version"], event["event_id"]
     except (ValueError, TypeError) as exc:
         InboundWebhook.objects.create(source=SOURCE, verified=False, outcome=WebhookOutcome.MALFORMED,
                                       reason=str(exc)[:300], raw_excerpt=body[:1000].decode("utf-8", "replace"))
@@ -66,6 +63,29 @@ def webhook_receive(*, body: bytes, signature: str | None, now: float | None = N
                                       outcome=WebhookOutcome.DUPLICATE, reason="already received", body=event)
         log.info("webhook %s: duplicate delivery ignored", event_id)
         return 200, {"status": "duplicate"}
+
+
+MAX_VERSION = 2**31 - 1
+
+
+def _parse(body: bytes) -> dict:
+    """The event as a dict with checked types: ``version`` an integer 1..2**31-1 (not a bool or
+    a float), every other required field a string of at most 200 characters without NUL.
+    Raises ``ValueError`` saying what is wrong."""
+    event = json.loads(body)
+    if not isinstance(event, dict) or any(k not in event for k in REQUIRED):
+        raise ValueError(f"a JSON object with {', '.join(REQUIRED)} is required")
+    version = event["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise ValueError(f"version: must be an integer from 1 to {MAX_VERSION}")
+    for name in ("event_id", "type", "ticket_id", "idempotency_key", "status"):
+        value = event[name]
+        if not isinstance(value, str) or not 0 < len(value) <= 200 or "\x00" in value:
+            raise ValueError(f"{name}: must be a string of 1..200 characters")
+    if "previous_status" in event and not (isinstance(event["previous_status"], str)
+                                           and "\x00" not in event["previous_status"]):
+        raise ValueError("previous_status: must be a string")
+    return event
 
 
 def _apply(event: dict, event_id: str, version: int) -> tuple[int, dict]:

@@ -36,11 +36,6 @@ class Command(BaseCommand):
         qs = Task.objects.all().order_by("created_at") if all else Task.objects.filter(pk=task_id)
         if not all and not qs.exists():
             raise CommandError(f"no task {task_id}")
-        connector = None
-        if remote:
-            from apps.tickets.connectors import ReferenceTicketConnector
-
-            connector = ReferenceTicketConnector()
         bad = bad_actions = count = 0
         for task in qs.iterator():
             count += 1
@@ -53,7 +48,7 @@ class Command(BaseCommand):
                 bad += 1
                 self.stdout.write(f"DIVERGED {r.task_id}: first divergent event seq {r.divergent_seq}: {r.detail}")
             try:
-                problems = task_actions_audit(task, remote=connector)
+                problems = task_actions_audit(task, remote=remote)
             except errors.ToolError as exc:
                 raise CommandError(f"the ticket system could not be asked: {exc.detail}") from exc
             for problem in problems:
