@@ -150,3 +150,28 @@ def test_django_admin_is_tenant_scoped_and_event_sourced_rows_are_read_only(
     resp = client.post(reverse("admin:devices_device_change", args=[device.pk]), data)
     assert resp.status_code == 302, resp.content.decode()[:2000]
     assert Device.objects.get(pk=device.pk).version == device.version + 1
+
+
+def test_django_admin_forms_offer_nothing_of_another_tenant(client, admin_user, other_tenant_user, tenant):
+    """Review finding: an acme admin could create a membership in globex through the add form."""
+    from apps.accounts.models import Membership
+
+    globex = other_tenant_user.memberships.get().tenant
+    client.force_login(admin_user)
+    import re
+
+    def options(page: str, field: str) -> set[str]:
+        select = re.search(rf'<select name="{field}".*?</select>', page, re.S).group(0)
+        return set(re.findall(r'<option value="(\d+)"', select))
+
+    form = client.get(reverse("admin:accounts_membership_add")).content.decode()
+    assert options(form, "tenant") == {str(tenant.pk)}
+    assert str(other_tenant_user.pk) not in options(form, "user") and other_tenant_user.username not in form
+    resp = client.post(reverse("admin:accounts_membership_add"),
+                       {"user": admin_user.pk, "tenant": globex.pk, "role": "admin", "scopes": '["public"]',
+                        "is_active": "on"})
+    assert resp.status_code == 200 and "Select a valid choice" in resp.content.decode()
+    assert not Membership.objects.filter(user=admin_user, tenant=globex).exists()
+    for name in ("admin:devices_device_add", "admin:approvals_approvalpolicy_add"):
+        assert options(client.get(reverse(name)).content.decode(), "tenant") == {str(tenant.pk)}
+    assert client.get(reverse("admin:accounts_tenant_add")).status_code == 403

@@ -9,8 +9,12 @@ from apps.accounts.models import Membership, Tenant
 @admin.register(Tenant)
 class TenantAdmin(TenantScopedAdmin):
     tenant_path = "pk"
-    list_display = ("slug", "name", "created_at")
+    list_display = ("slug", "name", "ticket_system", "created_at")
     search_fields = ("slug", "name")
+
+    def has_add_permission(self, request):
+        """Only a platform superuser (a member of no tenant) creates tenants."""
+        return admin_tenant_ids(request) is None and super().has_add_permission(request)
 
 
 @admin.register(Membership)

@@ -28,6 +28,33 @@ class TenantScopedAdmin(admin.ModelAdmin):
         ids = admin_tenant_ids(request)
         return qs if ids is None else qs.filter(**{f"{self.tenant_path}__in": ids})
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        """Add and change forms offer only the admin's own tenants, and only users who belong to
+        them (or to no tenant yet): nothing of another tenant can be picked or even seen."""
+        ids = admin_tenant_ids(request)
+        if ids is not None:
+            from django.contrib.auth import get_user_model
+            from django.db.models import Q
+
+            from apps.accounts.models import Tenant
+
+            if db_field.related_model is Tenant:
+                kwargs["queryset"] = Tenant.objects.filter(pk__in=ids)
+            elif db_field.related_model is get_user_model():
+                kwargs["queryset"] = get_user_model().objects.filter(
+                    Q(memberships__tenant_id__in=ids) | Q(memberships__isnull=True)).distinct()
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def save_model(self, request, obj, form, change):
+        """Refuse a row that would belong to a tenant the admin is not a member of."""
+        ids = admin_tenant_ids(request)
+        tenant_id = getattr(obj, "tenant_id", None)
+        if ids is not None and tenant_id is not None and tenant_id not in ids:
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied("not a tenant you administer")
+        super().save_model(request, obj, form, change)
+
 
 class ReadOnlyTenantAdmin(TenantScopedAdmin):
     """View-only: rows written by services with their events (tasks, events, actions, approvals,
