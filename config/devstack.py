@@ -154,8 +154,7 @@ def up() -> None:
     helpdesk_site.prepare(HELPDESK_VAR, _env()["HELPDESK_API_TOKEN"], site_domain=f"127.0.0.1:{helpdesk_port()}")
     if _supervisord_running():
         print("• processes already running; restarting them", flush=True)
-        _supervisorctl("shutdown")
-        time.sleep(1)
+        _stop_supervisord()
     write_supervisor_conf()
     subprocess.run([str(BIN / "supervisord"), "-c", str(CONF)], check=True)  # noqa: S603
     ok_web = _wait_http(f"http://127.0.0.1:{web_port()}/healthz", 60)
@@ -178,21 +177,32 @@ def down() -> None:
         DEMO_PID.unlink(missing_ok=True)
         if demo_pid and demo_pid != os.getpid() and _pid_alive(demo_pid):
             os.kill(demo_pid, signal.SIGTERM)
-    pidfile = RUN / "supervisord.pid"
-    pid = int(pidfile.read_text().strip()) if pidfile.exists() else None
-    if _supervisord_running():
-        _supervisorctl("shutdown")
-    # supervisord removes its socket at once but stops its children (up to stopwaitsecs) before
-    # exiting: wait for the process itself.
-    for _ in range(300):
-        if pid is None or not _pid_alive(pid):
-            break
-        time.sleep(0.1)
+            # Wait until it has stopped: it stops the stack itself on its way out, and must not
+            # do so after this command returned (under a stack started later).
+            for _ in range(600):
+                if not _pid_alive(demo_pid):
+                    break
+                time.sleep(0.1)
+    _stop_supervisord()
     if "REDIS_URL" not in os.environ:
         embedded.stop_redis()
     if "DATABASE_URL" not in os.environ:
         embedded.stop_postgres()
     print("• stopped", flush=True)
+
+
+def _stop_supervisord() -> None:
+    """Shut supervisord down and wait until the process itself has exited: it removes its socket
+    at once but stops its children (up to stopwaitsecs) before exiting, and a new one started
+    earlier would find the ports still taken."""
+    pidfile = RUN / "supervisord.pid"
+    pid = int(pidfile.read_text().strip() or 0) if pidfile.exists() else None
+    if _supervisord_running():
+        _supervisorctl("shutdown")
+    for _ in range(600):
+        if not pid or not _pid_alive(pid):
+            break
+        time.sleep(0.1)
 
 
 def _pid_alive(pid: int) -> bool:
