@@ -102,12 +102,20 @@ def run(*, base_url: str, refservice_url: str, credentials_path: Path, timeout: 
     for e in events.raise_for_status().json():
         if e["type"] == "intent.committed":
             action_key = e["payload"]["idempotency_key"]
-    held = httpx.get(f"{refservice_url}/tickets", params={"idempotency_key": action_key},
-                     headers={"Authorization": f"Bearer {api_key}"}, timeout=10).raise_for_status().json()["results"]
-    if len(held) != 1 or held[0]["id"] != ticket_id:
-        _say(f"DEMO FAILED: the ticket service holds {len(held)} tickets for key {action_key}")
+    system = task["receipt"].get("connector", "reference")
+    if system == "helpdesk":  # the tenant files its tickets in django-helpdesk
+        held = httpx.get(
+            f"{os.environ.get('HELPDESK_URL', 'http://127.0.0.1:8766')}/helpdesk/api/faultdesk/tickets/by-custom-field/",
+            params={"field": "faultdesk_key", "value": action_key}, timeout=10,
+            headers={"Authorization": f"Token {os.environ.get('HELPDESK_API_TOKEN', '')}"},
+        ).raise_for_status().json()["results"]
+    else:
+        held = httpx.get(f"{refservice_url}/tickets", params={"idempotency_key": action_key}, timeout=10,
+                         headers={"Authorization": f"Bearer {api_key}"}).raise_for_status().json()["results"]
+    if len(held) != 1 or str(held[0]["id"]) != ticket_id:
+        _say(f"DEMO FAILED: the {system} ticket system holds {len(held)} tickets for key {action_key}")
         return False
-    _say(f"   the reference ticket service holds exactly one ticket for key {action_key}: {ticket_id}\n")
+    _say(f"   the {system} ticket system holds exactly one ticket for key {action_key}: {ticket_id}\n")
     if before_ok is not None:
         before_ok()
     _say(f"DEMO OK task={task['id']} ticket={ticket_id}")

@@ -226,6 +226,8 @@ def demo(wait: bool) -> None:
     up()
     print("• seeding the demo tenant, fleet and knowledge base", flush=True)
     _manage("seed_demo")
+    # The client checks the ticket at whichever ticket system the tenant uses: same settings.
+    os.environ.update({k: v for k, v in _env().items() if k.startswith(("HELPDESK_", "REFSERVICE_"))})
     ok = demo_client.run(base_url=f"http://127.0.0.1:{web_port()}",
                          refservice_url=f"http://127.0.0.1:{refservice_port()}",
                          credentials_path=VAR_DIR / "demo-credentials.json",
