@@ -217,7 +217,7 @@ def _fresh_database() -> None:
 
     embedded.ensure_postgres()
     server = pgserver.get_server(embedded.PGDATA, cleanup_mode=None)
-    server.psql(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE);')
+    server.psql(f'SET client_min_messages = warning; DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE);')
     server.psql(f'CREATE DATABASE "{DATABASE}";')
 
 
@@ -299,12 +299,14 @@ def run(args) -> int:
     result = json.loads(out.strip().splitlines()[-1])
     status = 0
     for system, figures in result.items():
-        figures.update(kills=chaos.kills, remote_faults=chaos.faults)
         print(f"{system}: " + " ".join(f"{k}={v}" for k, v in figures.items()), flush=True)
         if figures["lost"] or figures["duplicate_effects"] or figures["replay_divergences"]:
             status = 1
     elapsed = time.monotonic() - started
-    (CHAOS_DIR / "result.json").write_text(json.dumps({"elapsed_seconds": round(elapsed), **result}, indent=2))
+    print(f"chaos applied to both: {chaos.kills} SIGKILLs of workers and beat, {chaos.faults} remote faults armed",
+          flush=True)
+    (CHAOS_DIR / "result.json").write_text(json.dumps({"elapsed_seconds": round(elapsed), "kills": chaos.kills,
+                                                       "remote_faults": chaos.faults, **result}, indent=2))
     print(f"chaos {'FAILED' if status else 'OK'} in {elapsed:.0f} s (details in {CHAOS_DIR})", flush=True)
     return status
 
@@ -318,7 +320,7 @@ def _settle(chaos: Chaos, timeout: float) -> None:
         busy = int(_manage(chaos.env, "shell", "-c", query).strip().splitlines()[-1])
         if busy == 0:
             return
-        print(f"  {busy} tasks still moving", flush=True)
+        print(f"  {busy} task{'s' if busy != 1 else ''} still moving", flush=True)
         time.sleep(5)
 
 
