@@ -121,6 +121,27 @@ def refadmin(refservice):
     return RefAdmin(refservice)
 
 
+@pytest.fixture
+def committed(requester, approver, device, kb, refservice):
+    """A task whose approved ``ticket.create`` is committed with its outbox row (PENDING), and
+    nothing sent yet: the starting point of the dispatcher and reconciliation tests."""
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.approvals.services import approval_decide
+    from apps.outbox.models import OutboxMessage, OutboxStatus
+    from apps.tasks.controller import agent_run
+    from apps.tasks.models import Task
+    from apps.tasks.services import task_submit
+
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high",
+                       symptom="Fuser error after warm-up, pages come out smeared with unfused toner.").task
+    task = drive(task.pk)
+    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    agent_run(task_id=task.pk)
+    assert OutboxMessage.objects.get(action__task=task).status == OutboxStatus.PENDING
+    return Task.objects.get(pk=task.pk)
+
+
 def drive(task_id, *, rounds: int = 30):
     """Run agent, tools, outbox and reconciler steps in-process until the task stops moving.
     Returns the task as it then stands."""

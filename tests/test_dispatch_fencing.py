@@ -21,7 +21,6 @@ from apps.events.models import RefusedEvent, TaskEvent
 from apps.outbox import services as outbox
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
-from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
 from apps.tickets.connectors import ReferenceTicketConnector
@@ -32,18 +31,6 @@ SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner.
 
 class Killed(BaseException):
     """Stands for SIGKILL in-process: nothing after the failpoint runs, nothing is cleaned up."""
-
-
-@pytest.fixture
-def committed(requester, approver, device, kb, refservice):
-    """A task whose approved action is committed with its outbox row, nothing sent yet."""
-    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
-    task = drive(task.pk)
-    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
-    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
-    agent_run(task_id=task.pk)
-    assert OutboxMessage.objects.get(action__task=task).status == OutboxStatus.PENDING
-    return Task.objects.get(pk=task.pk)
 
 
 def _expire_lease(message_id):

@@ -11,30 +11,16 @@ from rest_framework.test import APIClient
 from apps.accounts.api import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
 from apps.actions import errors
 from apps.actions.models import Action, ActionStatus
-from apps.approvals.models import ApprovalRequest, ApprovalStatus
-from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
 from apps.outbox import services as outbox
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.reconciliation import reconciliation_list, reconciliation_resolve
 from apps.tasks import reducer
-from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
-from apps.tasks.services import task_submit
 from apps.tickets.connectors import ReferenceTicketConnector
 from tests.conftest import drive, p
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
-
-
-@pytest.fixture
-def committed(requester, approver, device, kb, refservice):
-    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
-    task = drive(task.pk)
-    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
-    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
-    agent_run(task_id=task.pk)
-    return Task.objects.get(pk=task.pk)
 
 
 @pytest.fixture
