@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -185,3 +186,17 @@ class Stack:
         for log in self._logs.values():
             log.close()
         flush_broker(self.broker)
+
+
+@contextmanager
+def running_stack(log_dir: Path, **env_extra: str):
+    """A :class:`Stack` with the reference service, web and beat up (workers are the test's to
+    start); every process is stopped on exit."""
+    stack = Stack(log_dir, **env_extra)
+    try:
+        stack.start_refservice()
+        stack.start_web()
+        stack.start_beat()
+        yield stack
+    finally:
+        stack.stop_all()

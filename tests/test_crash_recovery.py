@@ -17,7 +17,7 @@ import pytest
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.events.replay import task_replay
 from apps.tasks.models import Task
-from tests.procs import Stack
+from tests.procs import running_stack
 from tests.test_e2e import poll, ref_client, seed_acme
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -32,14 +32,8 @@ FAST = {
 
 @pytest.fixture
 def stack(transactional_db, tmp_path):
-    s = Stack(tmp_path, **FAST)
-    try:
-        s.start_refservice()
-        s.start_web()
-        s.start_beat()
+    with running_stack(tmp_path, **FAST) as s:
         yield s
-    finally:
-        s.stop_all()
 
 
 def _wait_for(path, timeout: float, stack) -> None:

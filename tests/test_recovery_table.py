@@ -28,7 +28,7 @@ from apps.devices.services import device_update_state
 from apps.events.models import TaskEvent
 from apps.events.replay import task_replay
 from apps.tasks.models import Task
-from tests.procs import HELPDESK_TOKEN, Stack
+from tests.procs import HELPDESK_TOKEN, running_stack
 from tests.test_crash_recovery import FAST, _file, _wait_for
 from tests.test_e2e import poll, ref_client, seed_acme
 
@@ -37,14 +37,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def stack(transactional_db, tmp_path):
-    s = Stack(tmp_path, **FAST)
-    try:
-        s.start_refservice()
-        s.start_web()
-        s.start_beat()
+    with running_stack(tmp_path, **FAST) as s:
         yield s
-    finally:
-        s.stop_all()
 
 
 def _effects(stack, key: str, connector: str = "reference") -> int:
@@ -191,11 +185,7 @@ def _cancel_while_in_flight(stack, delay_seconds: float):
 def test_row6_cancelled_then_a_receipt_arrives(tmp_path, transactional_db):
     """The in-flight create takes effect after the cancel (the remote's delay is shorter than the
     outbox lease): the real effect is recorded on the cancelled task."""
-    stack = Stack(tmp_path, **{**FAST, "FAULTDESK_OUTBOX_LEASE_SECONDS": "20"})
-    try:
-        stack.start_refservice()
-        stack.start_web()
-        stack.start_beat()
+    with running_stack(tmp_path, **{**FAST, "FAULTDESK_OUTBOX_LEASE_SECONDS": "20"}) as stack:
         riley, task_id = _cancel_while_in_flight(stack, 3.0)
         deadline = time.monotonic() + 60
         while not TaskEvent.objects.filter(task_id=task_id, type="receipt.recorded").exists():
@@ -209,8 +199,6 @@ def test_row6_cancelled_then_a_receipt_arrives(tmp_path, transactional_db):
         assert body["status"] == "CANCELLED"
         assert body["receipt"]["external_id"] == task.state["receipt"]["external_id"]
         assert _effects(stack, Action.objects.get(task=task).idempotency_key) == 1
-    finally:
-        stack.stop_all()
 
 
 def test_row6_cancelled_while_a_slow_create_outlives_its_lease(stack):
