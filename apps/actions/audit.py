@@ -71,7 +71,7 @@ def task_actions_audit(task, *, remote: bool = False) -> list[str]:
 def _remote_disagreement(action: Action, remote) -> list[str]:
     if action.status in (ActionStatus.INTENDED, ActionStatus.UNKNOWN):
         return []
-    found = remote.lookup_by_key(idempotency_key=action.idempotency_key)
+    found = remote.lookup(tool=action.tool, idempotency_key=action.idempotency_key, params=action.params)
     if action.status == ActionStatus.SUCCEEDED:
         if found is None:
             return [f"action {action.pk} recorded ticket {action.external_id}; the remote has none for its key"]

@@ -20,6 +20,8 @@ class ToolContract:
     cost_units: int  # budget reservation r for one call
     risk: str  # "low" | "medium" | "high"
     params_schema: dict = field(default_factory=dict)
+    #: sent with ``If-Match: <the ticket version it was planned on>``; a 412 re-reads and re-plans
+    conditional: bool = False
 
 
 TICKET_CREATE_SCHEMA = {
@@ -68,6 +70,97 @@ TOOLS: dict[str, ToolContract] = {
         params_schema=TICKET_CREATE_SCHEMA,
     ),
 }
+
+
+TICKET_WRITE_BASE = {
+    "ticket_id": {"type": "string", "minLength": 1, "maxLength": 100},
+    "if_match": {"type": "integer", "minimum": 1},
+}
+
+TICKET_COMMENT_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["ticket_id", "if_match", "body", "device", "evidence"],
+    "properties": {
+        **TICKET_WRITE_BASE,
+        "body": {"type": "string", "minLength": 10, "maxLength": 8000},
+        "device": {"type": "string", "minLength": 1, "maxLength": 64},
+        "evidence": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 10},
+    },
+}
+
+TICKET_UPDATE_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["ticket_id", "if_match", "changes", "reason"],
+    "properties": {
+        **TICKET_WRITE_BASE,
+        "changes": {
+            "type": "object",
+            "additionalProperties": False,
+            "minProperties": 1,
+            "properties": {
+                "status": {"enum": ["open", "in_progress", "resolved", "closed"]},
+                "priority": {"enum": ["P1", "P2", "P3", "P4"]},
+                "comment": {"type": "string", "minLength": 1, "maxLength": 8000},
+            },
+        },
+        "reason": {"type": "string", "minLength": 5, "maxLength": 500},
+    },
+}
+
+TOOLS["ticket.comment"] = ToolContract(
+    name="ticket.comment",
+    version="1",
+    kind="write",
+    object_scope="ticket",
+    preconditions=("the ticket is at the version the comment was planned on (If-Match)",
+                   "approval valid and unexpired"),
+    deadline_seconds=10,
+    retry_class="lookup_then_retry",
+    idempotent_by_key=True,
+    result_lookup="GET /tickets/<id>/comments?idempotency_key=",
+    cost_units=2,
+    risk="low",
+    params_schema=TICKET_COMMENT_SCHEMA,
+    conditional=True,
+)
+TOOLS["ticket.update"] = ToolContract(
+    name="ticket.update",
+    version="1",
+    kind="write",
+    object_scope="ticket",
+    preconditions=("the ticket is at the version the update was planned on (If-Match)",
+                   "approval valid and unexpired"),
+    deadline_seconds=10,
+    retry_class="lookup_then_retry",
+    idempotent_by_key=True,
+    result_lookup="GET /tickets/<id>/updates?idempotency_key=",
+    cost_units=2,
+    risk="medium",
+    params_schema=TICKET_UPDATE_SCHEMA,
+    conditional=True,
+)
+
+
+class ParamsInvalid(ValueError):
+    """Parameters that do not match the tool's JSON schema; ``problems`` lists each mismatch."""
+
+    def __init__(self, tool: str, problems: list[str]):
+        super().__init__(f"{tool}: " + "; ".join(problems))
+        self.problems = problems
+
+
+def params_validate(tool: str, params: dict) -> None:
+    """Check ``params`` against the JSON schema of ``tool``'s contract (DESIGN.md §6). Raises
+    :class:`ParamsInvalid` listing every mismatch, ``KeyError`` for an unregistered tool."""
+    import jsonschema
+
+    schema = TOOLS[tool].params_schema
+    problems = [f"{'/'.join(map(str, e.path)) or '(params)'}: {e.message}"
+                for e in jsonschema.Draft202012Validator(schema).iter_errors(params)]
+    if problems:
+        raise ParamsInvalid(tool, problems)
 
 
 def tool_get(name: str) -> ToolContract:

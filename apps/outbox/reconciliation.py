@@ -104,6 +104,8 @@ def reconciliation_resolve(*, principal: Principal, action_id, executed: bool, e
 def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -> Action:
     if not external_id:
         raise Unprocessable("name the ticket that was created (external_id)")
+    if action.tool != "ticket.create":
+        return _resolve_write_executed(action, external_id, note, actor)
     try:
         ticket = connector_for(action.tool, action.connector).get_ticket(external_id=external_id)
     except errors.ToolError as exc:
@@ -121,6 +123,28 @@ def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -
             raise Conflict(f"the action became {locked.status} meanwhile", status=locked.status)
         receipt_record(action_id=action.pk, receipt=receipt, actor=actor,
                        resolution={"by": actor, "executed": True, "note": note, "verified": "ticket read by id"})
+    action.refresh_from_db()
+    return action
+
+
+def _resolve_write_executed(action: Action, external_id: str, note: str, actor: str) -> Action:
+    """A comment or update on an existing ticket: it was executed only if that ticket holds a
+    write made with the action's key (the tool's result lookup)."""
+    if external_id not in (action.params.get("ticket_id"), action.external_id):
+        raise Unprocessable(f"this action writes to ticket {action.params.get('ticket_id')}, not {external_id}")
+    try:
+        found = connector_for(action.tool, action.connector).lookup(
+            tool=action.tool, idempotency_key=action.idempotency_key, params=action.params)
+    except errors.ToolError as exc:
+        raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
+    if found is None:
+        raise Unprocessable(f"ticket {external_id} holds no {action.tool} made with this action's key")
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=action.pk)
+        if locked.status != ActionStatus.UNKNOWN:
+            raise Conflict(f"the action became {locked.status} meanwhile", status=locked.status)
+        receipt_record(action_id=action.pk, receipt=found, actor=actor,
+                       resolution={"by": actor, "executed": True, "note": note, "verified": "found by key"})
     action.refresh_from_db()
     return action
 

@@ -181,9 +181,9 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     timeout = max(0.5, min(contract.deadline_seconds, remaining))
     failpoint("before_send")
     try:
-        receipt = connector_for(action.tool, action.connector).create_ticket(
-            idempotency_key=action.idempotency_key, fencing_token=fencing_token, params=action.params,
-            timeout=timeout,
+        receipt = connector_for(action.tool, action.connector).execute(
+            tool=action.tool, idempotency_key=action.idempotency_key, fencing_token=fencing_token,
+            params=action.params, timeout=timeout,
         )
     except errors.ToolError as exc:
         return _record_error(message, action, attempt, task, exc, fencing_token, owner)
@@ -399,12 +399,22 @@ def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str,
         action.external_id = receipt.external_id
         action.external_version = receipt.version
         action.save(update_fields=["status", "receipt", "external_id", "external_version", "updated_at"])
-        TicketMirror.objects.update_or_create(
-            action=action,
-            defaults={"tenant_id": action.tenant_id, "connector": receipt.as_dict()["connector"],
-                      "external_id": receipt.external_id, "external_version": receipt.version,
-                      "status": receipt.status, "data": receipt.body},
-        )
+        if receipt.kind == "ticket":
+            TicketMirror.objects.update_or_create(
+                action=action,
+                defaults={"tenant_id": action.tenant_id, "connector": receipt.connector,
+                          "external_id": receipt.external_id, "external_version": receipt.version,
+                          "status": receipt.status, "data": receipt.body},
+            )
+        else:
+            # A comment or update on an existing ticket: the ticket's mirror learns its new version
+            # (and, for an update, its status), never going backwards.
+            changes = {"external_version": receipt.version}
+            if receipt.kind == "update":
+                changes.update(status=receipt.status, data=receipt.body)
+            TicketMirror.objects.filter(tenant_id=action.tenant_id, connector=receipt.connector,
+                                        external_id=receipt.ticket_id,
+                                        external_version__lt=receipt.version).update(**changes)
         OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.DELIVERED, delivered_at=now,
                                                             lease_owner=None, lease_expires_at=None)
         task_append_with_retry(
@@ -440,7 +450,8 @@ def _reconcile_one(action: Action) -> None:
     its attempts: then the action is settled without sending again (:func:`action_settle_unknown`),
     which ends the wait with an explicit decision."""
     try:
-        found = connector_for(action.tool, action.connector).lookup_by_key(idempotency_key=action.idempotency_key)
+        found = connector_for(action.tool, action.connector).lookup(
+            tool=action.tool, idempotency_key=action.idempotency_key, params=action.params)
     except errors.ToolError as exc:
         log.info("reconcile %s: lookup failed (%s)", action.pk, exc)
         Action.objects.filter(pk=action.pk).update(last_reconcile_error=exc.as_dict())

@@ -38,15 +38,23 @@ class Receipt:
     body: dict
     replayed: bool
     connector: str = "reference"
+    #: what was written: ``"ticket"`` (a create), ``"comment"`` or ``"update"``
+    kind: str = "ticket"
+    #: the ticket the write is on (for a create: ``external_id``); ``version`` is that ticket's
+    #: version after the write
+    ticket_id: str = ""
 
     def as_dict(self) -> dict:
-        return {
+        d = {
             "external_id": self.external_id,
             "version": self.version,
             "status": self.status,
             "replayed": self.replayed,
             "connector": self.connector,
         }
+        if self.kind != "ticket":
+            d.update(kind=self.kind, ticket_id=self.ticket_id)
+        return d
 
 
 def _error_for_status(resp: httpx.Response) -> errors.ToolError:
@@ -105,6 +113,8 @@ class ReferenceTicketConnector(_HttpConnector):
     idempotent_by_key = True
     #: The remote can fence a key (ADR 0009): "not executed" is provable at once.
     supports_fence = True
+    #: Comments and updates are conditional on the ticket's version (``If-Match``, 412).
+    supports_conditional_writes = True
 
     def __init__(self, *, base_url: str | None = None, api_key: str | None = None, timeout: float | None = None):
         conf = settings.FAULTDESK
@@ -148,8 +158,61 @@ class ReferenceTicketConnector(_HttpConnector):
                           headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)})
         if resp.status_code != 200:
             raise _error_for_status(resp)
-        body = resp.json().get("ticket")
-        return None if body is None else _ticket_receipt(body, replayed=True)
+        data = resp.json()
+        if data.get("ticket") is not None:
+            return _ticket_receipt(data["ticket"], replayed=True)
+        if data.get("comment") is not None:
+            return self._comment_receipt(data["comment"], replayed=True)
+        if data.get("update") is not None:
+            return self._update_receipt(data["update"], replayed=True)
+        return None
+
+    # --- one interface for every write tool (the outbox dispatches by the action's tool) --------
+
+    def execute(self, *, tool: str, idempotency_key: str, fencing_token: int, params: dict,
+                timeout: float | None = None) -> Receipt:
+        """Send the write of ``tool`` (``ticket.create``, ``ticket.comment``, ``ticket.update``)
+        with its parameters as validated by the tool's schema. Returns a :class:`Receipt`; raises
+        the module table's error classes (412 ``PreconditionFailed``: the ticket moved on)."""
+        if tool == "ticket.create":
+            return self.create_ticket(idempotency_key=idempotency_key, fencing_token=fencing_token, params=params,
+                                      timeout=timeout)
+        if tool == "ticket.comment":
+            return self.add_comment(ticket_id=params["ticket_id"], idempotency_key=idempotency_key,
+                                    fencing_token=fencing_token, body=params["body"], if_match=params["if_match"],
+                                    timeout=timeout)
+        if tool == "ticket.update":
+            return self.update_ticket(ticket_id=params["ticket_id"], if_match=params["if_match"],
+                                      changes=params["changes"], idempotency_key=idempotency_key,
+                                      fencing_token=fencing_token, timeout=timeout)
+        raise KeyError(f"the reference ticket service has no tool {tool!r}")
+
+    def lookup(self, *, tool: str, idempotency_key: str, params: dict) -> Receipt | None:
+        """The result lookup of the tool's contract: the write made with ``idempotency_key``, or
+        None. Raises ``OutcomeUnknown``/``DefinitelyNotExecuted`` when the lookup itself fails."""
+        if tool == "ticket.create":
+            return self.lookup_by_key(idempotency_key=idempotency_key)
+        kind = {"ticket.comment": "comments", "ticket.update": "updates"}[tool]
+        resp = self._send("GET", f"/tickets/{quote(params['ticket_id'], safe='')}/{kind}", what="lookup",
+                          params={"idempotency_key": idempotency_key})
+        if resp.status_code == 404:
+            return None  # no such ticket: nothing was written to it
+        if resp.status_code != 200:
+            raise _error_for_status(resp)
+        results = resp.json().get("results", [])
+        if not results:
+            return None
+        if tool == "ticket.comment":
+            return self._comment_receipt(results[0], replayed=True)
+        return self._update_receipt(results[0], replayed=True)
+
+    def _comment_receipt(self, data: dict, *, replayed: bool) -> Receipt:
+        return Receipt(external_id=data["comment"]["id"], version=int(data["ticket_version"]), status="commented",
+                       body=data, replayed=replayed, connector=self.name, kind="comment", ticket_id=data["ticket_id"])
+
+    def _update_receipt(self, ticket: dict, *, replayed: bool) -> Receipt:
+        return Receipt(external_id=ticket["id"], version=int(ticket["version"]), status=ticket.get("status", ""),
+                       body=ticket, replayed=replayed, connector=self.name, kind="update", ticket_id=ticket["id"])
 
     def add_comment(self, *, ticket_id: str, idempotency_key: str, fencing_token: int, body: str,
                     if_match: int | None, timeout: float | None = None) -> Receipt:
@@ -164,19 +227,24 @@ class ReferenceTicketConnector(_HttpConnector):
         resp = self._send("POST", f"/tickets/{quote(ticket_id, safe='')}/comments", what="comment",
                           timeout=timeout, json={"body": body}, headers=headers)
         if resp.status_code == 201:
-            data = resp.json()
-            return Receipt(external_id=data["comment"]["id"], version=int(data["ticket_version"]), status="commented",
-                           body=data, replayed=resp.headers.get("Idempotent-Replayed") == "true", connector=self.name)
+            return self._comment_receipt(resp.json(), replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
 
-    def update_ticket(self, *, ticket_id: str, if_match: int, changes: dict, timeout: float | None = None) -> dict:
-        """PATCH /tickets/{id} with ``If-Match: "<if_match>"``: the ticket at its new version.
-        Raises ``PreconditionFailed`` (412, with ``current_version`` in its body) when the ticket
-        moved on, and the table's other classes."""
+    def update_ticket(self, *, ticket_id: str, if_match: int, changes: dict, idempotency_key: str | None = None,
+                      fencing_token: int | None = None, timeout: float | None = None) -> Receipt:
+        """PATCH /tickets/{id} with ``If-Match: "<if_match>"`` and, for an action, its own
+        ``Idempotency-Key`` and ``X-Fencing-Token``. Returns a :class:`Receipt` (kind ``update``)
+        whose body is the ticket at its new version. Raises ``PreconditionFailed`` (412, with
+        ``current_version`` in its body) when the ticket moved on, and the table's other classes."""
+        headers = {"If-Match": f'"{if_match}"'}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        if fencing_token is not None:
+            headers["X-Fencing-Token"] = str(fencing_token)
         resp = self._send("PATCH", f"/tickets/{quote(ticket_id, safe='')}", what="update", timeout=timeout,
-                          json=changes, headers={"If-Match": f'"{if_match}"'})
+                          json=changes, headers=headers)
         if resp.status_code == 200:
-            return resp.json()
+            return self._update_receipt(resp.json(), replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
 
     def get_ticket(self, *, external_id: str) -> dict | None:
@@ -213,6 +281,9 @@ class HelpdeskConnector(_HttpConnector):
     name = "helpdesk"
     idempotent_by_key = False
     supports_fence = False
+    #: django-helpdesk's REST API has no ticket version or ``If-Match``: faultdesk never sends it
+    #: a comment or an update (the agent files a new ticket, a compensation waits for a person).
+    supports_conditional_writes = False
 
     def __init__(self, *, base_url: str | None = None, token: str | None = None, timeout: float | None = None):
         conf = settings.FAULTDESK
@@ -271,6 +342,18 @@ class HelpdeskConnector(_HttpConnector):
         ``request_lifetime_seconds`` since the last unanswered attempt."""
         return self.lookup_by_key(idempotency_key=idempotency_key)
 
+    def execute(self, *, tool: str, idempotency_key: str, fencing_token: int, params: dict,
+                timeout: float | None = None) -> Receipt:
+        """Only ``ticket.create`` (see :attr:`supports_conditional_writes`)."""
+        if tool != "ticket.create":
+            raise KeyError(f"django-helpdesk has no conditional {tool!r}")
+        return self.create_ticket(idempotency_key=idempotency_key, fencing_token=fencing_token, params=params,
+                                  timeout=timeout)
+
+    def lookup(self, *, tool: str, idempotency_key: str, params: dict) -> Receipt | None:
+        """The ticket created with ``idempotency_key`` (``ticket.create`` is the only tool here)."""
+        return self.lookup_by_key(idempotency_key=idempotency_key)
+
     def get_ticket(self, *, external_id: str) -> dict | None:
         """The ticket JSON by id (bridge view), with ``idempotency_key`` set from
         ``custom_faultdesk_key``; None when absent."""
@@ -291,7 +374,13 @@ CONNECTORS = {ReferenceTicketConnector.name: ReferenceTicketConnector, HelpdeskC
 
 def connector_for(tool: str, connector: str = "reference") -> ReferenceTicketConnector | HelpdeskConnector:
     """The connector that executes ``tool`` on the ticket system named ``connector`` (an action's
-    ``connector`` field). Raises ``KeyError`` for an unknown tool or ticket system."""
-    if tool != "ticket.create":
-        raise KeyError(f"no connector for tool {tool!r}")
-    return CONNECTORS[connector]()
+    ``connector`` field). Raises ``KeyError`` for an unknown tool or ticket system, or a write on
+    an existing ticket at a ticket system without conditional writes."""
+    cls = CONNECTORS[connector]
+    if tool not in WRITE_TOOLS or (tool != "ticket.create" and not cls.supports_conditional_writes):
+        raise KeyError(f"no connector for tool {tool!r} on {connector!r}")
+    return cls()
+
+
+#: the write tools a connector executes
+WRITE_TOOLS = ("ticket.create", "ticket.comment", "ticket.update")

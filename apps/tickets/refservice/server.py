@@ -156,7 +156,7 @@ def fence_key(server, request):
     except storage.StaleFencingToken as exc:
         raise ApiError(409, "stale_fencing_token", highest=exc.highest) from None
     return Response(200, {"idempotency_key": key, "highest_fencing_token": result.highest_fencing_token,
-                          "ticket": result.ticket, "comment": result.comment})
+                          "ticket": result.ticket, "comment": result.comment, "update": result.update})
 
 
 def add_comment(server, request):
@@ -209,14 +209,35 @@ def get_ticket(server, request):
 
 
 def patch_ticket(server, request):
-    """``PATCH /tickets/<id>`` with ``If-Match``: 200 new version, 404, 412 or 428."""
+    """``PATCH /tickets/<id>`` with ``If-Match``: 200 new version, 404, 412 or 428. With an
+    ``Idempotency-Key`` (optional) the update happens once per key: the same key again replays
+    the stored ticket (``Idempotent-Replayed: true``), the key with another body or ticket gets
+    422; ``X-Fencing-Token`` as for creates."""
     expected_version = parse_if_match(request.headers.get("If-Match"))
-    changes = validate_patch(parse_json_object(request.body))
+    raw_key = request.headers.get("Idempotency-Key")
+    key = parse_idempotency_key(raw_key) if raw_key is not None else None
+    if key is not None:
+        server.count_request(key)
+    fencing_token = parse_fencing_token(request.headers.get("X-Fencing-Token"))
+    payload = parse_json_object(request.body)
+    changes = validate_patch(payload)
     with _store_errors():
-        ticket = server.store.update_ticket(request.params["ticket_id"], expected_version, changes)
+        result = server.store.update_ticket(request.params["ticket_id"], expected_version, changes, key,
+                                            body_digest(payload), fencing_token)
     if server.webhooks is not None:
         server.webhooks.wake()
-    return _ticket_response(200, ticket)
+    headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
+    return _ticket_response(200, result.body, **headers)
+
+
+def lookup_updates(server, request):
+    """``GET /tickets/<id>/updates?idempotency_key=K`` -> 200 ``{"results": [ticket as that
+    update left it]}`` (0 or 1 entries)."""
+    key = request.query.get("idempotency_key")
+    if not key:
+        raise invalid("query parameter idempotency_key is required")
+    found = server.store.find_update_by_key(request.params["ticket_id"], key)
+    return Response(200, {"results": [found] if found else []})
 
 
 def admin_effects(server, request):
@@ -271,6 +292,7 @@ ROUTES = (
     Route(re.compile(r"/tickets"), {"GET": lookup_tickets, "POST": create_ticket}),
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)"), {"GET": get_ticket, "PATCH": patch_ticket}),
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/comments"), {"GET": lookup_comments, "POST": add_comment}),
+    Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/updates"), {"GET": lookup_updates}),
     Route(re.compile(r"/fences"), {"POST": fence_key}),
     Route(re.compile(r"/_admin/effects"), {"GET": admin_effects}),
     Route(re.compile(r"/_admin/tickets"), {"GET": admin_tickets}),

@@ -106,6 +106,7 @@ class FenceResult:
     highest_fencing_token: int
     ticket: dict | None
     comment: dict | None = None
+    update: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -284,11 +285,16 @@ class TicketStore:
                 self._raise_token(conn, key, fencing_token)
             conn.execute("UPDATE fences SET fenced_at = ? WHERE key = ?", (utc_now(), key))
             row = conn.execute("SELECT doc FROM tickets WHERE idempotency_key = ?", (key,)).fetchone()
-            comment = None
-            if row is None:  # a comment's key: its stored response
-                found = conn.execute("SELECT response_body FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
-                comment = json.loads(found[0]) if found else None
-        return FenceResult(max(fencing_token, highest or 0), json.loads(row[0]) if row else None, comment)
+            comment = update = None
+            if row is None:  # a comment's (201) or an update's (200) key: its stored response
+                found = conn.execute("SELECT response_status, response_body FROM idempotency_keys WHERE key = ?",
+                                     (key,)).fetchone()
+                if found is not None:
+                    if found[0] == 201:
+                        comment = json.loads(found[1])
+                    else:
+                        update = json.loads(found[1])
+        return FenceResult(max(fencing_token, highest or 0), json.loads(row[0]) if row else None, comment, update)
 
     def add_comment(self, ticket_id, key, digest, body, expected_version=None, fencing_token=None):
         """Append a comment to a ticket once per idempotency ``key``; replay it afterwards.
@@ -345,21 +351,49 @@ class TicketStore:
 
     def find_comment_by_key(self, ticket_id, key):
         """Return the stored comment response for idempotency ``key`` on ``ticket_id``, or None."""
+        return self._find_write_by_key(ticket_id, key, 201)
+
+    def find_update_by_key(self, ticket_id, key):
+        """Return the stored update response (the ticket as that update left it) for idempotency
+        ``key`` on ``ticket_id``, or None."""
+        return self._find_write_by_key(ticket_id, key, 200)
+
+    def _find_write_by_key(self, ticket_id, key, status):
         with self._read() as conn:
             row = conn.execute("SELECT response_body FROM idempotency_keys WHERE key = ? AND ticket_id = ?"
+                               " AND response_status = ?"
                                " AND NOT EXISTS (SELECT 1 FROM tickets WHERE idempotency_key = ?)",
-                               (key, ticket_id, key)).fetchone()
+                               (key, ticket_id, status, key)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def update_ticket(self, ticket_id, expected_version, changes):
+    def update_ticket(self, ticket_id, expected_version, changes, key=None, digest=None, fencing_token=None):
         """Apply validated ``changes`` to a ticket if it is at ``expected_version``.
 
         ``changes`` may hold ``status``, ``priority``, ``assignee`` and
         ``comment`` (appended to ``comments`` as ``{"body", "created_at"}``).
-        Returns the ticket at version + 1. Raises :class:`NotFound` or
-        :class:`VersionMismatch`; neither changes anything.
+        With an idempotency ``key`` (and the body ``digest``), the update happens once per key:
+        the same key again returns the stored ticket (``replayed``) whatever the ticket's version
+        is now; the key with another body or ticket raises :class:`IdempotencyKeyReused`;
+        ``fencing_token`` is checked as for comments. Returns a :class:`CreateResult` whose body
+        is the ticket at version + 1. Raises :class:`NotFound`, :class:`VersionMismatch`,
+        :class:`StaleFencingToken`, :class:`FencingTokenRequired` or
+        :class:`IdempotencyKeyReused`; none changes anything.
         """
         with self._write() as conn:
+            highest = self._highest_token(conn, key) if key else None
+            if key is not None:
+                if fencing_token is not None and highest is not None and fencing_token < highest:
+                    raise StaleFencingToken(highest)
+                if fencing_token is None and self._is_fenced(conn, key):
+                    raise FencingTokenRequired()
+                stored = conn.execute("SELECT body_digest, ticket_id, response_body FROM idempotency_keys"
+                                      " WHERE key = ?", (key,)).fetchone()
+                if stored is not None:
+                    if stored[0] != digest or stored[1] != ticket_id:
+                        raise IdempotencyKeyReused()
+                    if fencing_token is not None and (highest is None or fencing_token > highest):
+                        self._raise_token(conn, key, fencing_token)
+                    return CreateResult(200, json.loads(stored[2]), replayed=True)
             row = conn.execute("SELECT version, doc FROM tickets WHERE id = ?", (ticket_id,)).fetchone()
             if row is None:
                 raise NotFound(ticket_id)
@@ -386,7 +420,15 @@ class TicketStore:
                     "idempotency_key": ticket["idempotency_key"], "version": ticket["version"],
                     "status": ticket["status"], "previous_status": previous_status, "occurred_at": now,
                 })
-            return ticket
+            if key is not None:
+                conn.execute(
+                    "INSERT INTO idempotency_keys (key, body_digest, ticket_id, response_status, response_body,"
+                    " highest_fencing_token, effects, created_at) VALUES (?, ?, ?, 200, ?, ?, 1, ?)",
+                    (key, digest, ticket_id, json.dumps(ticket, ensure_ascii=False), fencing_token, now),
+                )
+                if fencing_token is not None and (highest is None or fencing_token > highest):
+                    self._raise_token(conn, key, fencing_token)
+            return CreateResult(200, ticket, replayed=False)
 
     @staticmethod
     def _webhook_add(conn, event):
