@@ -32,6 +32,10 @@ class Action(models.Model):
     approval = models.ForeignKey(
         "approvals.ApprovalRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="actions"
     )
+    compensates = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations",
+        help_text="the action whose effect this one compensates (a saga step, reducer/2), or empty",
+    )
     object_version = models.PositiveIntegerField(help_text="V_o the action was authorized against")
     reservation = models.PositiveIntegerField(default=0)
     receipt = models.JSONField(null=True, blank=True)

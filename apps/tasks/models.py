@@ -25,7 +25,7 @@ class Urgency(models.TextChoices):
 
 
 class Task(models.Model):
-    STATUS_CHOICES = [(s, s.replace("_", " ").capitalize()) for s in reducer.STATUSES]
+    STATUS_CHOICES = [(s, s.replace("_", " ").capitalize()) for s in reducer.ALL_STATUSES]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="tasks")

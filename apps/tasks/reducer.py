@@ -42,8 +42,15 @@ STATUSES = (
     WAITING_RECONCILIATION, COMPLETED, FAILED, CANCELLED,
 )
 TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
-WAITING = frozenset({WAITING_INPUT, WAITING_APPROVAL, WAITING_RECONCILIATION})
 NON_TERMINAL = tuple(s for s in STATUSES if s not in TERMINAL)
+
+# Statuses only ``reducer/2`` (apps.tasks.reducer_v2) reaches: a cancelled task closing the ticket it
+# created anyway (a compensation), and a failed compensation waiting for a person.
+COMPENSATING = "COMPENSATING"
+WAITING_COMPENSATION = "WAITING_COMPENSATION"
+#: every status of every carried reducer version (model choices, API filters)
+ALL_STATUSES = (*STATUSES, COMPENSATING, WAITING_COMPENSATION)
+WAITING = frozenset({WAITING_INPUT, WAITING_APPROVAL, WAITING_RECONCILIATION, WAITING_COMPENSATION})
 
 
 class IllegalTransition(Exception):
@@ -352,8 +359,11 @@ def replay(events: list[tuple[str, dict]], *, start: dict | None = None) -> dict
 # version is retired, its tasks need an explicit migration of their events to a version this build
 # carries: never a silent replay with new logic (DESIGN.md §4).
 
-#: Reducer versions this build carries.
+#: Reducer versions this build carries. A task without a pinned version is a ``reducer/1`` task.
 REDUCERS: dict[str, Callable[[dict, str, dict], dict]] = {REDUCER_VERSION: reduce}
+
+#: The version new tasks are pinned to (``reducer/2``, registered at the end of this module).
+CURRENT = "reducer/2"
 
 #: Explicit migrations: old version -> (target version, function mapping the old ``(type, payload)``
 #: event list to the target version's events). Empty while only ``reducer/1`` exists.
@@ -383,3 +393,12 @@ def migrate_events(version: str, events: list[tuple[str, dict]]) -> tuple[str, l
         version, fn = MIGRATIONS[version][0], MIGRATIONS[version][1]
         events = fn(events)
     return version, events
+
+
+def _register_v2() -> None:
+    from apps.tasks import reducer_v2
+
+    REDUCERS[reducer_v2.VERSION] = reducer_v2.reduce
+
+
+_register_v2()

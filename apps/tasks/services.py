@@ -56,7 +56,7 @@ def artifact_bundle_current() -> dict:
         "tool_schemas": {name: contract.version for name, contract in TOOLS.items()},
         "controller": CONTROLLER_VERSION,
         "parser": PARSER_VERSION,
-        "reducer": reducer.REDUCER_VERSION,
+        "reducer": reducer.CURRENT,
         "embedding_model": settings.FAULTDESK["EMBEDDING_MODEL"],
     }
 

@@ -27,13 +27,13 @@ class TaskListCreateApi(APIView):
     permission_classes = [HasPrincipal]
 
     @extend_schema(responses=TaskSerializer(many=True),
-                   parameters=[OpenApiParameter("status", enum=list(reducer.STATUSES))])
+                   parameters=[OpenApiParameter("status", enum=list(reducer.ALL_STATUSES))])
     def get(self, request):
         principal = request_principal(request)
         qs = task_list(principal=principal)
         if s := request.query_params.get("status"):
-            if s not in reducer.STATUSES:
-                raise ValidationError({"status": f"must be one of {list(reducer.STATUSES)}"})
+            if s not in reducer.ALL_STATUSES:
+                raise ValidationError({"status": f"must be one of {list(reducer.ALL_STATUSES)}"})
             qs = qs.filter(status=s)
         return Response(TaskSerializer(qs[:100], many=True).data)
 
