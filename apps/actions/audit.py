@@ -35,36 +35,49 @@ def task_actions_audit(task, *, remote: bool = False) -> list[str]:
     """Return the disagreements found for ``task`` (a :class:`~apps.tasks.models.Task`) as
     human-readable strings; an empty list means the record is consistent.
 
-    ``remote``: also ask each action's ticket system by key (False: the database only). A lookup
-    that fails raises the connector's :class:`~apps.actions.errors.ToolError`."""
-    problems: list[str] = []
+    The task's own actions are checked against ``state["action"]`` and, for ``reducer/2``, its
+    compensation actions (rows with ``compensates`` set) against ``state["compensation"]["action"]``,
+    each group by the same rules.
+
+    ``remote``: also ask each action's ticket system by key, with the tool's own result lookup
+    (False: the database only). A lookup that fails raises the connector's
+    :class:`~apps.actions.errors.ToolError`."""
+    state = task.state or {}
     actions = list(Action.objects.filter(task_id=task.pk).order_by("created_at"))
-    current = (task.state or {}).get("action")
-    receipt = (task.state or {}).get("receipt")
-    if current is None:
-        # The state drops an action that was invalidated before it was sent (re-plan): its row
-        # must say so.
-        problems.extend(f"action {a.pk} is {a.status} but the task state holds no action" for a in actions
-                        if a.status not in (ActionStatus.NOT_SENT, ActionStatus.FAILED))
-        actions_behind = []
-    else:
-        actions_behind = actions[:-1]
-        newest = actions[-1] if actions else None
-        if newest is None or str(newest.pk) != current["id"]:
-            problems.append(f"the state's action {current['id']} is not the task's newest action row")
-        elif newest.status not in _AGREES.get(current["status"], set()):
-            problems.append(f"action {newest.pk}: state says {current['status']}, row says {newest.status}")
-        if receipt is not None and newest is not None and newest.external_id != receipt["external_id"]:
-            problems.append(f"receipt ticket {receipt['external_id']} but the action row holds "
-                            f"{newest.external_id or 'none'}")
-    for older in actions_behind:
-        if older.status in (ActionStatus.INTENDED, ActionStatus.UNKNOWN, ActionStatus.SUCCEEDED):
-            problems.append(f"superseded action {older.pk} is {older.status}")
+    compensation = state.get("compensation") or {}
+    problems = _group_audit([a for a in actions if a.compensates_id is None], state.get("action"),
+                            state.get("receipt"), "")
+    problems += _group_audit([a for a in actions if a.compensates_id is not None], compensation.get("action"),
+                             compensation.get("receipt"), "compensation ")
     if remote:
         from apps.tickets.connectors import connector_for
 
         for action in actions:
             problems.extend(_remote_disagreement(action, connector_for(action.tool, action.connector)))
+    return problems
+
+
+def _group_audit(actions: list[Action], current: dict | None, receipt: dict | None, what: str) -> list[str]:
+    problems: list[str] = []
+    if current is None:
+        # The state drops an action that was invalidated (or hit a conflict) before it was sent
+        # (re-plan): its row must say so.
+        problems.extend(f"{what}action {a.pk} is {a.status} but the task state holds no {what}action"
+                        for a in actions if a.status not in (ActionStatus.NOT_SENT, ActionStatus.FAILED))
+        actions_behind = []
+    else:
+        actions_behind = actions[:-1]
+        newest = actions[-1] if actions else None
+        if newest is None or str(newest.pk) != current["id"]:
+            problems.append(f"the state's {what}action {current['id']} is not the task's newest {what}action row")
+        elif newest.status not in _AGREES.get(current["status"], set()):
+            problems.append(f"{what}action {newest.pk}: state says {current['status']}, row says {newest.status}")
+        if receipt is not None and newest is not None and newest.external_id != receipt["external_id"]:
+            problems.append(f"{what}receipt {receipt['external_id']} but the action row holds "
+                            f"{newest.external_id or 'none'}")
+    for older in actions_behind:
+        if older.status in (ActionStatus.INTENDED, ActionStatus.UNKNOWN, ActionStatus.SUCCEEDED):
+            problems.append(f"superseded {what}action {older.pk} is {older.status}")
     return problems
 
 

@@ -19,6 +19,9 @@ from apps.tasks import reducer
 
 DEFAULT_RULES = {
     "ticket.create": {"requires_approval": True, "ttl_minutes": 240},
+    "ticket.comment": {"requires_approval": True, "ttl_minutes": 240},
+    # A compensation always needs its own approval, whatever the rule says (DESIGN.md §6).
+    "ticket.update": {"requires_approval": True, "ttl_minutes": 240},
 }
 
 
@@ -156,6 +159,21 @@ def approval_check_binding(
     if approver is None or not approver.is_approver:
         return BindingCheck(False, "approver no longer holds an approver role")
     return BindingCheck(True)
+
+
+def approval_check_binding_now(*, approval: ApprovalRequest, action_digest: str, now=None) -> BindingCheck:
+    """:func:`approval_check_binding` against the object as it is now. A device approval reads
+    the device's current version V_o. A ticket approval (a comment, an update, a compensation)
+    binds the ticket version the write is conditional on: the ticket system checks it atomically
+    with ``If-Match`` when the write arrives (a 412 re-plans), so here it is taken as bound."""
+    from apps.devices.selectors import device_read
+
+    if approval.object_type == "device":
+        current = device_read(tenant_id=approval.tenant_id, device_id=int(approval.object_id))
+        version = current["version"] if current else -1
+    else:
+        version = approval.object_version
+    return approval_check_binding(approval=approval, action_digest=action_digest, object_version=version, now=now)
 
 
 def approval_invalidate(*, approval: ApprovalRequest, reason: str) -> None:

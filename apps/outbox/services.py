@@ -35,8 +35,7 @@ from django.utils import timezone
 from apps.actions import errors
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.actions.registry import tool_get
-from apps.approvals.services import approval_check_binding, approval_invalidate
-from apps.devices.selectors import device_read
+from apps.approvals.services import approval_check_binding_now, approval_invalidate
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.failpoints import failpoint
@@ -108,26 +107,25 @@ def _still_ours(message_id, fencing_token: int):
 
 def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     """Deliver one claimed outbox row. Returns the outcome: ``"receipt"``, ``"failed"``,
-    ``"retry"``, ``"unknown"``, ``"cancelled"``, ``"invalidated"`` or ``"lost_lease"``."""
+    ``"conflict"`` (412 on a conditional write: the task re-plans), ``"retry"``, ``"unknown"``,
+    ``"cancelled"``, ``"invalidated"`` or ``"lost_lease"``."""
     message = OutboxMessage.objects.select_related("action", "action__approval").get(pk=message_id)
     action = message.action
     task = Task.objects.select_related("tenant").get(pk=action.task_id)
     now = timezone.now()
 
-    # 2. re-authorize at the moment of dispatch
+    # 2. re-authorize at the moment of dispatch (a compensation runs on a cancelled task: it is
+    #    what the cancel asked for, under its own approval)
     actor = f"dispatcher:{owner}"
-    if task.status == reducer.CANCELLED or task.state.get("cancel_requested"):
+    cancelled = task.status == reducer.CANCELLED or task.state.get("cancel_requested")
+    if cancelled and action.compensates_id is None:
         settled = _settle_not_executed(message, action, fencing_token, actor)
         if settled is not None:
             return settled
         _finish_not_sent(message, action, fencing_token, OutboxStatus.CANCELLED, "cancelled before send", actor)
         return "cancelled"
     if action.approval_id is not None:
-        current = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
-        check = approval_check_binding(
-            approval=action.approval, action_digest=action.params_digest,
-            object_version=current["version"] if current else -1, now=now,
-        )
+        check = approval_check_binding_now(approval=action.approval, action_digest=action.params_digest, now=now)
         if not check.ok:
             # An earlier attempt, sent while the approval still held, may have created the ticket.
             settled = _settle_not_executed(message, action, fencing_token, actor)
@@ -177,7 +175,7 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
 
     # 4. send with the stable idempotency key; the timeout is bounded by the task's deadline
     contract = tool_get(action.tool)
-    remaining = (task.deadline_at - timezone.now()).total_seconds() - 2.0
+    remaining = (action_deadline(action, task) - timezone.now()).total_seconds() - 2.0
     timeout = max(0.5, min(contract.deadline_seconds, remaining))
     failpoint("before_send")
     try:
@@ -190,6 +188,15 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     failpoint("after_send")
     receipt_record(action_id=action.pk, receipt=receipt, attempt_id=attempt.pk, actor=f"dispatcher:{owner}")
     return "receipt"
+
+
+def action_deadline(action: Action, task: Task):
+    """When sending (and re-sending) ``action`` must stop: the task's deadline, or for a
+    compensation — which runs after its task was cancelled — its own window of
+    ``TASK_DEADLINE_SECONDS`` from its intent."""
+    if action.compensates_id is None:
+        return task.deadline_at
+    return action.created_at + timedelta(seconds=settings.FAULTDESK["TASK_DEADLINE_SECONDS"])
 
 
 def _kick_agent(task_id) -> None:
@@ -311,7 +318,7 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
     )
     # A retryable error means this request did nothing; a resend to a ticket system without
     # idempotency first looks the key up (see outbox_deliver), so both kinds may retry.
-    retry_ok = exc.retryable and message.attempts < MAX_ATTEMPTS and task.deadline_at > now
+    retry_ok = exc.retryable and message.attempts < MAX_ATTEMPTS and action_deadline(action, task) > now
     if not unknown and not retry_ok:
         # About to record "not executed": an earlier attempt may still have created the ticket.
         settled = _settle_not_executed(message, action, fencing_token, actor, except_attempt_id=attempt.pk)
@@ -352,6 +359,23 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
                 lease_owner=None, lease_expires_at=None,
             )
             return "retry"
+        if _is_conflict(action, exc):
+            # 412: the ticket moved on since the plan read it. Not executed (the key never wrote):
+            # the task re-reads the ticket and re-plans, under a new approval.
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err,
+                                                               finished_at=now)
+            Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error=err)
+            OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED, last_error=err,
+                                                               lease_owner=None, lease_expires_at=None)
+            if action.approval is not None:
+                approval_invalidate(approval=action.approval, reason="the ticket changed since the approval (412)")
+            _append_or_record_refusal(task_id=task.pk, event_type="dispatch.conflict", actor=actor,
+                                      payload_fn=lambda t: {"action_id": str(action.pk),
+                                                            "expected_version": action.params.get("if_match"),
+                                                            "current_version": exc.body.get("current_version"),
+                                                            "executed": False})
+            _kick_agent(task.pk)
+            return "conflict"
         ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err, finished_at=now)
         Action.objects.filter(pk=action.pk).update(status=ActionStatus.FAILED, last_error=err)
         OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED, last_error=err,
@@ -360,6 +384,12 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
                                   payload_fn=lambda t: {"action_id": str(action.pk), "error": err["code"],
                                                         "detail": err["detail"], "executed": False})
     return "failed"
+
+
+def _is_conflict(action: Action, exc: errors.ToolError) -> bool:
+    """A conditional write refused because the ticket is no longer at the version it was planned on."""
+    return tool_get(action.tool).conditional and isinstance(exc, errors.PreconditionFailed) \
+        and exc.status == 412 and exc.body.get("error") == "version_mismatch"
 
 
 def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str, resolution: dict | None = None) -> None:
@@ -463,9 +493,9 @@ def _reconcile_one(action: Action) -> None:
     message = OutboxMessage.objects.get(action=action)
     now = timezone.now()
     stop = None
-    if task.status == reducer.CANCELLED or task.state.get("cancel_requested"):
+    if action.compensates_id is None and (task.status == reducer.CANCELLED or task.state.get("cancel_requested")):
         stop = "cancelled"
-    elif task.deadline_at <= now:
+    elif action_deadline(action, task) <= now:
         stop = "deadline passed"
     elif message.attempts >= MAX_ATTEMPTS:
         stop = f"{message.attempts} attempts used"

@@ -45,7 +45,12 @@ def answer_compose(state: dict) -> dict:
         lines.append(f"[{c['n']}] {c['document_title']} (v{c['version']}, §{c['section']}): {excerpt[:220]}")
     proposal = state.get("proposal")
     receipt = state.get("receipt")
-    if receipt:
+    if receipt and receipt.get("kind") == "comment":
+        change = {"ticket_id": receipt["ticket_id"], "ticket_version": receipt["version"], "comment_id":
+                  receipt["external_id"], "connector": receipt.get("connector", "reference"), "status": "commented"}
+        note = (f"Your report was added to the open ticket {receipt['ticket_id']} as comment {receipt['external_id']} "
+                f"(receipt recorded, ticket version {receipt['version']}); no second ticket was created.")
+    elif receipt:
         change = {"ticket_id": receipt["external_id"], "ticket_version": receipt["version"],
                   "connector": receipt.get("connector", "reference"), "status": receipt.get("status")}
         note = f"Ticket {receipt['external_id']} was created (receipt recorded, version {receipt['version']})."

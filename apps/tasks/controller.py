@@ -17,17 +17,18 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from apps.actions import errors
 from apps.actions.digest import action_digest, idempotency_key
 from apps.actions.models import Action
-from apps.actions.registry import tool_get
+from apps.actions.registry import ParamsInvalid, params_validate, tool_get
 from apps.approvals.models import ApprovalRequest
-from apps.approvals.services import approval_check_binding, approval_invalidate, policy_decide
+from apps.approvals.services import approval_check_binding_now, approval_invalidate, policy_decide
 from apps.devices.selectors import device_read
 from apps.evidence.selectors import evidence_retrieve
 from apps.llm.drafter import local_draft
 from apps.llm.parser import draft_validate
 from apps.outbox.models import OutboxMessage
-from apps.tasks import reducer
+from apps.tasks import reducer, reducer_v2
 from apps.tasks.answer import answer_compose
 from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task
@@ -39,6 +40,8 @@ from apps.tasks.services import (
     task_claim,
     task_release,
 )
+from apps.tickets.connectors import CONNECTORS, connector_for
+from apps.tickets.selectors import open_ticket_read, ticket_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,16 @@ def context_read(*, task_id: uuid.UUID) -> None:
             task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=gen,
                               payload={"reason": "device no longer exists in the tenant"})
             return
+        if _v2(task):
+            # The device's open ticket, read at its ticket system: the plan may comment on it.
+            try:
+                ticket = open_ticket_read(tenant_id=task.tenant_id, device_id=task.device_id,
+                                          connector=task.tenant.ticket_system)
+            except errors.ToolError as exc:
+                log.info("context_read %s: the ticket system cannot be read now (%s); retried later", task_id, exc)
+                return
+            task = task_append_event(task=task, event_type="ticket.read", actor=_actor(lease), lease_generation=gen,
+                                     payload={"ticket": ticket, "read_at": timezone.now().isoformat()})
         task = task_append_event(
             task=task, event_type="device.read", actor=_actor(lease), lease_generation=gen,
             payload={"reading": reading, "read_at": timezone.now().isoformat()},
@@ -132,6 +145,10 @@ def _step(task: Task, lease: Lease) -> bool:
     """Do one step; return True when another step should follow immediately."""
     gen, actor = lease.generation, _actor(lease)
     status = task.status
+    if status == reducer.CANCELLED and _compensation_due(task):
+        return _compensation_request(task, lease, ticket=_created_ticket(task.state["receipt"]))
+    if status == reducer.COMPENSATING:
+        return _compensate(task, lease)  # bounded by its own approval expiry and re-plan limit
     if status in reducer.TERMINAL:
         return False
     exceeded = _bounds_exceeded(task)
@@ -152,8 +169,9 @@ def _step(task: Task, lease: Lease) -> bool:
     if status == reducer.WAITING_APPROVAL:
         return _resume_after_approval(task, lease)
     if status == reducer.DISPATCHING and task.state["receipt"] is not None:
+        reason = "ticket_commented" if task.state["receipt"].get("kind") == "comment" else "ticket_created"
         task_append_event(task=task, event_type="task.completed", actor=actor, lease_generation=gen,
-                          payload={"reason": "ticket_created", "answer": answer_compose(task.state)})
+                          payload={"reason": reason, "answer": answer_compose(task.state)})
         return False
     return False  # WAITING_INPUT, DISPATCHING without receipt, WAITING_RECONCILIATION: someone else acts
 
@@ -166,8 +184,7 @@ def _propose(task: Task, lease: Lease) -> bool:
                           payload={"reason": f"redraft_limit: no valid draft after {limit} re-drafts"})
         return False
     draft = _model_call(task, state)
-    tool = tool_get("ticket.create")
-    digest = action_digest(tool=tool.name, tool_version=tool.version, params=draft["ticket"])
+    digest = _plan(state, draft)["digest"]
     if digest in state["rejected_digests"]:
         # The local drafter is deterministic: it cannot propose something materially different.
         final = {**state, "proposal": None, "termination_reason": "proposal_rejected"}
@@ -242,36 +259,67 @@ def _validate_and_authorize(task: Task, lease: Lease) -> bool:
         task_append_event(task=task, event_type="input.requested", actor=actor, lease_generation=gen,
                           payload={"questions": draft["missing_information"]})
         return False
-    tool = tool_get("ticket.create")
-    params = draft["ticket"]
-    digest = action_digest(tool=tool.name, tool_version=tool.version, params=params)
-    proposal = {"tool": tool.name, "tool_version": tool.version, "params": params, "digest": digest}
+    proposal = _plan(state, draft)
+    tool = tool_get(proposal["tool"])
+    params, digest = proposal["params"], proposal["digest"]
+    ticket = state.get("ticket") if tool.object_scope == "ticket" else None
+    object_version = ticket["version"] if ticket else device["version"]
     decision = policy_decide(tenant_id=task.tenant_id, tool=tool.name)
     if decision.requires_approval:
         approval_id = uuid.uuid4()
         expires_at = timezone.now() + decision.ttl
+        system = CONNECTORS[task.tenant.ticket_system].label
+        if ticket:
+            target = {"object_type": "ticket", "object_id": ticket["external_id"]}
+            scope = f"{task.tenant.slug}:{tool.name}:ticket/{ticket['external_id']}"
+            effects = (f"Adds one comment to ticket {ticket['external_id']} in {system}, only while the ticket is "
+                       f"still at version {ticket['version']} (If-Match); no new ticket.")
+        else:
+            target = {"object_type": "device", "object_id": str(device["device_id"])}
+            scope = f"{task.tenant.slug}:{tool.name}:device/{device['asset_tag']}"
+            effects = f"Creates one ticket in {system} for {device['asset_tag']} with priority {params['priority']}."
 
         def create_approval(t: Task, event) -> None:
             ApprovalRequest.objects.create(
                 id=approval_id, tenant_id=t.tenant_id, task_id=t.pk, requested_by_id=t.requester_id,
                 tool=tool.name, tool_version=tool.version, params=params, action_digest=digest,
-                object_type="device", object_id=str(device["device_id"]), object_version=device["version"],
-                policy_version=decision.policy_version,
-                scope=f"{t.tenant.slug}:{tool.name}:device/{device['asset_tag']}",
-                side_effects=f"Creates one ticket in the reference ticket system for {device['asset_tag']} "
-                             f"with priority {params['priority']}.",
-                evidence=state["evidence"], expires_at=expires_at,
+                object_version=object_version, policy_version=decision.policy_version, scope=scope,
+                side_effects=effects, evidence=state["evidence"], expires_at=expires_at, **target,
             )
 
         task_append_event(
             task=task, event_type="approval.requested", actor=actor, lease_generation=gen,
-            payload={"approval_id": str(approval_id), "proposal": proposal, "object_version": device["version"],
+            payload={"approval_id": str(approval_id), "proposal": proposal, "object_version": object_version,
                      "policy_version": decision.policy_version, "expires_at": expires_at.isoformat()},
             side_effects=create_approval,
         )
         return False
-    _commit_intent(task, lease, proposal=proposal, approval=None, object_version=device["version"])
+    _commit_intent(task, lease, proposal=proposal, approval=None, object_version=object_version)
     return False
+
+
+def _v2(task: Task) -> bool:
+    """Is the task pinned to ``reducer/2`` (comments on an open ticket, conflicts, compensation)?
+    A ``reducer/1`` task keeps ``reducer/1``'s plan: always a new ticket."""
+    return (task.artifact_bundle or {}).get("reducer") == reducer_v2.VERSION
+
+
+def _plan(state: dict, draft: dict) -> dict:
+    """The write the draft leads to, as a proposal ``{tool, tool_version, params, digest}``: a
+    comment on the device's open ticket when the plan read one (``reducer/2``), conditional on
+    the version read; otherwise a new ticket. Pure: the same state and draft, the same proposal."""
+    ticket, t = state.get("ticket"), draft["ticket"]
+    if ticket:
+        tool = tool_get("ticket.comment")
+        body = (f"New report for {t['device']} from {t['requester']} ({t['priority']}): {t['title']}\n\n"
+                f"{t['description']}")[:8000]
+        params = {"ticket_id": ticket["external_id"], "if_match": ticket["version"], "body": body,
+                  "device": t["device"], "evidence": t["evidence"]}
+    else:
+        tool = tool_get("ticket.create")
+        params = t
+    digest = action_digest(tool=tool.name, tool_version=tool.version, params=params)
+    return {"tool": tool.name, "tool_version": tool.version, "params": params, "digest": digest}
 
 
 def _invalidating(approval: ApprovalRequest, reason: str):
@@ -313,15 +361,10 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
                           payload={"approval_id": a["id"], "reason": changed},
                           side_effects=_invalidating(approval, changed))
         return True
-    current = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
-    check = approval_check_binding(
-        approval=approval, action_digest=state["proposal"]["digest"],
-        object_version=current["version"] if current else -1, now=now,
-    )
+    check = approval_check_binding_now(approval=approval, action_digest=state["proposal"]["digest"], now=now)
     if not check.ok:
         task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                          payload={"approval_id": a["id"], "reason": check.reason,
-                                   "device_version_now": current["version"] if current else None},
+                          payload={"approval_id": a["id"], "reason": check.reason},
                           side_effects=_invalidating(approval, check.reason))
         return True
     _commit_intent(task, lease, proposal=state["proposal"], approval=approval, object_version=approval.object_version)
@@ -329,17 +372,29 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
 
 
 def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: ApprovalRequest | None,
-                   object_version: int) -> None:
+                   object_version: int, compensates: Action | None = None) -> None:
     """DESIGN.md §1 step 6: in ONE transaction — CAS on task version + fencing token, budget
     reservation (checked by δ: U + R + r ≤ B), the action identity with its idempotency key, the
-    intent event and the outbox row. The dispatcher is kicked on commit."""
+    intent event and the outbox row. The dispatcher is kicked on commit. Parameters that do not
+    match the tool's schema, or a reused key, are refused before any row is written.
+    ``compensates``: the action whose effect this one compensates (``reducer/2``)."""
     from apps.outbox.tasks import enqueue_dispatch
 
     tool = tool_get(proposal["tool"])
+    try:
+        params_validate(tool.name, proposal["params"])
+    except ParamsInvalid as exc:
+        refused_event_record(task=task, event_type="intent.committed", payload={"digest": proposal["digest"]},
+                             reason=str(exc), actor=_actor(lease), lease_generation=lease.generation)
+        event = "compensation.failed" if compensates is not None else "task.failed"
+        task_append_event(task=task, event_type=event, actor=_actor(lease), lease_generation=lease.generation,
+                          payload={"reason": f"invalid parameters: {exc}"})
+        return
     action_id = uuid.uuid4()
     key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
                           digest=proposal["digest"], intent_seq=task.version + 1)
-    connector = task.tenant.ticket_system  # the ticket system this action goes to, fixed now
+    # The ticket system this action goes to, fixed now (a compensation: where its ticket is).
+    connector = compensates.connector if compensates is not None else task.tenant.ticket_system
     reused = Action.objects.filter(tenant_id=task.tenant_id, idempotency_key=key).first()
     if reused is not None:
         # One key, one logical action: a key already bound to other parameters (or to another
@@ -349,18 +404,22 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
         refused_event_record(task=task, event_type="intent.committed", payload={"idempotency_key": key,
                              "digest": proposal["digest"]}, reason=reason, actor=_actor(lease),
                              lease_generation=lease.generation)
-        task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=lease.generation,
+        event = "compensation.failed" if compensates is not None else "task.failed"
+        task_append_event(task=task, event_type=event, actor=_actor(lease), lease_generation=lease.generation,
                           payload={"reason": "idempotency key reused: the intent was refused"})
         return
+    params = proposal["params"]
+    ordering_key = f"ticket:{connector}:{params['ticket_id']}" if tool.object_scope == "ticket" \
+        else f"{tool.name}:{key}"
 
     def write_action(t: Task, event) -> None:
         action = Action.objects.create(
             id=action_id, tenant_id=t.tenant_id, task_id=t.pk, tool=tool.name, tool_version=tool.version,
-            connector=connector, params=proposal["params"], params_digest=proposal["digest"], idempotency_key=key,
-            approval=approval, object_version=object_version, reservation=tool.cost_units,
+            connector=connector, params=params, params_digest=proposal["digest"], idempotency_key=key,
+            approval=approval, object_version=object_version, reservation=tool.cost_units, compensates=compensates,
         )
         OutboxMessage.objects.create(
-            tenant_id=t.tenant_id, action=action, ordering_key=f"{tool.name}:{key}", available_at=timezone.now(),
+            tenant_id=t.tenant_id, action=action, ordering_key=ordering_key, available_at=timezone.now(),
         )
         transaction.on_commit(enqueue_dispatch)
 
@@ -373,3 +432,124 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
                  "connector": connector},
         side_effects=write_action,
     )
+
+
+# --- compensation (reducer/2; DESIGN.md §6 "saga"; spec table 16.5 "取消后收到回执") ----------------
+
+COMPENSATION_REASON = "the request was cancelled after its ticket was created"
+
+
+def _compensation_due(task: Task) -> bool:
+    """A cancelled ``reducer/2`` task whose ticket was created anyway (a late receipt, or a receipt
+    just before the cancel) and whose compensation was not asked for yet. A comment is not
+    compensated: it cannot be taken back, and it created nothing."""
+    state = task.state
+    receipt = state.get("receipt")
+    return _v2(task) and state.get("compensation") is None and receipt is not None \
+        and receipt.get("kind", "ticket") == "ticket"
+
+
+def _created_ticket(receipt: dict) -> dict:
+    return {"connector": receipt.get("connector", "reference"), "external_id": receipt["external_id"],
+            "version": int(receipt["version"]), "status": receipt.get("status"), "priority": None, "title": ""}
+
+
+def _compensation_request(task: Task, lease: Lease, *, ticket: dict) -> bool:
+    """Ask to close ``ticket`` (as read) as a new ``ticket.update`` action with its own approval,
+    conditional on the version read. A ticket system without conditional writes cannot do it
+    safely: the compensation then waits for a person at once."""
+    gen, actor, state = lease.generation, _actor(lease), task.state
+    connector = ticket["connector"]
+    if not CONNECTORS[connector].supports_conditional_writes:
+        task = task_append_event(task=task, event_type="compensation.requested", actor=actor, lease_generation=gen,
+                                 payload={"reason": COMPENSATION_REASON, "ticket": ticket, "proposal": None,
+                                          "approval_id": None})
+        task_append_event(task=task, event_type="compensation.failed", actor=actor, lease_generation=gen,
+                          payload={"reason": f"{CONNECTORS[connector].label} has no conditional update: close ticket "
+                                             f"{ticket['external_id']} there by hand, then record it here"})
+        return False
+    tool = tool_get("ticket.update")
+    params = {"ticket_id": ticket["external_id"], "if_match": ticket["version"], "reason": COMPENSATION_REASON,
+              "changes": {"status": "closed",
+                          "comment": f"Closed by faultdesk: {COMPENSATION_REASON} (task {task.pk})."}}
+    digest = action_digest(tool=tool.name, tool_version=tool.version, params=params)
+    proposal = {"tool": tool.name, "tool_version": tool.version, "params": params, "digest": digest}
+    decision = policy_decide(tenant_id=task.tenant_id, tool=tool.name)  # approval needed whatever it says
+    approval_id, expires_at = uuid.uuid4(), timezone.now() + decision.ttl
+
+    def create_approval(t: Task, event) -> None:
+        ApprovalRequest.objects.create(
+            id=approval_id, tenant_id=t.tenant_id, task_id=t.pk, requested_by_id=t.requester_id, tool=tool.name,
+            tool_version=tool.version, params=params, action_digest=digest, object_type="ticket",
+            object_id=ticket["external_id"], object_version=ticket["version"], policy_version=decision.policy_version,
+            scope=f"{t.tenant.slug}:{tool.name}:ticket/{ticket['external_id']}",
+            side_effects=f"Compensation: closes ticket {ticket['external_id']} in {CONNECTORS[connector].label}, "
+                         f"which was created although the request was cancelled; only while the ticket is still "
+                         f"at version {ticket['version']} (If-Match). Rejecting leaves the ticket open.",
+            evidence=state.get("evidence") or [], expires_at=expires_at,
+        )
+
+    task_append_event(task=task, event_type="compensation.requested", actor=actor, lease_generation=gen,
+                      payload={"reason": COMPENSATION_REASON, "ticket": ticket, "proposal": proposal,
+                               "approval_id": str(approval_id), "policy_version": decision.policy_version,
+                               "expires_at": expires_at.isoformat()},
+                      side_effects=create_approval)
+    return False
+
+
+def _compensate(task: Task, lease: Lease) -> bool:
+    """COMPENSATING: re-plan (re-read the ticket), or act on the compensation's approval."""
+    gen, actor, state = lease.generation, _actor(lease), task.state
+    c = state["compensation"]
+    if c["status"] == reducer_v2.C_REPLANNING:
+        limit = settings.FAULTDESK["MAX_COMPENSATION_REPLANS"]
+        if c["conflicts"] + c["replans"] >= limit:
+            task_append_event(task=task, event_type="compensation.failed", actor=actor, lease_generation=gen,
+                              payload={"reason": f"gave up after {c['conflicts']} conflicts and {c['replans']} "
+                                                 f"re-plans (limit {limit}): the ticket keeps changing"})
+            return False
+        try:
+            current = connector_for("ticket.update", c["ticket"]["connector"]).get_ticket(
+                external_id=c["ticket"]["external_id"])
+        except errors.ToolError as exc:
+            log.info("compensation of %s: the ticket cannot be read now (%s)", task.pk, exc)
+            return False  # the sweeper brings the task back
+        if current is None or current.get("status") in ("resolved", "closed"):
+            note = "the ticket no longer exists" if current is None else f"the ticket is already {current['status']}"
+            task_append_event(task=task, event_type="compensation.resolved", actor=actor, lease_generation=gen,
+                              payload={"outcome": "not_needed", "by": actor, "note": note})
+            return False
+        return _compensation_request(task, lease, ticket=ticket_snapshot(current, c["ticket"]["connector"]))
+    if c["status"] != reducer_v2.C_WAITING_APPROVAL or c.get("approval") is None:
+        return False  # DISPATCHING: the outbox acts
+    a = c["approval"]
+    approval = ApprovalRequest.objects.filter(pk=a["id"], tenant_id=task.tenant_id).first()
+    if approval is None:
+        return False
+    now = timezone.now()
+    if a["status"] == "PENDING":
+        expires = parse_datetime(a["expires_at"])
+        if expires is not None and expires <= now and approval.status == "PENDING":
+            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                              payload={"approval_id": a["id"], "reason": "expired"},
+                              side_effects=_invalidating(approval, "approval expired before a decision"))
+            return True
+        return False
+    if a["status"] != "APPROVED":
+        return False
+    check = approval_check_binding_now(approval=approval, action_digest=c["proposal"]["digest"], now=now)
+    if not check.ok:
+        task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
+                          payload={"approval_id": a["id"], "reason": check.reason},
+                          side_effects=_invalidating(approval, check.reason))
+        return True
+    b, cost = state["budget"], tool_get(c["proposal"]["tool"]).cost_units
+    if b["used"] + b["reserved"] + cost > b["total"]:
+        task_append_event(task=task, event_type="compensation.failed", actor=actor, lease_generation=gen,
+                          payload={"reason": f"budget: U+R+r = {b['used']}+{b['reserved']}+{cost} exceeds "
+                                             f"B={b['total']}"})
+        return False
+    original = Action.objects.get(pk=state["action"]["id"], tenant_id=task.tenant_id)
+    _commit_intent(task, lease, proposal=c["proposal"], approval=approval, object_version=c["ticket"]["version"],
+                   compensates=original)
+    return False

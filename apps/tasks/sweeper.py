@@ -16,8 +16,8 @@ RUNNABLE = (reducer.ACCEPTED, reducer.RETRIEVING, reducer.PROPOSING, reducer.VAL
 def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 200) -> list[tuple[str, str]]:
     """``[(status, task_id)]`` of tasks to re-queue: runnable statuses, tasks waiting for an
     approval that was decided (state says APPROVED), DISPATCHING tasks whose receipt is recorded
-    (the answer is still to be composed), and waiting tasks past their deadline (so the controller
-    records the explicit ``deadline_exceeded`` decision)."""
+    (the answer is still to be composed), waiting tasks past their deadline (so the controller
+    records the explicit ``deadline_exceeded`` decision), and the compensations of ``reducer/2``."""
     expired = Q(lease_owner__isnull=False, lease_expires_at__lt=now)
     idle_free = Q(lease_owner__isnull=True, updated_at__lt=now - idle)
     runnable = (
@@ -25,6 +25,11 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 200) -> l
         | Q(status=reducer.WAITING_APPROVAL, state__approval__status="APPROVED")
         | (Q(status=reducer.DISPATCHING) & ~Q(state__receipt=None))
         | Q(status__in=[reducer.WAITING_INPUT, reducer.WAITING_APPROVAL], deadline_at__lt=now)
+        # reducer/2: a cancelled task whose ticket was created anyway, not yet compensated, and a
+        # compensation that is re-planning or waits on its approval (granted, or about to expire)
+        | (Q(status=reducer.CANCELLED, artifact_bundle__reducer="reducer/2", state__compensation=None)
+           & ~Q(state__receipt=None) & Q(state__receipt__kind__isnull=True))
+        | (Q(status=reducer.COMPENSATING) & ~Q(state__compensation__status="DISPATCHING"))
     )
     rows = Task.objects.filter(runnable).filter(expired | idle_free).values_list("status", "id")[:limit]
     return [(s, str(i)) for s, i in rows]

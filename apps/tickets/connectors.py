@@ -109,6 +109,7 @@ class ReferenceTicketConnector(_HttpConnector):
     ``X-Fencing-Token``, look up by key, fence a key, comment and update conditionally, get by id."""
 
     name = "reference"
+    label = "the reference ticket service"
     #: The remote deduplicates by ``Idempotency-Key``: a resend returns the stored response.
     idempotent_by_key = True
     #: The remote can fence a key (ADR 0009): "not executed" is provable at once.
@@ -279,6 +280,7 @@ class HelpdeskConnector(_HttpConnector):
     """
 
     name = "helpdesk"
+    label = "django-helpdesk"
     idempotent_by_key = False
     supports_fence = False
     #: django-helpdesk's REST API has no ticket version or ``If-Match``: faultdesk never sends it

@@ -1,0 +1,39 @@
+"""Reads of tickets for the agent's plan (DESIGN.md §11; issue 4 item 5)."""
+
+from __future__ import annotations
+
+from apps.tickets.connectors import CONNECTORS, connector_for
+from apps.tickets.models import TicketMirror
+
+#: ticket statuses in which a new report for the device belongs on the ticket as a comment
+OPEN_STATUSES = ("open", "in_progress")
+
+
+def open_ticket_read(*, tenant_id: int, device_id: int, connector: str) -> dict | None:
+    """The device's newest open ticket that faultdesk created in ``connector``, read again from the
+    ticket system itself for its current version: ``{"connector", "external_id", "version",
+    "status", "priority", "title"}``, or None when there is none, it is no longer open, or the
+    ticket system has no conditional writes (a comment could not be made conditional on it).
+
+    Raises the connector's :class:`~apps.actions.errors.ToolError` when the ticket system cannot be
+    read (the caller retries later; it never guesses)."""
+    if not CONNECTORS[connector].supports_conditional_writes:
+        return None
+    mirror = (TicketMirror.objects.filter(tenant_id=tenant_id, connector=connector, action__task__device_id=device_id,
+                                          status__in=OPEN_STATUSES)
+              .order_by("-updated_at").first())
+    if mirror is None:
+        return None
+    ticket = connector_for("ticket.comment", connector).get_ticket(external_id=mirror.external_id)
+    if ticket is None or ticket.get("status") not in OPEN_STATUSES:
+        if ticket is not None and ticket.get("version", 0) > mirror.external_version:
+            TicketMirror.objects.filter(pk=mirror.pk, external_version__lt=ticket["version"]).update(
+                status=ticket["status"], external_version=ticket["version"])
+        return None
+    return ticket_snapshot(ticket, connector)
+
+
+def ticket_snapshot(ticket: dict, connector: str) -> dict:
+    """The recorded shape of a ticket read (as in ``ticket.read``) from the ticket system's JSON."""
+    return {"connector": connector, "external_id": str(ticket["id"]), "version": int(ticket["version"]),
+            "status": ticket.get("status"), "priority": ticket.get("priority"), "title": ticket.get("title", "")}
