@@ -44,7 +44,7 @@ def test_update_is_conditional_on_the_version(refservice):
     connector = ReferenceTicketConnector()
     ticket = connector.create_ticket(idempotency_key="t-2", fencing_token=1, params=PARAMS)
     updated = connector.update_ticket(ticket_id=ticket.external_id, if_match=1, changes={"status": "in_progress"})
-    assert (updated["version"], updated["status"]) == (2, "in_progress")
+    assert (updated.version, updated.status, updated.kind) == (2, "in_progress", "update")
     with pytest.raises(errors.PreconditionFailed) as stale:
         connector.update_ticket(ticket_id=ticket.external_id, if_match=1, changes={"status": "closed"})
     assert stale.value.body["current_version"] == 2

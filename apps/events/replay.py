@@ -32,7 +32,9 @@ def _replay_migrated(task, pinned: str) -> ReplayResult:
     raw = [(e.type, e.payload) for e in TaskEvent.objects.filter(task_id=task.pk).order_by("seq")]
     try:
         version, events = reducer.migrate_events(pinned, raw)
-        state = reducer.replay(events) if events else reducer.initial_state()
+        reduce, state = reducer.reducer_for(version), reducer.initial_state()
+        for event_type, payload in events:
+            state = reduce(state, event_type, payload)
         reduce_ok = state == task.state and state["status"] == task.status
     except (reducer.UnknownReducer, reducer.IllegalTransition) as exc:
         return ReplayResult(str(task.pk), False, len(raw), None, None, str(exc))

@@ -242,7 +242,7 @@ def fence(server, key, token):
 def test_fence_without_a_ticket_refuses_lower_tokens_later(server):
     # Nothing was created for the key: the fence answers "no ticket" and raises the maximum.
     assert fence(server, "never-sent", 4) == (200, {"idempotency_key": "never-sent", "highest_fencing_token": 4,
-                                                    "ticket": None, "comment": None})
+                                                    "ticket": None, "comment": None, "update": None})
     # The stalled request with an older token arrives afterwards: refused, nothing created.
     status, _, body = create(server, "never-sent", X_Fencing_Token="3")
     assert (status, body) == (409, {"error": "stale_fencing_token", "highest": 4})
