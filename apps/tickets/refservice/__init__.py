@@ -93,6 +93,11 @@ Ticket shape
     (str or null), ``comment`` (str, appended to ``comments``); at least one.
     Stale version -> 412 ``{"error":"version_mismatch","current_version":N}``.
     Success -> 200 with the ticket at version + 1 and the new ``ETag``.
+    With ``Idempotency-Key`` (optional) the update happens once per key: the
+    same key again replays the stored ticket (``Idempotent-Replayed: true``,
+    even after the ticket moved on), with another body or ticket 422;
+    ``X-Fencing-Token`` as for creates. ``GET /tickets/<id>/updates?idempotency_key=K``
+    -> ``{"results": [the ticket as that update left it]}`` (0 or 1 entries).
 
 ``GET /healthz``
     200 ``{"ok": true}``; never needs authentication.
@@ -113,8 +118,10 @@ Admin / fault injection (same authentication; for tests)
       delivery state: attempts, delivered_at, last_status]}``.
     * ``POST /_admin/faults`` body ``{"mode": "none"|"drop_after_commit"|"fail_503"|"delay",
       "count": int >= 1 (default 1), "delay_seconds": float 0..60 (default 1.0)}``
-      arms a fault for the next ``count`` valid ``POST /tickets`` requests
-      (requests rejected with 400 do not use it up):
+      arms a fault for the next ``count`` valid keyed writes (``POST /tickets``,
+      ``POST /tickets/<id>/comments``, ``PATCH`` with an ``Idempotency-Key``;
+      requests rejected with 400 do not use it up, and the same 409 applies
+      to all of them while their key is in flight):
       ``drop_after_commit`` commits, then closes the connection without a
       response (a lost response); ``fail_503`` answers 503
       ``{"error":"temporarily_unavailable"}`` with ``Retry-After: 1`` and does

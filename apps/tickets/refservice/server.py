@@ -100,10 +100,8 @@ def healthz(server, request):
 def create_ticket(server, request):
     """``POST /tickets``: idempotent, fenced ticket creation, with injected faults applied.
 
-    Validates headers and body first (400s use up no fault), then applies the
-    next armed fault: ``fail_503`` answers 503 without touching storage,
-    ``delay`` sleeps before processing, ``drop_after_commit`` commits and
-    returns None so the connection is closed unanswered.
+    Validates headers and body first (400s use up no fault), then runs as a
+    :func:`_keyed_write` (409 while the key is in flight, the next armed fault).
     """
     key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
     server.count_request(key)
@@ -112,34 +110,41 @@ def create_ticket(server, request):
     fields = validate_create(payload)
     digest = body_digest(payload)
 
+    def create():
+        with _store_errors():
+            result = server.store.create_ticket(key, digest, fields, fencing_token)
+        headers = {"Location": f"/tickets/{result.body['id']}"}
+        if result.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return _ticket_response(result.status, result.body, **headers)
+
+    return _keyed_write(server, key, "POST /tickets", create)
+
+
+def _keyed_write(server, key, what, write):
+    """Run ``write()`` (which returns the :class:`Response`) for a request carrying idempotency
+    ``key``: 409 ``request_in_progress`` while another request with the key is being processed,
+    and the next armed fault applied — ``fail_503`` answers 503 without touching storage,
+    ``delay`` sleeps first, ``drop_after_commit`` commits and returns None (the connection is
+    closed unanswered)."""
     if not server.key_begin(key):
         # Another request with this key is being processed: its outcome is not known yet.
         raise ApiError(409, "request_in_progress", headers={"Retry-After": "1"},
                        detail="a request with this Idempotency-Key is in progress; retry later with the same key")
     try:
-        return _create_ticket_once(server, key, digest, fields, fencing_token)
+        fault = server.faults.take()
+        if fault and fault.mode == "fail_503":
+            log.warning("fault fail_503: rejecting %s key=%s", what, key)
+            return Response(503, {"error": "temporarily_unavailable"}, {"Retry-After": "1"})
+        if fault and fault.mode == "delay":
+            time.sleep(fault.delay_seconds)
+        response = write()
+        if fault and fault.mode == "drop_after_commit":
+            log.warning("fault drop_after_commit: committed %s key=%s, dropping the response", what, key)
+            return None
+        return response
     finally:
         server.key_end(key)
-
-
-def _create_ticket_once(server, key, digest, fields, fencing_token):
-    fault = server.faults.take()
-    if fault and fault.mode == "fail_503":
-        log.warning("fault fail_503: rejecting POST /tickets key=%s", key)
-        return Response(503, {"error": "temporarily_unavailable"}, {"Retry-After": "1"})
-    if fault and fault.mode == "delay":
-        time.sleep(fault.delay_seconds)
-
-    with _store_errors():
-        result = server.store.create_ticket(key, digest, fields, fencing_token)
-
-    if fault and fault.mode == "drop_after_commit":
-        log.warning("fault drop_after_commit: committed %s, dropping the response", result.body["id"])
-        return None
-    headers = {"Location": f"/tickets/{result.body['id']}"}
-    if result.replayed:
-        headers["Idempotent-Replayed"] = "true"
-    return _ticket_response(result.status, result.body, **headers)
 
 
 def fence_key(server, request):
@@ -173,13 +178,17 @@ def add_comment(server, request):
     expected_version = parse_if_match(if_match) if if_match is not None else None
     payload = parse_json_object(request.body)
     body = validate_comment(payload)
-    with _store_errors():
-        result = server.store.add_comment(request.params["ticket_id"], key, body_digest(payload), body,
-                                          expected_version, fencing_token)
-    headers = {"ETag": f'"{result.body["ticket_version"]}"'}
-    if result.replayed:
-        headers["Idempotent-Replayed"] = "true"
-    return Response(201, result.body, headers)
+
+    def comment():
+        with _store_errors():
+            result = server.store.add_comment(request.params["ticket_id"], key, body_digest(payload), body,
+                                              expected_version, fencing_token)
+        headers = {"ETag": f'"{result.body["ticket_version"]}"'}
+        if result.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return Response(201, result.body, headers)
+
+    return _keyed_write(server, key, "POST comment", comment)
 
 
 def lookup_comments(server, request):
@@ -221,13 +230,17 @@ def patch_ticket(server, request):
     fencing_token = parse_fencing_token(request.headers.get("X-Fencing-Token"))
     payload = parse_json_object(request.body)
     changes = validate_patch(payload)
-    with _store_errors():
-        result = server.store.update_ticket(request.params["ticket_id"], expected_version, changes, key,
-                                            body_digest(payload), fencing_token)
-    if server.webhooks is not None:
-        server.webhooks.wake()
-    headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
-    return _ticket_response(200, result.body, **headers)
+
+    def update():
+        with _store_errors():
+            result = server.store.update_ticket(request.params["ticket_id"], expected_version, changes, key,
+                                                body_digest(payload), fencing_token)
+        if server.webhooks is not None:
+            server.webhooks.wake()
+        headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
+        return _ticket_response(200, result.body, **headers)
+
+    return update() if key is None else _keyed_write(server, key, "PATCH", update)
 
 
 def lookup_updates(server, request):
