@@ -303,8 +303,17 @@ class Lease:
     generation: int
 
 
+def compensation_due_q() -> Q:
+    """Tasks a compensation is due for (``reducer/2``): cancelled, their ticket created anyway
+    (a receipt of kind ticket: no ``kind`` key), and no compensation asked for yet. Terminal, yet
+    still claimable by the agent, which asks for the compensation."""
+    return (Q(status=reducer.CANCELLED, artifact_bundle__reducer="reducer/2", state__compensation=None)
+            & ~Q(state__receipt=None) & Q(state__receipt__kind__isnull=True))
+
+
 def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | None = None) -> Lease | None:
-    """Claim the lease of a non-terminal task that nobody holds (or whose lease expired).
+    """Claim the lease of a non-terminal task that nobody holds (or whose lease expired) — or of
+    a cancelled task a compensation is due for (:func:`compensation_due_q`).
 
     Increments the fencing token. Returns the :class:`Lease`, or None when another worker holds
     a live lease or the task is terminal / gone.
@@ -316,7 +325,7 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
         task = (
             Task.objects.select_for_update(skip_locked=True)
             .filter(pk=task_id)
-            .exclude(status__in=reducer.TERMINAL)
+            .filter(~Q(status__in=reducer.TERMINAL) | compensation_due_q())
             .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now))
             .first()
         )

@@ -9,6 +9,7 @@ from django.db.models import Q
 
 from apps.tasks import reducer
 from apps.tasks.models import Task
+from apps.tasks.services import compensation_due_q
 
 RUNNABLE = (reducer.ACCEPTED, reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING)
 
@@ -27,8 +28,7 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 200) -> l
         | Q(status__in=[reducer.WAITING_INPUT, reducer.WAITING_APPROVAL], deadline_at__lt=now)
         # reducer/2: a cancelled task whose ticket was created anyway, not yet compensated, and a
         # compensation that is re-planning or waits on its approval (granted, or about to expire)
-        | (Q(status=reducer.CANCELLED, artifact_bundle__reducer="reducer/2", state__compensation=None)
-           & ~Q(state__receipt=None) & Q(state__receipt__kind__isnull=True))
+        | compensation_due_q()
         | (Q(status=reducer.COMPENSATING) & ~Q(state__compensation__status="DISPATCHING"))
     )
     rows = Task.objects.filter(runnable).filter(expired | idle_free).values_list("status", "id")[:limit]

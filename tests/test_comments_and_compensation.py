@@ -1,0 +1,287 @@
+"""Writes on an existing ticket and compensation, through the whole agent and outbox against the
+real reference ticket service (issue 4 item 5; reducer/2).
+
+* A second report for a device with an open faultdesk ticket becomes a comment on that ticket,
+  conditional on the version the plan read (``If-Match``), under an approval bound to that ticket
+  version — not a second ticket.
+* A 412 (the ticket moved on) is ``dispatch.conflict``: nothing was written, the approval is
+  invalidated, the task re-reads the ticket and re-plans (a new approval at the new version, or a
+  new ticket when the old one was closed meanwhile).
+* A cancelled task whose ticket was created anyway gets a compensation — closing the ticket — as a
+  new action with its own approval; rejected, it leaves the ticket; when it fails it waits in
+  ``WAITING_COMPENSATION`` until an admin retries it or records how it was settled.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.accounts.api import Conflict, Forbidden, NotFound
+from apps.actions.audit import task_actions_audit
+from apps.actions.models import Action, ActionStatus
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.approvals.services import approval_decide
+from apps.events.models import TaskEvent
+from apps.events.replay import task_replay
+from apps.outbox.services import outbox_dispatch_batch
+from apps.tasks import reducer
+from apps.tasks.compensation import compensation_settle, compensations_waiting
+from apps.tasks.controller import agent_run
+from apps.tasks.models import Task
+from apps.tasks.services import task_append_event, task_cancel, task_submit
+from apps.tickets.connectors import ReferenceTicketConnector
+from apps.tickets.models import TicketMirror
+from tests.conftest import drive, p
+
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+
+
+def _types(task) -> list[str]:
+    return list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
+
+
+def _pending(task) -> ApprovalRequest:
+    return ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+
+
+def _decide(approver, task, decision="approve", reason="ok") -> None:
+    approval_decide(principal=p(approver), approval_id=_pending(task).pk, decision=decision, reason=reason)
+
+
+def _submit(requester, device, symptom=SYMPTOM) -> Task:
+    return task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=symptom).task
+
+
+def _created(requester, approver, device) -> Task:
+    """A first task that created the device's ticket (approved, COMPLETED)."""
+    task = drive(_submit(requester, device).pk)
+    _decide(approver, task)
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED and task.termination_reason == "ticket_created"
+    return task
+
+
+@pytest.fixture
+def first(requester, approver, device, kb, refservice):
+    return _created(requester, approver, device)
+
+
+def test_a_second_report_comments_on_the_open_ticket_instead_of_a_duplicate(first, requester, approver, device,
+                                                                            refadmin):
+    ticket_id = first.state["receipt"]["external_id"]
+    task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    assert task.state["ticket"]["external_id"] == ticket_id and task.state["ticket"]["version"] == 1
+    approval = _pending(task)
+    assert (approval.tool, approval.object_type, approval.object_id, approval.object_version) == \
+        ("ticket.comment", "ticket", ticket_id, 1)
+    assert approval.params["if_match"] == 1 and "no new ticket" in approval.side_effects
+    _decide(approver, task)
+    task = drive(task.pk)
+
+    assert task.status == reducer.COMPLETED and task.termination_reason == "ticket_commented"
+    action = Action.objects.get(task=task)
+    tickets = refadmin.tickets()
+    assert len(tickets) == 1, "no second ticket"
+    comments = tickets[0]["comments"]
+    assert [c["idempotency_key"] for c in comments] == [action.idempotency_key]
+    assert refadmin.effects(action.idempotency_key) == 1
+    assert tickets[0]["version"] == 2
+    change = task.state["answer"]["change"]
+    assert (change["ticket_id"], change["comment_id"], change["ticket_version"]) == (ticket_id, comments[0]["id"], 2)
+    assert "no second ticket" in task.state["answer"]["status_note"]
+    assert TicketMirror.objects.get(external_id=ticket_id).external_version == 2
+    assert task_actions_audit(task, remote=True) == []
+    assert _types(task).index("ticket.read") < _types(task).index("device.read")
+
+
+def test_a_conflict_rereads_the_ticket_and_replans_under_a_new_approval(first, requester, approver, device,
+                                                                       refadmin):
+    ticket_id = first.state["receipt"]["external_id"]
+    task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    _decide(approver, task)
+    agent_run(task_id=task.pk)  # the intent: a comment If-Match 1
+    # Someone changes the ticket before the comment is sent.
+    ReferenceTicketConnector().update_ticket(ticket_id=ticket_id, if_match=1, changes={"assignee": "lee"})
+    task = drive(task.pk)
+
+    assert task.status == reducer.WAITING_APPROVAL
+    types = _types(task)
+    assert types.count("ticket.read") == 2 and "dispatch.conflict" in types
+    assert types.index("dispatch.conflict") < len(types) - types[::-1].index("ticket.read") - 1
+    conflicted = Action.objects.get(task=task)
+    assert conflicted.status == ActionStatus.NOT_SENT and conflicted.last_error["status"] == 412
+    assert refadmin.effects(conflicted.idempotency_key) == 0
+    old, new = ApprovalRequest.objects.filter(task=task).order_by("created_at")
+    assert old.status == ApprovalStatus.INVALIDATED and "412" in old.reason
+    assert (new.status, new.object_version, new.params["if_match"]) == (ApprovalStatus.PENDING, 2, 2)
+    assert task.state["conflicts"] == 1 and task.budget_reserved == 0
+
+    _decide(approver, task)
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED and task.termination_reason == "ticket_commented"
+    sent = Action.objects.filter(task=task, status=ActionStatus.SUCCEEDED).get()
+    comments = refadmin.tickets()[0]["comments"]
+    assert [c["idempotency_key"] for c in comments] == [sent.idempotency_key]
+    assert task_actions_audit(task, remote=True) == []
+
+
+def test_a_ticket_closed_meanwhile_makes_the_replan_a_new_ticket(first, requester, approver, device, refadmin):
+    ticket_id = first.state["receipt"]["external_id"]
+    task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    _decide(approver, task)
+    agent_run(task_id=task.pk)
+    ReferenceTicketConnector().update_ticket(ticket_id=ticket_id, if_match=1, changes={"status": "closed"})
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_APPROVAL and task.state["ticket"] is None
+    assert _pending(task).tool == "ticket.create"
+    _decide(approver, task)
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED and task.termination_reason == "ticket_created"
+    assert len(refadmin.tickets()) == 2
+
+
+def test_a_lost_comment_response_is_adopted_by_key_not_resent(first, requester, approver, device, refadmin):
+    task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    _decide(approver, task)
+    agent_run(task_id=task.pk)
+    refadmin.fault("drop_after_commit")
+    outbox_dispatch_batch()
+    action = Action.objects.get(task=task)
+    assert action.status == ActionStatus.UNKNOWN
+    task = drive(task.pk)
+    action.refresh_from_db()
+    assert task.status == reducer.COMPLETED and action.status == ActionStatus.SUCCEEDED
+    assert refadmin.effects(action.idempotency_key) == 1 and refadmin.requests(action.idempotency_key) == 1
+    assert task.state["receipt"]["replayed"] is True
+    assert task_actions_audit(task, remote=True) == []
+
+
+# --- compensation ------------------------------------------------------------------------------
+
+def _cancelled_with_ticket(requester, approver, device) -> Task:
+    """The ticket is created (receipt recorded) and the requester cancels before the answer."""
+    task = drive(_submit(requester, device).pk)
+    _decide(approver, task)
+    agent_run(task_id=task.pk)
+    outbox_dispatch_batch()
+    assert Task.objects.get(pk=task.pk).state["receipt"] is not None
+    task_cancel(principal=p(requester), task_id=task.pk, reason="fixed itself")
+    return drive(task.pk)
+
+
+@pytest.fixture
+def compensating(requester, approver, device, kb, refservice):
+    task = _cancelled_with_ticket(requester, approver, device)
+    assert task.status == reducer.COMPENSATING
+    return task
+
+
+def test_a_cancelled_task_with_a_ticket_asks_to_close_it_and_closes_it_once_approved(compensating, approver,
+                                                                                    refadmin):
+    task = compensating
+    ticket_id = task.state["receipt"]["external_id"]
+    approval = _pending(task)
+    assert (approval.tool, approval.object_type, approval.object_id) == ("ticket.update", "ticket", ticket_id)
+    assert approval.params["changes"]["status"] == "closed" and "Compensation" in approval.side_effects
+    assert refadmin.tickets()[0]["status"] == "open", "nothing is sent before the approval"
+
+    _decide(approver, task)
+    task = drive(task.pk)
+    assert task.status == reducer.CANCELLED
+    assert task.state["compensation"]["status"] == "DONE"
+    assert "compensation done" in task.termination_reason
+    original, compensation = Action.objects.filter(task=task).order_by("created_at")
+    assert compensation.compensates_id == original.pk and compensation.tool == "ticket.update"
+    assert compensation.status == ActionStatus.SUCCEEDED
+    ticket = refadmin.tickets()[0]
+    assert ticket["status"] == "closed" and refadmin.effects(compensation.idempotency_key) == 1
+    assert TicketMirror.objects.get(external_id=ticket_id).status == "closed"
+    assert (task.budget_used, task.budget_reserved) == (5 + 2, 0)
+    assert task_actions_audit(task, remote=True) == []
+
+
+def test_a_rejected_compensation_leaves_the_ticket(compensating, approver, refadmin):
+    _decide(approver, compensating, "reject", "the device owner wants the ticket kept")
+    task = drive(compensating.pk)
+    assert task.status == reducer.CANCELLED and task.state["compensation"]["status"] == "REJECTED"
+    assert "rejected" in task.termination_reason
+    assert Action.objects.filter(task=task).count() == 1
+    assert refadmin.tickets()[0]["status"] == "open"
+
+
+def test_a_compensation_that_keeps_conflicting_waits_for_a_person_then_retries(compensating, approver, admin_user,
+                                                                              requester, refadmin, settings):
+    settings.FAULTDESK = {**settings.FAULTDESK, "MAX_COMPENSATION_REPLANS": 1}
+    task = compensating
+    ticket_id = task.state["receipt"]["external_id"]
+    _decide(approver, task)
+    agent_run(task_id=task.pk)  # the compensation's intent, If-Match 1
+    ReferenceTicketConnector().update_ticket(ticket_id=ticket_id, if_match=1, changes={"assignee": "lee"})
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_COMPENSATION
+    assert "conflicts" in task.state["compensation"]["error"]
+    conflicted = Action.objects.get(task=task, compensates__isnull=False)
+    assert conflicted.status == ActionStatus.NOT_SENT and refadmin.effects(conflicted.idempotency_key) == 0
+    assert [t.pk for t in compensations_waiting(principal=p(admin_user))] == [task.pk]
+
+    with pytest.raises(Forbidden):
+        compensation_settle(principal=p(requester), task_id=task.pk, decision="retry", note="again")
+    task = compensation_settle(principal=p(admin_user), task_id=task.pk, decision="retry", note="ticket is quiet now")
+    task = drive(task.pk)
+    approval = _pending(task)
+    assert approval.object_version == 2 and approval.params["if_match"] == 2
+    _decide(approver, task)
+    task = drive(task.pk)
+    assert task.status == reducer.CANCELLED and task.state["compensation"]["status"] == "DONE"
+    assert refadmin.tickets()[0]["status"] == "closed"
+    with pytest.raises(Conflict):
+        compensation_settle(principal=p(admin_user), task_id=task.pk, decision="retry", note="again")
+    assert task_actions_audit(task, remote=True) == []
+
+
+def test_a_failed_compensation_can_be_recorded_as_done_by_hand(compensating, approver, admin_user, other_tenant_user,
+                                                              settings):
+    settings.FAULTDESK = {**settings.FAULTDESK, "MAX_COMPENSATION_REPLANS": 1}
+    task = compensating
+    _decide(approver, task)
+    agent_run(task_id=task.pk)
+    ticket_id = task.state["receipt"]["external_id"]
+    ReferenceTicketConnector().update_ticket(ticket_id=ticket_id, if_match=1, changes={"priority": "P4"})
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_COMPENSATION
+    with pytest.raises(NotFound):
+        compensation_settle(principal=p(other_tenant_user), task_id=task.pk, decision="done_by_hand", note="x")
+    task = compensation_settle(principal=p(admin_user), task_id=task.pk, decision="done_by_hand",
+                               note="closed it in the ticket system myself")
+    assert task.status == reducer.CANCELLED and task.state["compensation"]["status"] == "RESOLVED"
+    assert "done by hand" in task.termination_reason
+
+
+def test_a_ticket_closed_by_someone_else_needs_no_compensation(compensating, approver, refadmin):
+    task = compensating
+    ticket_id = task.state["receipt"]["external_id"]
+    ReferenceTicketConnector().update_ticket(ticket_id=ticket_id, if_match=1, changes={"status": "resolved"})
+    _decide(approver, task)
+    task = drive(task.pk)
+    assert task.status == reducer.CANCELLED and task.state["compensation"]["status"] == "RESOLVED"
+    assert "not needed" in task.termination_reason and "already resolved" in task.termination_reason
+    assert refadmin.tickets()[0]["status"] == "resolved"
+
+
+# --- pinning: a reducer/1 task keeps reducer/1 ----------------------------------------------------
+
+def test_a_task_pinned_to_reducer_1_keeps_its_plan_and_refuses_reducer_2_events(first, requester, approver, device,
+                                                                                refadmin, monkeypatch):
+    monkeypatch.setattr(reducer, "CURRENT", "reducer/1")
+    task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    assert task.artifact_bundle["reducer"] == "reducer/1"
+    assert "ticket.read" not in _types(task) and "ticket" not in task.state
+    assert _pending(task).tool == "ticket.create", "reducer/1 always files a ticket"
+    with pytest.raises(reducer.IllegalTransition, match="unknown event type"):
+        task_append_event(task=task, event_type="dispatch.conflict", actor="test",
+                          payload={"action_id": "x", "expected_version": 1})
+    _decide(approver, task)
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED and len(refadmin.tickets()) == 2
+    assert task_replay(task).ok
