@@ -59,7 +59,8 @@ def _assert_completed_once(stack, task_id) -> Task:
     assert done["status"] == "COMPLETED", stack.logs()
     task = Task.objects.get(pk=task_id)
     types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
-    assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "ticket.read", "device.read", "draft.proposed",
+    assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "ticket.read", "device.read",
+                     "draft.proposed",
                      "intent.committed", "receipt.recorded", "task.completed"], types
     key = task.state["action"]["idempotency_key"]
     ref = ref_client(stack)

@@ -62,7 +62,8 @@ def test_happy_path_ends_completed_with_one_receipt_and_replays(submitted, appro
     assert task_replay(task).ok
     assert task_replay(task, use_snapshot=False).ok
     types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
-    assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "ticket.read", "device.read", "draft.proposed",
+    assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "ticket.read", "device.read",
+                     "draft.proposed",
                      "approval.requested", "approval.granted", "intent.committed", "receipt.recorded",
                      "task.completed"]
 
