@@ -30,6 +30,8 @@ urlpatterns = [
     path("reconciliation/", reconciliation_views.reconciliation_page, name="reconciliation"),
     path("reconciliation/<uuid:action_id>/resolve/", reconciliation_views.reconciliation_resolve_view,
          name="reconciliation-resolve"),
+    path("reconciliation/compensations/<uuid:task_id>/", reconciliation_views.compensation_settle_view,
+         name="compensation-settle"),
     path("approvals/", approval_views.approval_queue, name="approval-queue"),
     path("approvals/<uuid:approval_id>/decide/", approval_views.approval_decide_view, name="approval-decide"),
     path("webhooks/reference/", ticket_webhooks.reference_webhook, name="webhook-reference"),
@@ -47,6 +49,9 @@ urlpatterns = [
     path("api/reconciliation/", reconciliation_api.ReconciliationListApi.as_view(), name="api-reconciliation-list"),
     path("api/reconciliation/<uuid:action_id>/resolution/", reconciliation_api.ReconciliationResolveApi.as_view(),
          name="api-reconciliation-resolve"),
+    path("api/compensations/", reconciliation_api.CompensationListApi.as_view(), name="api-compensation-list"),
+    path("api/compensations/<uuid:task_id>/decision/", reconciliation_api.CompensationDecisionApi.as_view(),
+         name="api-compensation-decision"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("django-admin/", admin.site.urls),
 ]

@@ -285,3 +285,54 @@ def test_a_task_pinned_to_reducer_1_keeps_its_plan_and_refuses_reducer_2_events(
     task = drive(task.pk)
     assert task.status == reducer.COMPLETED and len(refadmin.tickets()) == 2
     assert task_replay(task).ok
+
+
+@pytest.fixture
+def waiting_compensation(compensating, approver, settings):
+    settings.FAULTDESK = {**settings.FAULTDESK, "MAX_COMPENSATION_REPLANS": 1}
+    _decide(approver, compensating)
+    agent_run(task_id=compensating.pk)
+    ticket_id = compensating.state["receipt"]["external_id"]
+    ReferenceTicketConnector().update_ticket(ticket_id=ticket_id, if_match=1, changes={"priority": "P4"})
+    task = drive(compensating.pk)
+    assert task.status == reducer.WAITING_COMPENSATION
+    return task
+
+
+def test_api_lists_and_settles_failed_compensations_for_admins_of_the_tenant(waiting_compensation, admin_user,
+                                                                            approver, other_tenant_user):
+    from django.urls import reverse
+    from rest_framework.test import APIClient
+
+    task = waiting_compensation
+    api = APIClient()
+    api.force_authenticate(approver)
+    assert api.get(reverse("api-compensation-list")).status_code == 403
+    api.force_authenticate(other_tenant_user)
+    assert api.get(reverse("api-compensation-list")).json() == []
+    url = reverse("api-compensation-decision", args=[task.pk])
+    assert api.post(url, {"decision": "not_needed", "note": "x"}, format="json").status_code == 404
+    api.force_authenticate(admin_user)
+    [item] = api.get(reverse("api-compensation-list")).json()
+    assert item["id"] == str(task.pk) and item["compensation"]["status"] == "FAILED"
+    assert item["compensation"]["ticket"]["external_id"] == task.state["receipt"]["external_id"]
+    assert api.post(url, {"decision": "undo", "note": "x"}, format="json").status_code == 400
+    resp = api.post(url, {"decision": "not_needed", "note": "the owner wants it kept"}, format="json")
+    assert resp.status_code == 200 and resp.json()["status"] == "CANCELLED"
+    assert resp.json()["compensation"]["resolution"]["outcome"] == "not_needed"
+    assert api.post(url, {"decision": "retry", "note": "x"}, format="json").status_code == 409
+
+
+def test_page_shows_failed_compensations_and_settles_without_a_reload(client, waiting_compensation, admin_user):
+    from django.urls import reverse
+
+    task = waiting_compensation
+    client.force_login(admin_user)
+    html = client.get(reverse("reconciliation")).content.decode()
+    ticket_id = task.state["receipt"]["external_id"]
+    assert f"Close ticket {ticket_id}" in html and "gave up after 1 conflicts" in html
+    url = reverse("compensation-settle", args=[task.pk])
+    resp = client.post(url, {"decision": "retry", "note": ""}, HTTP_HX_REQUEST="true")
+    assert resp.status_code == 422 and "say why" in resp.content.decode() and "<html" not in resp.content.decode()
+    resp = client.post(url, {"decision": "retry", "note": "quiet now"}, HTTP_HX_REQUEST="true")
+    assert resp.status_code == 200 and "Settled: the task is COMPENSATING" in resp.content.decode()

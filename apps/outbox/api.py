@@ -1,5 +1,6 @@
-"""Reconciliation API (DESIGN.md §6; issue 4 item 4): the tenant's unknown actions and a person's
-resolution of one. Admins only; another tenant's action is 404."""
+"""Reconciliation API (DESIGN.md §6; issue 4 items 4 and 5): the tenant's unknown actions and a
+person's resolution of one; failed compensations and a person's decision on one. Admins only;
+another tenant's action or task is 404."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from rest_framework.views import APIView
 from apps.accounts.api import HasPrincipal, request_principal
 from apps.actions.models import Action, ActionAttempt
 from apps.outbox.reconciliation import reconciliation_list, reconciliation_resolve
+from apps.tasks.compensation import compensation_settle, compensations_waiting
+from apps.tasks.models import Task
 
 
 class AttemptSerializer(serializers.ModelSerializer):
@@ -63,3 +66,41 @@ class ReconciliationResolveApi(APIView):
         action = reconciliation_resolve(principal=request_principal(request), action_id=action_id,
                                         **ser.validated_data)
         return Response(UnknownActionSerializer(action).data)
+
+
+class WaitingCompensationSerializer(serializers.ModelSerializer):
+    device = serializers.CharField(source="device.asset_tag")
+    requester = serializers.CharField(source="requester.username")
+    compensation = serializers.JSONField(source="state.compensation")
+    receipt = serializers.JSONField(source="state.receipt")
+
+    class Meta:
+        model = Task
+        fields = ["id", "status", "device", "requester", "termination_reason", "receipt", "compensation",
+                  "updated_at"]
+
+
+class CompensationDecisionSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=["retry", "done_by_hand", "not_needed"])
+    note = serializers.CharField(max_length=1000)
+
+
+class CompensationListApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(responses=WaitingCompensationSerializer(many=True))
+    def get(self, request):
+        tasks = compensations_waiting(principal=request_principal(request))
+        return Response(WaitingCompensationSerializer(tasks, many=True).data)
+
+
+class CompensationDecisionApi(APIView):
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(request=CompensationDecisionSerializer, responses={200: WaitingCompensationSerializer})
+    def post(self, request, task_id):
+        ser = CompensationDecisionSerializer(data=request.data)
+        if not ser.is_valid():
+            raise ValidationError(ser.errors)
+        task = compensation_settle(principal=request_principal(request), task_id=task_id, **ser.validated_data)
+        return Response(WaitingCompensationSerializer(task).data)

@@ -13,6 +13,8 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.accounts.api import DomainError
 from apps.actions.models import Action
 from apps.outbox.reconciliation import UnknownAction, reconciliation_list, reconciliation_resolve
+from apps.tasks.compensation import compensation_settle, compensations_waiting
+from apps.tasks.models import Task
 from apps.tasks.views import _principal
 
 
@@ -22,7 +24,8 @@ def reconciliation_page(request):
     p = _principal(request)
     if not p.is_admin:
         raise Http404("admins only")
-    response = render(request, "reconciliation/page.html", {"rows": reconciliation_list(principal=p)})
+    response = render(request, "reconciliation/page.html", {"rows": reconciliation_list(principal=p),
+                                                             "compensations": compensations_waiting(principal=p)})
     patch_vary_headers(response, ("HX-Request",))
     return response
 
@@ -56,3 +59,24 @@ def reconciliation_resolve_view(request, action_id):
 class _Choice(DomainError):
     http_status = 422
     code = "unprocessable"
+
+
+@login_required
+@require_POST
+def compensation_settle_view(request, task_id):
+    """HTMX: record an admin's decision on a failed compensation; answers the task's card."""
+    p = _principal(request)
+    if not p.is_admin:
+        raise Http404("admins only")
+    error, status = None, 200
+    try:
+        compensation_settle(principal=p, task_id=task_id, decision=request.POST.get("decision", ""),
+                            note=request.POST.get("note", ""))
+    except DomainError as exc:
+        error, status = exc.detail, exc.http_status
+    task = Task.objects.filter(pk=task_id, tenant_id=p.tenant_id).select_related("device", "requester").first()
+    if task is None:
+        raise Http404("task not found")
+    response = render(request, "reconciliation/_compensation.html", {"t": task, "error": error}, status=status)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
