@@ -11,7 +11,8 @@ chaos, lets everything settle and checks, for each ticket system::
 
 * ``lost``: a task the API accepted that is missing, or that is still in a running state after
   the settle time with nothing left to wait for;
-* ``duplicate_effects``: tickets beyond one per idempotency key, plus tickets beyond one per task;
+* ``duplicate_effects``: effects (tickets, and comments on an open ticket) beyond one per
+  idempotency key, plus effects beyond one per task;
 * ``replay_divergences``: tasks whose replay differs from their row, or whose action records
   disagree with their state or with the ticket system (``replay --all --remote``'s audit).
 
@@ -57,7 +58,7 @@ SYMPTOMS = [
     "Toner smears on every page and the fuser temperature alert keeps coming back.",
 ]
 KILLABLE = ["worker-agent-1", "worker-agent-2", "worker-tools", "worker-outbox-1", "worker-outbox-2", "beat"]
-RUNNING = ("ACCEPTED", "RETRIEVING", "PROPOSING", "VALIDATING", "DISPATCHING")
+RUNNING = ("ACCEPTED", "RETRIEVING", "PROPOSING", "VALIDATING", "DISPATCHING", "COMPENSATING")
 
 
 def _free_port() -> int:
@@ -410,11 +411,14 @@ def check() -> None:
 
 
 def _remote_tickets(system: str, connector) -> list[str]:
-    """The idempotency key of every ticket the ticket system holds (one entry per ticket)."""
+    """The idempotency key of every effect the ticket system holds: one entry per ticket and, at
+    the reference service, one per comment (a second report on an open ticket is a comment)."""
     if system == "reference":
         resp = httpx.get(f"{connector.base_url}/_admin/tickets",
                          headers={"Authorization": f"Bearer {connector.api_key}"}, timeout=30)
-        return [t["idempotency_key"] for t in resp.json()["results"]]
+        tickets = resp.json()["results"]
+        return [t["idempotency_key"] for t in tickets] + [
+            c["idempotency_key"] for t in tickets for c in t.get("comments", []) if c.get("idempotency_key")]
     keys, url = [], f"{connector.base_url}/helpdesk/api/tickets/"
     while url:
         page = httpx.get(url, headers={"Authorization": f"Token {connector.token}"}, timeout=60).json()
