@@ -336,3 +336,29 @@ def test_page_shows_failed_compensations_and_settles_without_a_reload(client, wa
     assert resp.status_code == 422 and "say why" in resp.content.decode() and "<html" not in resp.content.decode()
     resp = client.post(url, {"decision": "retry", "note": "quiet now"}, HTTP_HX_REQUEST="true")
     assert resp.status_code == 200 and "Settled: the task is COMPENSATING" in resp.content.decode()
+
+
+def test_the_requesters_page_shows_the_comment_and_the_compensation(client, first, requester, approver, device):
+    from django.urls import reverse
+
+    client.force_login(requester)
+    task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "review the proposed comment on ticket" in html and "no second ticket" in html
+    _decide(approver, task)
+    task = drive(task.pk)
+    html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert f"Your report was added to ticket <strong>{first.state['receipt']['external_id']}</strong>" in html
+
+    # A fresh device, so the next request files (and then compensates) its own ticket.
+    from tests.factories import DeviceFactory
+
+    other = DeviceFactory(tenant=device.tenant, asset_tag="PRN-0102")
+    task = _cancelled_with_ticket(requester, approver, other)
+    html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert task.status == reducer.COMPENSATING and "an approver decides whether to close it" in html
+    assert "Cancel request" not in html
+    _decide(approver, task)
+    task = drive(task.pk)
+    html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "Closed again after the cancel" in html

@@ -81,6 +81,12 @@ class Task(models.Model):
         return self.status in reducer.TERMINAL
 
     @property
+    def can_cancel(self) -> bool:
+        """A cancel is possible: the task is running or waiting — not terminal, and not already
+        cancelled and compensating (``COMPENSATING``, ``WAITING_COMPENSATION``)."""
+        return self.status in reducer.NON_TERMINAL
+
+    @property
     def outcome_pending(self) -> bool:
         """True while the task's committed action has no recorded outcome yet (intended, in flight
         or unknown) — also after a cancel, until the dispatcher or the reconciler settles it."""
