@@ -362,3 +362,12 @@ def test_the_requesters_page_shows_the_comment_and_the_compensation(client, firs
     task = drive(task.pk)
     html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
     assert "Closed again after the cancel" in html
+
+
+def test_the_approval_queue_shows_a_comment_and_a_compensation_with_their_ticket(client, compensating, approver):
+    from django.urls import reverse
+
+    client.force_login(approver)
+    html = client.get(reverse("approval-queue")).content.decode()
+    ticket_id = compensating.state["receipt"]["external_id"]
+    assert f"ticket {ticket_id} at version 1" in html and "status: closed" in html and "If-Match" in html
