@@ -225,3 +225,28 @@ def test_executed_resolution_needs_a_ticket_carrying_the_actions_key(committed, 
                                       external_id=str(ours["id"]), note="found it in helpdesk")
     assert resolved.status == ActionStatus.SUCCEEDED and resolved.receipt["connector"] == "helpdesk"
     assert resolved.ticket.connector == "helpdesk"
+
+
+def test_a_second_report_files_a_new_ticket_and_a_compensation_goes_to_a_person(committed, requester, approver,
+                                                                                device, admin_user):
+    """django-helpdesk has no ticket version: no conditional comment (a new ticket per report), and
+    closing a ticket after a cancel waits for a person at once (ADR 0011)."""
+    from apps.tasks.compensation import compensation_settle
+
+    first = drive(committed.pk)
+    assert first.status == reducer.COMPLETED
+    second = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
+    assert second.state["ticket"] is None
+    approval = ApprovalRequest.objects.get(task=second, status=ApprovalStatus.PENDING)
+    assert approval.tool == "ticket.create"
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    agent_run(task_id=second.pk)
+    outbox.outbox_dispatch_batch()
+    task_cancel(principal=p(requester), task_id=second.pk, reason="fixed itself")
+    second = drive(second.pk)
+    assert second.status == reducer.WAITING_COMPENSATION
+    assert "django-helpdesk has no conditional update" in second.state["compensation"]["error"]
+    assert not ApprovalRequest.objects.filter(task=second, tool="ticket.update").exists()
+    second = compensation_settle(principal=p(admin_user), task_id=second.pk, decision="done_by_hand",
+                                 note="closed in helpdesk")
+    assert second.status == reducer.CANCELLED and "done by hand" in second.termination_reason
