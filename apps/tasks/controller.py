@@ -334,23 +334,10 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
     """WAITING_APPROVAL: when the approval is granted, re-check the premises (device version,
     binding, expiry, approver's role) and commit the intent; otherwise invalidate and re-plan."""
     state, gen, actor = task.state, lease.generation, _actor(lease)
-    a = state["approval"]
-    approval = ApprovalRequest.objects.filter(pk=a["id"], tenant_id=task.tenant_id).first()
+    approval, moved = _granted(task, lease, state["approval"])
     if approval is None:
-        return False
-    now = timezone.now()
-    if a["status"] == "PENDING":
-        expires = parse_datetime(a["expires_at"])
-        if expires is not None and expires <= now and approval.status == "PENDING":
-            # The approval row changes in the event's own transaction, so a refused event
-            # (lease lost) is still recorded and the row is left as it was.
-            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                              payload={"approval_id": a["id"], "reason": "expired"},
-                              side_effects=_invalidating(approval, "approval expired before a decision"))
-            return True
-        return False
-    if a["status"] != "APPROVED":
-        return False
+        return moved
+    a = state["approval"]
     changed = _premises_changed(task)
     if changed == "requester_revoked":
         task_append_event(task=task, event_type="task.failed", actor=actor, lease_generation=gen,
@@ -361,14 +348,43 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
                           payload={"approval_id": a["id"], "reason": changed},
                           side_effects=_invalidating(approval, changed))
         return True
-    check = approval_check_binding_now(approval=approval, action_digest=state["proposal"]["digest"], now=now)
-    if not check.ok:
-        task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                          payload={"approval_id": a["id"], "reason": check.reason},
-                          side_effects=_invalidating(approval, check.reason))
+    if _invalidated_unless_bound(task, lease, approval, state["proposal"]["digest"]):
         return True
     _commit_intent(task, lease, proposal=state["proposal"], approval=approval, object_version=approval.object_version)
     return False
+
+
+def _granted(task: Task, lease: Lease, a: dict) -> tuple[ApprovalRequest | None, bool]:
+    """The state's approval ``a`` (the task's or its compensation's): ``(row, False)`` when it is
+    granted and the caller re-checks it; ``(None, True)`` after recording that it expired
+    undecided (the next step re-plans); ``(None, False)`` while it is pending, rejected or gone."""
+    approval = ApprovalRequest.objects.filter(pk=a["id"], tenant_id=task.tenant_id).first()
+    if approval is None:
+        return None, False
+    if a["status"] == "PENDING":
+        expires = parse_datetime(a["expires_at"])
+        if expires is not None and expires <= timezone.now() and approval.status == "PENDING":
+            # The approval row changes in the event's own transaction, so a refused event
+            # (lease lost) is still recorded and the row is left as it was.
+            task_append_event(task=task, event_type="approval.invalidated", actor=_actor(lease),
+                              lease_generation=lease.generation, payload={"approval_id": a["id"], "reason": "expired"},
+                              side_effects=_invalidating(approval, "approval expired before a decision"))
+            return None, True
+        return None, False
+    return (approval, False) if a["status"] == "APPROVED" else (None, False)
+
+
+def _invalidated_unless_bound(task: Task, lease: Lease, approval: ApprovalRequest, digest: str) -> bool:
+    """Re-check a granted approval's binding now (h(a), object version, expiry, the approver's
+    role); when it no longer holds, record ``approval.invalidated`` with the reason and return True."""
+    check = approval_check_binding_now(approval=approval, action_digest=digest)
+    if check.ok:
+        return False
+    task_append_event(task=task, event_type="approval.invalidated", actor=_actor(lease),
+                      lease_generation=lease.generation,
+                      payload={"approval_id": str(approval.pk), "reason": check.reason},
+                      side_effects=_invalidating(approval, check.reason))
+    return True
 
 
 def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: ApprovalRequest | None,
@@ -522,26 +538,10 @@ def _compensate(task: Task, lease: Lease) -> bool:
         return _compensation_request(task, lease, ticket=ticket_snapshot(current, c["ticket"]["connector"]))
     if c["status"] != reducer_v2.C_WAITING_APPROVAL or c.get("approval") is None:
         return False  # DISPATCHING: the outbox acts
-    a = c["approval"]
-    approval = ApprovalRequest.objects.filter(pk=a["id"], tenant_id=task.tenant_id).first()
+    approval, moved = _granted(task, lease, c["approval"])
     if approval is None:
-        return False
-    now = timezone.now()
-    if a["status"] == "PENDING":
-        expires = parse_datetime(a["expires_at"])
-        if expires is not None and expires <= now and approval.status == "PENDING":
-            task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                              payload={"approval_id": a["id"], "reason": "expired"},
-                              side_effects=_invalidating(approval, "approval expired before a decision"))
-            return True
-        return False
-    if a["status"] != "APPROVED":
-        return False
-    check = approval_check_binding_now(approval=approval, action_digest=c["proposal"]["digest"], now=now)
-    if not check.ok:
-        task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
-                          payload={"approval_id": a["id"], "reason": check.reason},
-                          side_effects=_invalidating(approval, check.reason))
+        return moved
+    if _invalidated_unless_bound(task, lease, approval, c["proposal"]["digest"]):
         return True
     b, cost = state["budget"], tool_get(c["proposal"]["tool"]).cost_units
     if b["used"] + b["reserved"] + cost > b["total"]:

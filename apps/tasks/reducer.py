@@ -328,7 +328,13 @@ def reduce(state: dict, event_type: str, payload: dict) -> dict:
     in the current status, or violates a guard (e.g. a receipt for another action, a budget
     reservation with ``U + R + r > B``, "completed" without a receipt).
     """
-    entry = TRANSITIONS.get(event_type)
+    return reduce_with(TRANSITIONS, state, event_type, payload)
+
+
+def reduce_with(transitions: dict, state: dict, event_type: str, payload: dict) -> dict:
+    """δ over the state table ``transitions`` (event type -> (legal statuses, handler)): the shared
+    body of every reducer version. Raises :class:`IllegalTransition`."""
+    entry = transitions.get(event_type)
     status = state.get("status")
     if entry is None:
         raise IllegalTransition(status, event_type, "unknown event type")

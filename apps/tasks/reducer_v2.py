@@ -30,8 +30,6 @@ The state gains ``ticket``, ``conflicts`` and ``compensation`` (set by ``task.ac
 
 from __future__ import annotations
 
-import copy
-
 from apps.tasks import reducer as r1
 from apps.tasks.reducer import (
     CANCELLED,
@@ -41,7 +39,6 @@ from apps.tasks.reducer import (
     WAITING_APPROVAL,
     WAITING_COMPENSATION,
     WAITING_RECONCILIATION,
-    IllegalTransition,
     _require,
 )
 
@@ -329,18 +326,4 @@ def reduce(state: dict, event_type: str, payload: dict) -> dict:
     """δ of ``reducer/2``: the next state for ``event_type`` with ``payload``. Never mutates
     ``state``. Raises :class:`~apps.tasks.reducer.IllegalTransition` as ``reducer/1`` does, and
     for the guards of the events above."""
-    entry = TRANSITIONS.get(event_type)
-    status = state.get("status")
-    if entry is None:
-        raise IllegalTransition(status, event_type, "unknown event type")
-    legal_in, handler = entry
-    if status not in legal_in:
-        if status in r1.TERMINAL:
-            raise IllegalTransition(status, event_type, "task is terminal")
-        raise IllegalTransition(status, event_type, f"not legal in {status}")
-    nxt = copy.deepcopy(state)
-    handler(nxt, payload)
-    b = nxt["budget"]
-    if b["used"] + b["reserved"] > b["total"] or b["reserved"] < 0:
-        raise IllegalTransition(status, event_type, f"budget invariant broken: {b}")
-    return nxt
+    return r1.reduce_with(TRANSITIONS, state, event_type, payload)
