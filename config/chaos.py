@@ -270,7 +270,10 @@ def run(args) -> int:
     chaos = Chaos(args)
     print("• migrating and seeding the chaos database", flush=True)
     _manage(chaos.env, "migrate", "--no-input", "-v", "0")
-    _manage(chaos.env, "shell", "-c", f"from config.chaos import seed; seed({json.dumps([s for s, _ in plan])})")
+    # About two reports per printer: most printers get a ticket and then a comment on it, some
+    # comments race each other (a 412 and a re-plan), as when a few people report the same fault.
+    per_system = {s: max(10, n // 2) for s, n in plan}
+    _manage(chaos.env, "shell", "-c", f"from config.chaos import seed; seed({json.dumps(per_system)})")
     helpdesk_site.prepare(chaos.hd_var, HD_TOKEN)
     import redis
 
@@ -328,10 +331,10 @@ def _settle(chaos: Chaos, timeout: float) -> None:
 # --- run inside Django (manage.py shell -c) --------------------------------------------------------
 
 
-def seed(systems: list[str]) -> None:
-    """Create one tenant per ticket system with a requester ``chaos-<system>``, an auto-approval
-    policy, ten printers and the public printer procedures; write the device ids to
-    ``var/chaos/devices.json``."""
+def seed(printers: dict[str, int]) -> None:
+    """Create one tenant per ticket system (``printers`` maps it to a number of printers) with a
+    requester ``chaos-<system>``, an auto-approval policy for new tickets and comments, that many
+    printers and the public printer procedures; write the device ids to ``var/chaos/devices.json``."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.hashers import make_password
 
@@ -342,20 +345,21 @@ def seed(systems: list[str]) -> None:
     from apps.tasks.demo_data import KB_DIR
 
     devices = {}
-    for system in systems:
+    for system, count in printers.items():
         tenant = Tenant.objects.create(slug=f"chaos-{system}", name=f"Chaos {system}", ticket_system=system)
         user = get_user_model().objects.create(username=f"chaos-{system}",
                                                password=make_password(PASSWORD, hasher="pbkdf2_sha256"))
         Membership.objects.create(user=user, tenant=tenant, role=Role.REQUESTER,
                                   scopes=[AccessScope.PUBLIC, AccessScope.TIER2])
         ApprovalPolicy.objects.create(tenant=tenant, version=1, rules={
-            "ticket.create": {"requires_approval": False, "ttl_minutes": 60}})
+            "ticket.create": {"requires_approval": False, "ttl_minutes": 60},
+            "ticket.comment": {"requires_approval": False, "ttl_minutes": 60}})
         devices[system] = [
             Device.objects.create(tenant=tenant, asset_tag=f"PRN-9{i:03d}", name=f"Chaos printer {i}", kind="printer",
                                   model="LaserMax 9050", site="LAB", criticality="medium", state="fault",
                                   alert_code="PRN-FUSER-50.2", alert_message="Fuser temperature low: 142 C",
                                   version=1).pk
-            for i in range(10)
+            for i in range(count)
         ]
         for scope, name in (("tier2", "laser-printer-fuser-error-replacement.md"),
                             ("public", "laser-printer-paper-jam.md"), ("public", "mfp-toner-and-drum-replacement.md")):
@@ -380,7 +384,7 @@ def check() -> None:
         tasks = {str(t.pk): t for t in Task.objects.filter(pk__in=ids)}
         statuses = [t.status for t in tasks.values()]
         lost = (len(ids) - len(tasks)) + sum(s in RUNNING for s in statuses)
-        remote = _remote_tickets(system, connector)
+        remote = _remote_effects(system, connector)
         by_key: dict[str, int] = {}
         for key in remote:
             by_key[key] = by_key.get(key, 0) + 1
@@ -398,7 +402,10 @@ def check() -> None:
             "tasks": len(ids), "completed": statuses.count("COMPLETED"),
             "waiting": sum(s.startswith("WAITING") for s in statuses), "failed": statuses.count("FAILED"),
             "cancelled": statuses.count("CANCELLED"), "lost": lost, "duplicate_effects": duplicates,
-            "replay_divergences": divergences, "remote_tickets": len(remote),
+            "replay_divergences": divergences, "remote_effects": len(remote),
+            "comments": TaskEvent.objects.filter(task_id__in=ids, type="task.completed",
+                                                 payload__reason="ticket_commented").count(),
+            "conflicts": TaskEvent.objects.filter(task_id__in=ids, type="dispatch.conflict").count(),
             # What the chaos did to the work: sends without an answer, refused or retried sends,
             # receipts found by the reconciler, and events refused to a stale worker.
             "unknown_outcomes": attempts.filter(outcome="UNKNOWN").count(),
@@ -410,7 +417,7 @@ def check() -> None:
     print(json.dumps(result))
 
 
-def _remote_tickets(system: str, connector) -> list[str]:
+def _remote_effects(system: str, connector) -> list[str]:
     """The idempotency key of every effect the ticket system holds: one entry per ticket and, at
     the reference service, one per comment (a second report on an open ticket is a comment)."""
     if system == "reference":

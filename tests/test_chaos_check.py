@@ -38,7 +38,7 @@ def _check(capsys, tmp_path, ids) -> dict:
 
 def test_a_clean_run_has_nothing_to_report(completed, capsys, tmp_path):
     figures = _check(capsys, tmp_path, [completed.pk])
-    assert figures | {"remote_tickets": 1} == figures
+    assert figures | {"remote_effects": 1, "comments": 0, "conflicts": 0} == figures
     assert (figures["tasks"], figures["completed"], figures["lost"], figures["duplicate_effects"],
             figures["replay_divergences"]) == (1, 1, 0, 0, 0)
 
