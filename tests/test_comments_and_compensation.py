@@ -371,3 +371,26 @@ def test_the_approval_queue_shows_a_comment_and_a_compensation_with_their_ticket
     html = client.get(reverse("approval-queue")).content.decode()
     ticket_id = compensating.state["receipt"]["external_id"]
     assert f"ticket {ticket_id} at version 1" in html and "status: closed" in html and "If-Match" in html
+
+
+def test_a_ticket_gone_before_the_comment_is_a_conflict_and_the_replan_files_a_new_one(first, requester, approver,
+                                                                                      device, refadmin):
+    task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    _decide(approver, task)
+    agent_run(task_id=task.pk)
+    refadmin.client.post("/_admin/reset")  # the ticket system lost every ticket
+    task = drive(task.pk)
+    conflicted = Action.objects.get(task=task)
+    assert conflicted.status == ActionStatus.NOT_SENT and conflicted.last_error["status"] == 404
+    assert "dispatch.conflict" in _types(task)
+    assert task.status == reducer.WAITING_APPROVAL and _pending(task).tool == "ticket.create"
+
+
+def test_the_trace_shows_the_compensation(client, compensating, approver, admin_user):
+    from django.urls import reverse
+
+    _decide(approver, compensating)
+    task = drive(compensating.pk)
+    client.force_login(admin_user)
+    html = client.get(reverse("task-trace", args=[task.pk])).content.decode()
+    assert "compensation.requested" in html and "ticket.update" in html

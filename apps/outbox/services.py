@@ -387,9 +387,11 @@ def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing
 
 
 def _is_conflict(action: Action, exc: errors.ToolError) -> bool:
-    """A conditional write refused because the ticket is no longer at the version it was planned on."""
-    return tool_get(action.tool).conditional and isinstance(exc, errors.PreconditionFailed) \
-        and exc.status == 412 and exc.body.get("error") == "version_mismatch"
+    """A conditional write refused because the ticket is no longer at the version it was planned on
+    (412), or no longer exists (404): either way nothing was written and the plan is stale."""
+    if not (tool_get(action.tool).conditional and isinstance(exc, errors.PreconditionFailed)):
+        return False
+    return (exc.status, exc.body.get("error")) in ((412, "version_mismatch"), (404, "not_found"))
 
 
 def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str, resolution: dict | None = None) -> None:

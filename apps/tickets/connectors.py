@@ -12,7 +12,7 @@ read timeout, dropped connection, 5xx      ``OutcomeUnknown``
 400 / 422                                  ``InvalidParams``
 401 / 403                                  ``Unauthorized``
 409 (request with the key in progress)     ``TemporarilyUnavailable``
-409 (stale fencing token) / 412            ``PreconditionFailed``
+409 (stale fencing token) / 412 / 404       ``PreconditionFailed``
 =========================================  ================================
 """
 
@@ -71,7 +71,8 @@ def _error_for_status(resp: httpx.Response) -> errors.ToolError:
     if code == 409 and body.get("error") == "request_in_progress":
         # Refused before doing anything; the earlier request's outcome decides. Same key later.
         return errors.TemporarilyUnavailable(detail, status=code, body=body)
-    if code in (409, 412):
+    if code in (409, 412) or (code == 404 and body.get("error") == "not_found"):
+        # 404: a write on a ticket that does not exist (any more) — definite, nothing written.
         return errors.PreconditionFailed(detail, status=code, body=body)
     if code in (429, 503):
         return errors.TemporarilyUnavailable(detail, status=code, body=body)
