@@ -394,3 +394,83 @@ def test_the_trace_shows_the_compensation(client, compensating, approver, admin_
     client.force_login(admin_user)
     html = client.get(reverse("task-trace", args=[task.pk])).content.decode()
     assert "compensation.requested" in html and "ticket.update" in html
+
+
+# --- review findings (helper review of item 5) ------------------------------------------------------
+
+def test_a_cancelled_requests_ticket_that_carries_another_report_stays_open(requester, approver, device, kb,
+                                                                           refservice, refadmin):
+    """F1: A's ticket got B's comment before A was cancelled: closing it would bury B's report."""
+    a = drive(_submit(requester, device).pk)
+    _decide(approver, a)
+    agent_run(task_id=a.pk)
+    outbox_dispatch_batch()  # A's ticket exists (receipt); A's agent has not composed the answer yet
+    b = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    assert Task.objects.get(pk=a.pk).status == reducer.DISPATCHING
+    _decide(approver, b)
+    b = drive(b.pk)
+    assert b.termination_reason == "ticket_commented"
+    task_cancel(principal=p(requester), task_id=a.pk, reason="fixed itself")
+    a = drive(a.pk)
+    assert a.status == reducer.CANCELLED and a.state["compensation"]["status"] == "RESOLVED"
+    assert str(b.pk) in a.state["compensation"]["resolution"]["note"] and "stays open" in a.termination_reason
+    assert refadmin.tickets()[0]["status"] == "open"
+    assert not ApprovalRequest.objects.filter(task=a, tool="ticket.update").exists()
+
+
+def test_a_ticket_about_to_be_compensated_takes_no_new_comment(compensating, requester, approver, device, refadmin):
+    """F1: while A's compensation is pending, B's report files its own ticket."""
+    b = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    assert b.state["ticket"] is None and _pending(b).tool == "ticket.create"
+
+
+def test_a_failed_compensation_past_the_deadline_just_waits(waiting_compensation):
+    """F3: no task.failed attempt (and no refused event) for a task waiting for a person."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.events.models import RefusedEvent
+
+    Task.objects.filter(pk=waiting_compensation.pk).update(deadline_at=timezone.now() - timedelta(days=1))
+    refused = RefusedEvent.objects.filter(task=waiting_compensation).count()
+    agent_run(task_id=waiting_compensation.pk)
+    assert Task.objects.get(pk=waiting_compensation.pk).status == reducer.WAITING_COMPENSATION
+    assert RefusedEvent.objects.filter(task=waiting_compensation).count() == refused
+
+
+def test_a_replanning_compensation_gives_up_when_the_ticket_system_stays_unreadable(compensating, approver,
+                                                                                   refservice, settings):
+    """F4: the compensation's own window bounds the re-reads."""
+    _decide(approver, compensating)
+    agent_run(task_id=compensating.pk)
+    ticket_id = compensating.state["receipt"]["external_id"]
+    ReferenceTicketConnector().update_ticket(ticket_id=ticket_id, if_match=1, changes={"assignee": "lee"})
+    outbox_dispatch_batch()  # 412: the compensation re-plans
+    assert Task.objects.get(pk=compensating.pk).state["compensation"]["status"] == "REPLANNING"
+    settings.FAULTDESK = {**settings.FAULTDESK, "REFSERVICE_URL": "http://127.0.0.1:9", "TASK_DEADLINE_SECONDS": 0}
+    task = drive(compensating.pk)
+    assert task.status == reducer.WAITING_COMPENSATION
+    assert "could not be read" in task.state["compensation"]["error"]
+
+
+def test_a_nul_character_in_a_note_is_a_clear_400_and_records_nothing(client, waiting_compensation, admin_user):
+    """F5."""
+    from django.urls import reverse
+
+    client.force_login(admin_user)
+    resp = client.post(reverse("compensation-settle", args=[waiting_compensation.pk]),
+                       {"decision": "not_needed", "note": "kept\x00open"}, HTTP_HX_REQUEST="true")
+    assert resp.status_code == 400 and resp.json()["error"] == "invalid_input"
+    assert Task.objects.get(pk=waiting_compensation.pk).status == reducer.WAITING_COMPENSATION
+
+
+def test_the_api_says_what_a_compensating_task_waits_for(waiting_compensation, requester):
+    """F7."""
+    from django.urls import reverse
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(requester)
+    body = api.get(reverse("api-task-detail", args=[waiting_compensation.pk])).json()
+    assert body["status"] == "WAITING_COMPENSATION" and "failed compensation" in body["waiting_for"]

@@ -157,3 +157,19 @@ def test_any_sequence_keeps_the_budget_invariant_and_refuses_without_changing_st
             assert (state["status"], etype, nxt["status"]) == (r1.CANCELLED, "compensation.requested",
                                                                r1.COMPENSATING)
         state = nxt
+
+
+def test_a_compensation_without_its_approval_is_refused_not_crashed():
+    """Review F6: every malformed order is an IllegalTransition, never a TypeError."""
+    bare = (COMP_ASK[0], {**COMP_ASK[1], "proposal": None, "approval_id": None})
+    with pytest.raises(r1.IllegalTransition, match="needs its proposal and its own approval"):
+        r2.reduce(fold(CANCELLED_WITH_TICKET), *bare)
+    person = (COMP_ASK[0], {"reason": "cancelled", "ticket": TICKET, "outcome": "needs_person",
+                            "note": "no conditional update"})
+    s = r2.reduce(fold(CANCELLED_WITH_TICKET), *person)
+    assert s["status"] == r1.WAITING_COMPENSATION and s["compensation"]["approval"] is None
+    with pytest.raises(r1.IllegalTransition):
+        r2.reduce(s, *COMP_INTENT)
+    kept = (COMP_ASK[0], {**person[1], "outcome": "not_needed", "by": "worker", "note": "other reports"})
+    s = r2.reduce(fold(CANCELLED_WITH_TICKET), *kept)
+    assert s["status"] == r1.CANCELLED and s["compensation"]["status"] == r2.C_RESOLVED

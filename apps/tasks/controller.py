@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -134,6 +135,9 @@ def agent_run(*, task_id: uuid.UUID) -> None:
                 break
     except StaleWrite:
         log.info("agent_run lost the lease on %s", task_id)
+    except reducer.IllegalTransition as exc:
+        # Already recorded as a refused event; the task stays as it was.
+        log.warning("agent_run on %s: %s", task_id, exc)
     finally:
         task_release(lease=lease)
     # Hand retrieval to the tools queue only now that the lease is free for its worker to claim.
@@ -148,9 +152,9 @@ def _step(task: Task, lease: Lease) -> bool:
     if status == reducer.CANCELLED and _compensation_due(task):
         return _compensation_request(task, lease, ticket=_created_ticket(task.state["receipt"]))
     if status == reducer.COMPENSATING:
-        return _compensate(task, lease)  # bounded by its own approval expiry and re-plan limit
-    if status in reducer.TERMINAL:
-        return False
+        return _compensate(task, lease)  # bounded by its approval's expiry, re-plan limit and window
+    if status in reducer.TERMINAL or status == reducer.WAITING_COMPENSATION:
+        return False  # a failed compensation waits for a person, whatever the task's deadline
     exceeded = _bounds_exceeded(task)
     if exceeded and status not in (reducer.DISPATCHING, reducer.WAITING_RECONCILIATION):
         # An action in flight is finished (receipt or reconciliation) before the task may end.
@@ -476,13 +480,20 @@ def _compensation_request(task: Task, lease: Lease, *, ticket: dict) -> bool:
     safely: the compensation then waits for a person at once."""
     gen, actor, state = lease.generation, _actor(lease), task.state
     connector = ticket["connector"]
+    base = {"reason": COMPENSATION_REASON, "ticket": ticket, "requested_at": timezone.now().isoformat()}
     if not CONNECTORS[connector].supports_conditional_writes:
-        task = task_append_event(task=task, event_type="compensation.requested", actor=actor, lease_generation=gen,
-                                 payload={"reason": COMPENSATION_REASON, "ticket": ticket, "proposal": None,
-                                          "approval_id": None})
-        task_append_event(task=task, event_type="compensation.failed", actor=actor, lease_generation=gen,
-                          payload={"reason": f"{CONNECTORS[connector].label} has no conditional update: close ticket "
-                                             f"{ticket['external_id']} there by hand, then record it here"})
+        task_append_event(task=task, event_type="compensation.requested", actor=actor, lease_generation=gen,
+                          payload={**base, "outcome": "needs_person",
+                                   "note": f"{CONNECTORS[connector].label} has no conditional update: close ticket "
+                                           f"{ticket['external_id']} there by hand, then record it here"})
+        return False
+    others = _other_reports_on(task, ticket)
+    if others:
+        # Closing it would bury another request's live report: the ticket stays open.
+        task_append_event(task=task, event_type="compensation.requested", actor=actor, lease_generation=gen,
+                          payload={**base, "outcome": "not_needed", "by": actor,
+                                   "note": f"ticket {ticket['external_id']} also carries the reports of "
+                                           f"{len(others)} other request(s) ({', '.join(others[:5])}); it stays open"})
         return False
     tool = tool_get("ticket.update")
     params = {"ticket_id": ticket["external_id"], "if_match": ticket["version"], "reason": COMPENSATION_REASON,
@@ -506,11 +517,22 @@ def _compensation_request(task: Task, lease: Lease, *, ticket: dict) -> bool:
         )
 
     task_append_event(task=task, event_type="compensation.requested", actor=actor, lease_generation=gen,
-                      payload={"reason": COMPENSATION_REASON, "ticket": ticket, "proposal": proposal,
-                               "approval_id": str(approval_id), "policy_version": decision.policy_version,
-                               "expires_at": expires_at.isoformat()},
+                      payload={**base, "proposal": proposal, "approval_id": str(approval_id),
+                               "policy_version": decision.policy_version, "expires_at": expires_at.isoformat()},
                       side_effects=create_approval)
     return False
+
+
+def _other_reports_on(task: Task, ticket: dict) -> list[str]:
+    """Ids of other tasks whose comments on ``ticket`` were written or may still be (anything but
+    not sent / failed): their requesters were told their report is on that ticket."""
+    from apps.actions.models import ActionStatus
+
+    rows = (Action.objects.filter(tenant_id=task.tenant_id)
+            .filter(tool="ticket.comment", connector=ticket["connector"], params__ticket_id=ticket["external_id"])
+            .exclude(task_id=task.pk).exclude(status__in=[ActionStatus.NOT_SENT, ActionStatus.FAILED])
+            .values_list("task_id", flat=True).distinct())
+    return sorted(str(t) for t in rows)
 
 
 def _compensate(task: Task, lease: Lease) -> bool:
@@ -528,6 +550,14 @@ def _compensate(task: Task, lease: Lease) -> bool:
             current = connector_for("ticket.update", c["ticket"]["connector"]).get_ticket(
                 external_id=c["ticket"]["external_id"])
         except errors.ToolError as exc:
+            started = parse_datetime(c.get("started_at") or "") or task.updated_at
+            window = timedelta(seconds=settings.FAULTDESK["TASK_DEADLINE_SECONDS"])
+            if timezone.now() - started > window:
+                task_append_event(task=task, event_type="compensation.failed", actor=actor, lease_generation=gen,
+                                  payload={"reason": f"the ticket system could not be read within "
+                                                     f"{int(window.total_seconds())} s of the compensation's "
+                                                     f"start ({exc.code})"})
+                return False
             log.info("compensation of %s: the ticket cannot be read now (%s)", task.pk, exc)
             return False  # the sweeper brings the task back
         if current is None or current.get("status") in ("resolved", "closed"):

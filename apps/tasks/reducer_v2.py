@@ -147,7 +147,8 @@ def _intent_committed(s: dict, p: dict) -> None:
     c = s["compensation"]
     _require(c["status"] == C_WAITING_APPROVAL and c["action"] is None, s, "intent.committed",
              f"the compensation is {c['status']}")
-    _require(c["approval"]["status"] == "APPROVED", s, "intent.committed", "compensation approval not granted")
+    _require(c.get("approval") is not None and c["approval"]["status"] == "APPROVED", s, "intent.committed",
+             "compensation approval not granted")
     _require(c["approval"]["digest"] == p["digest"], s, "intent.committed", "digest differs from the approved one")
     rsv = int(p["reservation"])
     b = s["budget"]
@@ -258,14 +259,28 @@ def _compensation_requested(s: dict, p: dict) -> None:
                  "the compensation is not re-planning")
     _require(p["ticket"]["external_id"] == s["receipt"]["external_id"], s, "compensation.requested",
              "a compensation closes the ticket this task created, no other")
-    approval = None
-    if p.get("approval_id"):
-        approval = {"id": p["approval_id"], "status": "PENDING", "digest": p["proposal"]["digest"],
-                    "object_version": p["ticket"]["version"], "policy_version": p["policy_version"],
-                    "expires_at": p["expires_at"]}
     history = [*c["history"], c["approval"]] if c.get("approval") else c["history"]
-    s["compensation"] = {**c, "status": C_WAITING_APPROVAL, "ticket": p["ticket"], "proposal": p["proposal"],
-                         "approval": approval, "history": history}
+    c = {**c, "ticket": p["ticket"], "history": history, "approval": None, "proposal": None,
+         "started_at": c.get("started_at") or p.get("requested_at")}
+    outcome = p.get("outcome")
+    if outcome == "not_needed":
+        # Decided at once, in this one event: e.g. the ticket also carries other requests' reports.
+        s["compensation"] = {**c, "status": C_RESOLVED,
+                             "resolution": {"outcome": outcome, "by": p.get("by"), "note": p["note"]}}
+        _after_compensation(s, f"not needed ({p['note']})")
+        return
+    if outcome == "needs_person":
+        # Cannot be done by faultdesk (e.g. no conditional update): a person decides.
+        s["compensation"] = {**c, "status": C_FAILED, "error": p["note"]}
+        s["status"] = WAITING_COMPENSATION
+        return
+    _require(outcome is None, s, "compensation.requested", f"unknown outcome {outcome!r}")
+    _require(bool(p.get("proposal")) and bool(p.get("approval_id")), s, "compensation.requested",
+             "a compensation needs its proposal and its own approval")
+    approval = {"id": p["approval_id"], "status": "PENDING", "digest": p["proposal"]["digest"],
+                "object_version": p["ticket"]["version"], "policy_version": p["policy_version"],
+                "expires_at": p["expires_at"]}
+    s["compensation"] = {**c, "status": C_WAITING_APPROVAL, "proposal": p["proposal"], "approval": approval}
     s["status"] = COMPENSATING
 
 

@@ -19,8 +19,14 @@ def open_ticket_read(*, tenant_id: int, device_id: int, connector: str) -> dict 
     read (the caller retries later; it never guesses)."""
     if not CONNECTORS[connector].supports_conditional_writes:
         return None
+    from django.db.models import Q
+
+    # A ticket whose request was cancelled may be about to be closed (its compensation): it takes a
+    # comment only once that compensation kept it open (rejected, or resolved as not needed).
+    kept_open = Q(action__task__state__compensation__status__in=["REJECTED", "RESOLVED"])
     mirror = (TicketMirror.objects.filter(tenant_id=tenant_id, connector=connector, action__task__device_id=device_id,
                                           status__in=OPEN_STATUSES)
+              .filter(~Q(action__task__status__in=["CANCELLED", "COMPENSATING", "WAITING_COMPENSATION"]) | kept_open)
               .order_by("-updated_at").first())
     if mirror is None:
         return None

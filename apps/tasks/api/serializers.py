@@ -52,6 +52,9 @@ class TaskSerializer(serializers.ModelSerializer):
             "WAITING_INPUT": "requester input",
             "WAITING_APPROVAL": "an approver's decision",
             "WAITING_RECONCILIATION": "reconciliation of an unknown outcome",
+            "COMPENSATING": "the compensation (closing the ticket created before the cancel): its approval or "
+                            "its delivery",
+            "WAITING_COMPENSATION": "an admin's decision on the failed compensation",
         }.get(obj.status)
 
     def get_links(self, obj: Task) -> dict:

@@ -1,0 +1,30 @@
+"""Request hygiene shared by every page and endpoint."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+
+class RejectNulBytesMiddleware:
+    """Answer 400 to a request whose query string or form fields contain a NUL character.
+
+    PostgreSQL text cannot hold NUL (``\\x00``): such a value would fail at the first query or
+    write with a database error, a 500, possibly after a remote call was already made. Refusing
+    it before any view runs keeps "bad input gets a clear error and loses nothing". JSON bodies
+    are checked by DRF's ``CharField`` (which rejects NUL) and webhooks by their own parser."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        fields = [request.GET]
+        if request.method == "POST" and request.content_type in ("application/x-www-form-urlencoded",
+                                                                  "multipart/form-data"):
+            fields.append(request.POST)
+        for data in fields:
+            for key, values in data.lists():
+                if "\x00" in key or any("\x00" in v for v in values):
+                    return JsonResponse({"error": "invalid_input",
+                                         "detail": f"field {key.replace(chr(0), '')!r} contains a NUL character"},
+                                        status=400)
+        return self.get_response(request)
