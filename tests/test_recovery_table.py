@@ -184,21 +184,34 @@ def _cancel_while_in_flight(stack, delay_seconds: float):
 
 def test_row6_cancelled_then_a_receipt_arrives(tmp_path, transactional_db):
     """The in-flight create takes effect after the cancel (the remote's delay is shorter than the
-    outbox lease): the real effect is recorded on the cancelled task."""
+    outbox lease): the real effect is recorded on the cancelled task, and closing the ticket is
+    only done once authorized — a compensation with its own approval (ADR 0011)."""
     with running_stack(tmp_path, **{**FAST, "FAULTDESK_OUTBOX_LEASE_SECONDS": "20"}) as stack:
         riley, task_id = _cancel_while_in_flight(stack, 3.0)
         deadline = time.monotonic() + 60
         while not TaskEvent.objects.filter(task_id=task_id, type="receipt.recorded").exists():
             assert time.monotonic() < deadline, stack.logs()
             time.sleep(0.2)
-        task = _finished(stack, task_id)
-        assert task.status == "CANCELLED"
+        task = _finished(stack, task_id, statuses=("COMPENSATING",))
         assert task.state["receipt"]["external_id"], "the real effect is recorded on the cancelled task"
         assert not TaskEvent.objects.filter(task=task, type="task.completed").exists()
         body = riley.get(f"/api/tasks/{task_id}/").json()
-        assert body["status"] == "CANCELLED"
+        assert body["status"] == "COMPENSATING" and "compensation" in body["waiting_for"]
         assert body["receipt"]["external_id"] == task.state["receipt"]["external_id"]
-        assert _effects(stack, Action.objects.get(task=task).idempotency_key) == 1
+        original = Action.objects.get(task=task)
+        assert _effects(stack, original.idempotency_key) == 1
+        # Nothing is closed until an approver authorizes it.
+        avery = httpx.Client(base_url=stack.web, auth=("avery", "pw-for-tests"), timeout=30)
+        [pending] = avery.get("/api/approvals/", params={"status": "PENDING", "task": str(task_id)}).json()
+        assert pending["tool"] == "ticket.update" and pending["params"]["changes"]["status"] == "closed"
+        ticket = ref_client(stack).get(f"/tickets/{task.state['receipt']['external_id']}").json()
+        assert ticket["status"] == "open"
+        assert avery.post(f"/api/approvals/{pending['id']}/decision/", json={"decision": "approve"}).status_code == 200
+        task = _finished(stack, task_id, statuses=("CANCELLED",))
+        assert task.state["compensation"]["status"] == "DONE"
+        ticket = ref_client(stack).get(f"/tickets/{task.state['receipt']['external_id']}").json()
+        assert ticket["status"] == "closed"
+        assert _effects(stack, original.idempotency_key) == 1
 
 
 def test_row6_cancelled_while_a_slow_create_outlives_its_lease(stack):
