@@ -95,35 +95,54 @@ def test_a_second_report_comments_on_the_open_ticket_instead_of_a_duplicate(firs
     assert _types(task).index("ticket.read") < _types(task).index("device.read")
 
 
-def test_a_conflict_rereads_the_ticket_and_replans_under_a_new_approval(first, requester, approver, device,
-                                                                       refadmin):
-    ticket_id = first.state["receipt"]["external_id"]
+def test_a_conflict_rereads_the_ticket_and_carries_the_unchanged_comment_over(first, requester, approver, device,
+                                                                              refadmin):
+    """A 412 re-reads and re-plans. The comment is the same low-risk write, only the ticket version
+    moved: its approval is carried over instead of asking the approver twice (DESIGN.md §7)."""
     task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
     _decide(approver, task)
     agent_run(task_id=task.pk)  # the intent: a comment If-Match 1
     # Someone changes the ticket before the comment is sent.
-    ReferenceTicketConnector().update_ticket(ticket_id=ticket_id, if_match=1, changes={"assignee": "lee"})
+    ReferenceTicketConnector().update_ticket(ticket_id=first.state["receipt"]["external_id"], if_match=1,
+                                             changes={"assignee": "lee"})
     task = drive(task.pk)
 
-    assert task.status == reducer.WAITING_APPROVAL
+    assert task.status == reducer.COMPLETED and task.termination_reason == "ticket_commented"
     types = _types(task)
     assert types.count("ticket.read") == 2 and "dispatch.conflict" in types
-    assert types.index("dispatch.conflict") < len(types) - types[::-1].index("ticket.read") - 1
-    conflicted = Action.objects.get(task=task)
+    conflicted, sent = Action.objects.filter(task=task).order_by("created_at")
     assert conflicted.status == ActionStatus.NOT_SENT and conflicted.last_error["status"] == 412
     assert refadmin.effects(conflicted.idempotency_key) == 0
     old, new = ApprovalRequest.objects.filter(task=task).order_by("created_at")
     assert old.status == ApprovalStatus.INVALIDATED and "412" in old.reason
-    assert (new.status, new.object_version, new.params["if_match"]) == (ApprovalStatus.PENDING, 2, 2)
+    assert (new.status, new.object_version, new.params["if_match"]) == (ApprovalStatus.APPROVED, 2, 2)
+    assert f"carried over from approval {old.pk}" in new.reason and new.decided_by_id == old.decided_by_id
+    assert sent.approval_id == new.pk and sent.status == ActionStatus.SUCCEEDED
     assert task.state["conflicts"] == 1 and task.budget_reserved == 0
-
-    _decide(approver, task)
-    task = drive(task.pk)
-    assert task.status == reducer.COMPLETED and task.termination_reason == "ticket_commented"
-    sent = Action.objects.filter(task=task, status=ActionStatus.SUCCEEDED).get()
     comments = refadmin.tickets()[0]["comments"]
     assert [c["idempotency_key"] for c in comments] == [sent.idempotency_key]
     assert task_actions_audit(task, remote=True) == []
+
+
+def test_a_conflict_asks_again_when_the_comment_or_the_policy_changed(first, requester, approver, device, tenant,
+                                                                     refadmin):
+    """No carry-over once anything but the ticket version differs: here the policy moved to a new
+    version between the approval and the re-plan."""
+    from apps.approvals.models import ApprovalPolicy
+    from apps.approvals.services import DEFAULT_RULES
+
+    task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
+    _decide(approver, task)
+    agent_run(task_id=task.pk)
+    ReferenceTicketConnector().update_ticket(ticket_id=first.state["receipt"]["external_id"], if_match=1,
+                                             changes={"assignee": "lee"})
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules=DEFAULT_RULES)
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    new = _pending(task)
+    assert (new.policy_version, new.object_version) == (2, 2) and new.decided_by_id is None
+    _decide(approver, task)
+    assert drive(task.pk).termination_reason == "ticket_commented"
 
 
 def test_a_ticket_closed_meanwhile_makes_the_replan_a_new_ticket(first, requester, approver, device, refadmin):

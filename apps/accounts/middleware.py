@@ -20,6 +20,7 @@ class RejectNulBytesMiddleware:
         fields = [request.GET]
         if request.method == "POST" and request.content_type in ("application/x-www-form-urlencoded",
                                                                   "multipart/form-data"):
+            _ = request.body  # read the raw body first, so a view can still read it (webhooks sign it)
             fields.append(request.POST)
         for data in fields:
             for key, values in data.lists():

@@ -7,6 +7,8 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
+from apps.accounts.scoping import TenantScopedManager
+
 
 class AccessScope(models.TextChoices):
     """Knowledge access scopes (DESIGN.md §9)."""
@@ -57,6 +59,8 @@ class Membership(models.Model):
     scopes = ArrayField(models.CharField(max_length=32, choices=AccessScope.choices), default=_default_scopes)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant_uniq")]

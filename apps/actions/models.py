@@ -8,6 +8,8 @@ import uuid
 
 from django.db import models
 
+from apps.accounts.scoping import TenantScopedManager, scoped_manager
+
 
 class ActionStatus(models.TextChoices):
     INTENDED = "INTENDED", "Intended"
@@ -51,6 +53,8 @@ class Action(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = TenantScopedManager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="action_tenant_key_uniq"),
@@ -84,6 +88,8 @@ class ActionAttempt(models.Model):
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200)
+
+    objects = scoped_manager("action__tenant_id")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["action", "number"], name="attempt_action_number_uniq")]

@@ -8,10 +8,15 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from apps.accounts.scoping import TenantScopedManager
+
 
 class ApprovalPolicy(models.Model):
-    """A tenant's approval policy; ``version`` is V_p. ``rules`` maps a tool name to
-    ``{"requires_approval": bool, "ttl_minutes": int}``. The highest active version applies."""
+    """A tenant's approval policy; ``version`` is V_p. ``rules`` is ``{"risk": {level: rule},
+    "tools": {tool: rule}}`` (or an older flat ``{tool: rule}``), a rule being
+    ``{"requires_approval": bool, "ttl_minutes": int, "approver_roles": [...]}``; see
+    :func:`apps.approvals.services.policy_rule`. The highest active version applies; a version is
+    never edited, a new one is added."""
 
     tenant = models.ForeignKey("accounts.Tenant", on_delete=models.CASCADE, related_name="approval_policies")
     version = models.PositiveIntegerField()
@@ -19,12 +24,24 @@ class ApprovalPolicy(models.Model):
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = TenantScopedManager()
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "version"], name="policy_tenant_version_uniq")]
         ordering = ["tenant", "-version"]
 
     def __str__(self) -> str:
         return f"policy v{self.version} of {self.tenant}"
+
+    def clean(self) -> None:
+        """Reject malformed ``rules`` with a field error (the Django admin shows it)."""
+        from django.core.exceptions import ValidationError
+
+        from apps.approvals.services import policy_rules_validate
+
+        problems = policy_rules_validate(self.rules)
+        if problems:
+            raise ValidationError({"rules": problems})
 
 
 class ApprovalStatus(models.TextChoices):
@@ -48,6 +65,8 @@ class ApprovalRequest(models.Model):
     object_id = models.CharField(max_length=64)
     object_version = models.PositiveIntegerField(help_text="V_o the approval binds")
     policy_version = models.PositiveIntegerField(help_text="V_p the approval was asked under")
+    approver_roles = models.JSONField(default=list, blank=True,
+                                      help_text="roles that may decide it, as policy V_p said when it was asked")
     scope = models.CharField(max_length=200, help_text="tenant:tool:object the approval covers")
     side_effects = models.TextField()
     evidence = models.JSONField(default=list)
@@ -59,6 +78,8 @@ class ApprovalRequest(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,18 +1,24 @@
-"""Tenant-scoped reads of approvals."""
+"""Tenant-scoped reads of approvals: the list and the approver's queue page (issue 5 item 7)."""
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+import json
+from dataclasses import dataclass, field
+
+from django.core.paginator import Page, Paginator
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from apps.accounts.principal import Principal
-from apps.approvals.models import ApprovalRequest
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.tickets.models import TicketMirror
 
 
 def approval_list(*, principal: Principal, status: str | None = None) -> QuerySet[ApprovalRequest]:
     """Approvals of the principal's tenant (approvers and admins only; others get none)."""
     if not principal.is_approver:
         return ApprovalRequest.objects.none()
-    qs = ApprovalRequest.objects.filter(tenant_id=principal.tenant_id).select_related(
+    qs = ApprovalRequest.objects.visible_to(principal).select_related(
         "task", "task__device", "requested_by", "decided_by"
     )
     if status:
@@ -22,3 +28,102 @@ def approval_list(*, principal: Principal, status: str | None = None) -> QuerySe
 
 def approval_get(*, principal: Principal, approval_id) -> ApprovalRequest | None:
     return approval_list(principal=principal).filter(pk=approval_id).first()
+
+
+QUEUE_PAGE_SIZE = 20
+#: Queue filters: "EXPIRED" also covers approvals still PENDING whose expiry has passed (the agent
+#: invalidates them at its next step; the queue shows them as expired at once).
+QUEUE_STATUSES = ("PENDING", "APPROVED", "REJECTED", "INVALIDATED", "EXPIRED", "ALL")
+
+
+@dataclass
+class QueueRow:
+    """One approval on the queue page with what the approver needs beside it: whether it can
+    still be decided, the object's version now (``None`` when unknown), and the parameters that
+    changed since the task's previous proposal (``[(name, before, after)]``, empty for the first)."""
+
+    approval: ApprovalRequest
+    decidable: bool
+    version_now: int | None
+    changes: list[tuple[str, str, str]] = field(default_factory=list)
+    previous: ApprovalRequest | None = None
+
+
+def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str = "", device: str = "",
+                   page: int | str = 1, now=None) -> tuple[Page, list[QueueRow]]:
+    """One page (:data:`QUEUE_PAGE_SIZE` rows, newest first) of the tenant's approvals for the queue
+    page, filtered by ``status`` (one of :data:`QUEUE_STATUSES`), ``tool`` and ``device`` (asset tag
+    substring). A constant number of queries whatever the queue's size: the page, one query for the
+    previous proposals of its tasks and one for the ticket mirrors it targets. Unknown filter values
+    are treated as no filter; an out-of-range page is the last page."""
+    now = now or timezone.now()
+    qs = approval_list(principal=principal)
+    if status == "EXPIRED":
+        qs = qs.filter(Q(status=ApprovalStatus.EXPIRED) | Q(status=ApprovalStatus.PENDING, expires_at__lte=now))
+    elif status == "PENDING":
+        qs = qs.filter(status=ApprovalStatus.PENDING, expires_at__gt=now)
+    elif status in ApprovalStatus.values:
+        qs = qs.filter(status=status)
+    if tool:
+        qs = qs.filter(tool=tool)
+    if device:
+        qs = qs.filter(task__device__asset_tag__icontains=device)
+    page_obj = Paginator(qs, QUEUE_PAGE_SIZE).get_page(page)
+    approvals = list(page_obj.object_list)
+    earlier = (ApprovalRequest.objects.visible_to(principal)
+               .filter(task_id__in={a.task_id for a in approvals})
+               .only("id", "task_id", "params", "created_at", "status", "reason", "object_version")
+               .order_by("task_id", "created_at"))
+    by_task: dict = {}
+    for e in earlier:
+        by_task.setdefault(e.task_id, []).append(e)
+    tickets = {m.external_id: m.external_version for m in TicketMirror.objects.visible_to(principal).filter(
+        external_id__in=[a.object_id for a in approvals if a.object_type == "ticket"])}
+    rows = []
+    for a in approvals:
+        before = [e for e in by_task.get(a.task_id, []) if e.created_at < a.created_at]
+        previous = before[-1] if before else None
+        version_now = a.task.device.version if a.object_type == "device" else tickets.get(a.object_id)
+        rows.append(QueueRow(approval=a, decidable=a.status == ApprovalStatus.PENDING and a.expires_at > now,
+                             version_now=version_now, previous=previous,
+                             changes=params_changes(previous.params, a.params) if previous else []))
+    return page_obj, rows
+
+
+def params_changes(before: dict, after: dict, *, limit: int = 160) -> list[tuple[str, str, str]]:
+    """``[(name, before, after)]`` for every top-level parameter that differs (``"—"`` for a
+    parameter one side does not have). Long values are cut to a window of ``limit`` characters
+    around the first difference, so the change itself is what shows."""
+    def text(value) -> str:
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+    def window(value: str, start: int) -> str:
+        if len(value) <= limit:
+            return value
+        lo = max(0, min(start - limit // 3, len(value) - limit))
+        return ("…" if lo else "") + value[lo:lo + limit] + ("…" if lo + limit < len(value) else "")
+
+    out = []
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) == after.get(name):
+            continue
+        old = text(before[name]) if name in before else "—"
+        new = text(after[name]) if name in after else "—"
+        first = next((i for i, (x, y) in enumerate(zip(old, new, strict=False)) if x != y), min(len(old), len(new)))
+        out.append((name, window(old, first), window(new, first)))
+    return out
+
+
+def approval_queue_row(*, principal: Principal, approval: ApprovalRequest, now=None) -> QueueRow:
+    """The :class:`QueueRow` of one approval (after a decision, to redraw its row)."""
+    now = now or timezone.now()
+    previous = (ApprovalRequest.objects.visible_to(principal)
+                .filter(task_id=approval.task_id, created_at__lt=approval.created_at).order_by("-created_at").first())
+    if approval.object_type == "device":
+        version_now = approval.task.device.version
+    else:
+        mirror = TicketMirror.objects.visible_to(principal).filter(external_id=approval.object_id).first()
+        version_now = mirror.external_version if mirror else None
+    decidable = approval.status == ApprovalStatus.PENDING and approval.expires_at > now
+    return QueueRow(approval=approval, decidable=decidable, version_now=version_now, previous=previous,
+                    changes=params_changes(previous.params, approval.params) if previous else [])

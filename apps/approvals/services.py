@@ -17,21 +17,69 @@ from apps.accounts.principal import Principal, principal_current
 from apps.approvals.models import ApprovalPolicy, ApprovalRequest, ApprovalStatus
 from apps.tasks import reducer
 
+ROLES = ("approver", "admin")
+
+#: The policy a tenant starts with (version 1). ``risk`` gives the rule for each risk level of the
+#: tool contracts (apps.actions.registry); ``tools`` overrides it per tool. A rule is
+#: ``{"requires_approval": bool, "ttl_minutes": int, "approver_roles": ["approver", "admin"]}``.
 DEFAULT_RULES = {
-    "ticket.create": {"requires_approval": True, "ttl_minutes": 240},
-    "ticket.comment": {"requires_approval": True, "ttl_minutes": 240},
-    # A compensation always needs its own approval, whatever the rule says (DESIGN.md §6).
-    "ticket.update": {"requires_approval": True, "ttl_minutes": 240},
+    "risk": {
+        "low": {"requires_approval": True, "ttl_minutes": 240, "approver_roles": ["approver", "admin"]},
+        "medium": {"requires_approval": True, "ttl_minutes": 240, "approver_roles": ["approver", "admin"]},
+        "high": {"requires_approval": True, "ttl_minutes": 60, "approver_roles": ["admin"]},
+    },
+    "tools": {
+        "ticket.create": {"requires_approval": True, "ttl_minutes": 240},
+        "ticket.comment": {"requires_approval": True, "ttl_minutes": 240},
+        # A compensation always needs its own approval, whatever the rule says (DESIGN.md §6).
+        "ticket.update": {"requires_approval": True, "ttl_minutes": 240},
+    },
 }
+
+#: Used for a tool and risk level the policy does not mention: ask, for an hour, approvers or admins.
+FALLBACK_RULE = {"requires_approval": True, "ttl_minutes": 60, "approver_roles": list(ROLES)}
+
+_RULE_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "requires_approval": {"type": "boolean"},
+        "ttl_minutes": {"type": "integer", "minimum": 1, "maximum": 60 * 24 * 30},
+        "approver_roles": {"type": "array", "items": {"enum": list(ROLES)}, "minItems": 1, "uniqueItems": True},
+    },
+}
+#: The shape of ``ApprovalPolicy.rules``: ``{"risk": {level: rule}, "tools": {tool: rule}}``.
+POLICY_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["tools"],
+    "properties": {"risk": {"type": "object", "additionalProperties": False,
+                            "properties": {lvl: _RULE_SCHEMA for lvl in ("low", "medium", "high")}},
+                   "tools": {"type": "object", "additionalProperties": _RULE_SCHEMA}},
+}
+#: The older flat shape ``{tool: rule}``, still read.
+FLAT_POLICY_SCHEMA = {"type": "object", "additionalProperties": _RULE_SCHEMA}
+
+
+def policy_rules_validate(rules) -> list[str]:
+    """Problems with a policy's ``rules`` (empty when valid), each naming the field: shape, rule
+    fields, roles, TTL bounds."""
+    import jsonschema
+
+    schema = POLICY_SCHEMA if isinstance(rules, dict) and ("tools" in rules or "risk" in rules) \
+        else FLAT_POLICY_SCHEMA
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(rules)'}: {e.message}"
+            for e in jsonschema.Draft202012Validator(schema).iter_errors(rules)]
 
 
 @dataclass(frozen=True)
 class PolicyDecision:
-    """What the policy says about one tool: approval needed?, for how long, under version V_p."""
+    """What the policy says about one tool: approval needed?, for how long, who may decide, the
+    tool's risk level, under version V_p."""
 
     requires_approval: bool
     ttl: timedelta
     policy_version: int
+    approver_roles: tuple[str, ...] = ROLES
+    risk: str = "medium"
 
 
 def policy_current(*, tenant_id: int) -> ApprovalPolicy:
@@ -45,14 +93,28 @@ def policy_current(*, tenant_id: int) -> ApprovalPolicy:
     return policy
 
 
+def policy_rule(rules: dict, tool: str, risk: str) -> dict:
+    """The rule for ``tool`` (of risk level ``risk``) in ``rules``: the tool's own rule over the
+    risk level's over :data:`FALLBACK_RULE`, field by field."""
+    tools = rules["tools"] if "tools" in rules else rules
+    by_risk = rules.get("risk", {}) if "tools" in rules else {}
+    return {**FALLBACK_RULE, **by_risk.get(risk, {}), **tools.get(tool, {})}
+
+
 def policy_decide(*, tenant_id: int, tool: str) -> PolicyDecision:
-    """Decide whether ``tool`` needs a human approval in ``tenant_id``. Unknown tools need one."""
+    """Decide whether ``tool`` needs a human approval in ``tenant_id``, for how long and from whom
+    (DESIGN.md §7; spec §16.6). Unknown tools and risk levels need an approval."""
+    from apps.actions.registry import TOOLS
+
     policy = policy_current(tenant_id=tenant_id)
-    rule = policy.rules.get(tool, {"requires_approval": True, "ttl_minutes": 60})
+    risk = TOOLS[tool].risk if tool in TOOLS else "high"
+    rule = policy_rule(policy.rules, tool, risk)
     return PolicyDecision(
-        requires_approval=bool(rule.get("requires_approval", True)),
-        ttl=timedelta(minutes=int(rule.get("ttl_minutes", 60))),
+        requires_approval=bool(rule["requires_approval"]),
+        ttl=timedelta(minutes=int(rule["ttl_minutes"])),
         policy_version=policy.version,
+        approver_roles=tuple(rule["approver_roles"]),
+        risk=risk,
     )
 
 
@@ -99,14 +161,17 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
 
     with transaction.atomic():
         approval = (
-            ApprovalRequest.objects.select_for_update()
-            .filter(pk=approval_id, tenant_id=principal.tenant_id)
+            ApprovalRequest.objects.visible_to(principal).select_for_update()
+            .filter(pk=approval_id)
             .first()
         )
         if approval is None:
             raise NotFound("approval not found")
         if approval.requested_by_id == principal.user_id:
             raise Forbidden("you may not approve your own request")
+        if approval.approver_roles and principal.role not in approval.approver_roles:
+            raise Forbidden(f"policy v{approval.policy_version} lets only {' or '.join(approval.approver_roles)} "
+                            f"decide this approval")
         if approval.status != ApprovalStatus.PENDING:
             raise Conflict(
                 f"approval is already {approval.status}",
@@ -156,7 +221,8 @@ def approval_check_binding(
     if approval.expires_at <= now:
         return BindingCheck(False, "approval expired")
     approver = principal_current(user_id=approval.decided_by_id, tenant_id=approval.tenant_id)
-    if approver is None or not approver.is_approver:
+    allowed = approval.approver_roles or list(ROLES)
+    if approver is None or not approver.is_approver or approver.role not in allowed:
         return BindingCheck(False, "approver no longer holds an approver role")
     return BindingCheck(True)
 

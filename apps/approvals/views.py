@@ -1,7 +1,11 @@
-"""The approver's queue (HTMX): pending approvals with the concrete tool, parameters, target
-object and version, side effects and evidence; approve/reject without a page reload."""
+"""The approver's queue (HTMX; issue 5 item 7): approvals with the concrete tool, parameters (and
+what changed since the task's previous proposal), target object with its version then and now,
+side effects, evidence, requester and expiry; filters and pagination; approve or reject with a
+reason without a page reload. Invalidated and expired approvals stay visible with their reason."""
 
 from __future__ import annotations
+
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
@@ -10,8 +14,9 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts.api import DomainError
-from apps.approvals.models import ApprovalStatus
-from apps.approvals.selectors import approval_get, approval_list
+from apps.actions.registry import TOOLS
+from apps.approvals.selectors import QUEUE_STATUSES, approval_get, approval_queue_row
+from apps.approvals.selectors import approval_queue as approval_queue_rows
 from apps.approvals.services import approval_decide
 from apps.tasks.views import _principal
 
@@ -19,15 +24,24 @@ from apps.tasks.views import _principal
 @login_required
 @require_GET
 def approval_queue(request):
+    """The queue: filters (status, tool, device), pagination, 20 rows a page. A full page, or —
+    for an htmx request that is not a history restore — only the list fragment."""
     p = _principal(request)
     if not p.is_approver:
         raise Http404("not an approver")
-    status = request.GET.get("status", ApprovalStatus.PENDING)
-    if status not in ApprovalStatus.values:
-        status = ApprovalStatus.PENDING
-    approvals = approval_list(principal=p, status=status)[:50]
-    response = render(request, "approvals/queue.html",
-                      {"approvals": approvals, "status": status, "statuses": ApprovalStatus.choices})
+    status = request.GET.get("status", "PENDING")
+    if status not in QUEUE_STATUSES:
+        status = "PENDING"
+    tool = request.GET.get("tool", "")
+    tool = tool if tool in TOOLS else ""
+    device = request.GET.get("device", "").strip()[:64]
+    page, rows = approval_queue_rows(principal=p, status=status, tool=tool, device=device,
+                                     page=request.GET.get("page", 1))
+    query = urlencode({k: v for k, v in (("status", status), ("tool", tool), ("device", device)) if v})
+    ctx = {"rows": rows, "page": page, "status": status, "tool": tool, "device": device, "query": query,
+           "statuses": QUEUE_STATUSES, "tools": sorted(t for t, c in TOOLS.items() if c.kind == "write")}
+    fragment = request.htmx and not request.htmx.history_restore_request
+    response = render(request, "approvals/_queue.html" if fragment else "approvals/queue.html", ctx)
     patch_vary_headers(response, ("HX-Request",))
     return response
 
@@ -48,6 +62,7 @@ def approval_decide_view(request, approval_id):
     approval = approval_get(principal=p, approval_id=approval_id)
     if approval is None:
         raise Http404("approval not found")
-    response = render(request, "approvals/_row.html", {"a": approval, "error": error}, status=status)
+    row = approval_queue_row(principal=p, approval=approval)
+    response = render(request, "approvals/_row.html", {"r": row, "error": error}, status=status)
     patch_vary_headers(response, ("HX-Request",))
     return response

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from apps.accounts.scoping import TenantScopedManager
+
 
 class DeviceState(models.TextChoices):
     OK = "ok", "OK"
@@ -36,6 +38,8 @@ class Device(models.Model):
     metrics = models.JSONField(default=dict, blank=True)
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "asset_tag"], name="device_tenant_asset_uniq")]

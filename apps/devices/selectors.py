@@ -10,12 +10,12 @@ from apps.devices.models import Device
 
 def device_list(*, principal: Principal) -> QuerySet[Device]:
     """Devices of the principal's tenant, ordered by asset tag."""
-    return Device.objects.filter(tenant_id=principal.tenant_id).order_by("asset_tag")
+    return Device.objects.visible_to(principal).order_by("asset_tag")
 
 
 def device_get(*, tenant_id: int, device_id: int) -> Device | None:
     """One device of ``tenant_id`` or None (a device of another tenant is None too)."""
-    return Device.objects.filter(tenant_id=tenant_id, pk=device_id).first()
+    return Device.objects.for_tenant(tenant_id).filter(pk=device_id).first()
 
 
 def device_read(*, tenant_id: int, device_id: int) -> dict | None:

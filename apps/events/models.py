@@ -8,6 +8,8 @@ import uuid
 
 from django.db import models
 
+from apps.accounts.scoping import TenantScopedManager, scoped_manager
+
 
 class TaskEvent(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -22,6 +24,8 @@ class TaskEvent(models.Model):
     causation_id = models.UUIDField(null=True, blank=True)
     actor = models.CharField(max_length=120)
     lease_generation = models.PositiveIntegerField(null=True, blank=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["task", "seq"], name="taskevent_task_seq_uniq")]
@@ -44,6 +48,8 @@ class RefusedEvent(models.Model):
     lease_generation = models.PositiveIntegerField(null=True, blank=True)
     recorded_at = models.DateTimeField(auto_now_add=True)
 
+    objects = TenantScopedManager()
+
     class Meta:
         ordering = ["task", "recorded_at"]
 
@@ -60,6 +66,8 @@ class TaskSnapshot(models.Model):
     digest = models.CharField(max_length=64)
     reducer_version = models.CharField(max_length=32)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = scoped_manager("task__tenant_id")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["task", "seq"], name="tasksnapshot_task_seq_uniq")]

@@ -9,6 +9,7 @@ from django.db import models
 from pgvector.django import HnswIndex, VectorField
 
 from apps.accounts.models import AccessScope
+from apps.accounts.scoping import TenantScopedManager, scoped_manager
 
 EMBEDDING_DIMENSIONS = 384
 
@@ -22,6 +23,8 @@ class Document(models.Model):
     retired = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "source"], name="document_tenant_source_uniq")]
@@ -37,6 +40,8 @@ class DocumentVersion(models.Model):
     content_digest = models.CharField(max_length=64)
     content = models.TextField()
     ingested_at = models.DateTimeField(auto_now_add=True)
+
+    objects = scoped_manager("document__tenant_id")
 
     class Meta:
         constraints = [
@@ -67,6 +72,8 @@ class Chunk(models.Model):
     content_digest = models.CharField(max_length=64)
     embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS)
     search_vector = SearchVectorField(null=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         ordering = ["document_version", "ordinal"]

@@ -95,7 +95,8 @@ def evidence_retrieve(
         rows = cur.fetchall()
     chunks = {
         c.pk: c
-        for c in Chunk.objects.select_related("document_version__document").filter(pk__in=[r[0] for r in rows])
+        for c in Chunk.objects.for_tenant(tenant_id).select_related("document_version__document")
+        .filter(pk__in=[r[0] for r in rows])
     }
     refs = []
     for chunk_id, score, vrank, trank in rows:
@@ -125,7 +126,7 @@ def evidence_retrieve(
 def chunk_readable(*, chunk_id: int, tenant_id: int, scopes: list[str] | tuple[str, ...]) -> Chunk | None:
     """The chunk if the viewer (tenant + scopes) may read it *now*, else None (re-check on read)."""
     return (
-        Chunk.objects.select_related("document_version__document")
-        .filter(pk=chunk_id, tenant_id=tenant_id, scope__in=list(scopes))
+        Chunk.objects.for_tenant(tenant_id).select_related("document_version__document")
+        .filter(pk=chunk_id, scope__in=list(scopes))
         .first()
     )

@@ -7,6 +7,8 @@ import uuid
 
 from django.db import models
 
+from apps.accounts.scoping import TenantScopedManager
+
 
 class OutboxStatus(models.TextChoices):
     PENDING = "PENDING", "Pending"
@@ -31,6 +33,8 @@ class OutboxMessage(models.Model):
     last_error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         ordering = ["created_at"]

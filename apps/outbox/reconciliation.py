@@ -57,7 +57,7 @@ def reconciliation_list(*, principal: Principal) -> list[UnknownAction]:
     whether it waits for a person. Raises ``Forbidden`` for a non-admin."""
     _require_admin(principal)
     escalate = settings.FAULTDESK["RECONCILE_ESCALATE_AFTER"]
-    rows = (Action.objects.filter(tenant_id=principal.tenant_id, status=ActionStatus.UNKNOWN)
+    rows = (Action.objects.visible_to(principal).filter(status=ActionStatus.UNKNOWN)
             .select_related("task", "task__device", "task__requester").prefetch_related("attempts")
             .order_by("created_at"))
     out = []
@@ -85,7 +85,7 @@ def reconciliation_resolve(*, principal: Principal, action_id, executed: bool, e
     system cannot be asked; nothing is recorded).
     """
     _require_admin(principal)
-    action = Action.objects.filter(pk=action_id, tenant_id=principal.tenant_id).first()
+    action = Action.objects.visible_to(principal).filter(pk=action_id).first()
     if action is None:
         raise NotFound("action not found")
     note = (note or "").strip()

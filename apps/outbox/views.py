@@ -45,7 +45,7 @@ def reconciliation_resolve_view(request, action_id):
                                external_id=request.POST.get("external_id", ""), note=request.POST.get("note", ""))
     except DomainError as exc:
         error, status = exc.detail, exc.http_status
-    action = (Action.objects.filter(pk=action_id, tenant_id=p.tenant_id)
+    action = (Action.objects.visible_to(p).filter(pk=action_id)
               .select_related("task", "task__device", "task__requester").prefetch_related("attempts").first())
     if action is None:
         raise Http404("action not found")
@@ -74,7 +74,7 @@ def compensation_settle_view(request, task_id):
                             note=request.POST.get("note", ""))
     except DomainError as exc:
         error, status = exc.detail, exc.http_status
-    task = Task.objects.filter(pk=task_id, tenant_id=p.tenant_id).select_related("device", "requester").first()
+    task = Task.objects.visible_to(p).filter(pk=task_id).select_related("device", "requester").first()
     if task is None:
         raise Http404("task not found")
     response = render(request, "reconciliation/_compensation.html", {"t": task, "error": error}, status=status)

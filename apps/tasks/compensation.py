@@ -35,7 +35,7 @@ def compensations_waiting(*, principal: Principal) -> list[Task]:
     """The principal's tenant's tasks whose compensation failed (``WAITING_COMPENSATION``),
     oldest first, with device and requester. Raises ``Forbidden`` for a non-admin."""
     _require_admin(principal)
-    return list(Task.objects.filter(tenant_id=principal.tenant_id, status=reducer.WAITING_COMPENSATION)
+    return list(Task.objects.visible_to(principal).filter(status=reducer.WAITING_COMPENSATION)
                 .select_related("device", "requester").order_by("updated_at"))
 
 
@@ -56,7 +56,7 @@ def compensation_settle(*, principal: Principal, task_id: uuid.UUID, decision: s
         raise Unprocessable("say why (note)")
     if len(note) > MAX_NOTE:
         raise Unprocessable(f"the note is limited to {MAX_NOTE} characters")
-    task = Task.objects.filter(pk=task_id, tenant_id=principal.tenant_id).first()
+    task = Task.objects.visible_to(principal).filter(pk=task_id).first()
     if task is None:
         raise NotFound("task not found")
     if task.status != reducer.WAITING_COMPENSATION:

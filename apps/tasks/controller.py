@@ -283,23 +283,64 @@ def _validate_and_authorize(task: Task, lease: Lease) -> bool:
             scope = f"{task.tenant.slug}:{tool.name}:device/{device['asset_tag']}"
             effects = f"Creates one ticket in {system} for {device['asset_tag']} with priority {params['priority']}."
 
+        carried = _carried_over(task, proposal, decision)
+        decided = {}
+        if carried is not None:
+            # The same low-risk write, approved before in this task; only the ticket's version moved.
+            decided = {"status": "APPROVED", "decided_by_id": carried.decided_by_id, "decided_at": timezone.now(),
+                       "reason": f"carried over from approval {carried.pk}: the same low-risk {tool.name}, only the "
+                                 f"ticket version moved ({carried.object_version} → {object_version})"}
+            expires_at = carried.expires_at
+
         def create_approval(t: Task, event) -> None:
             ApprovalRequest.objects.create(
                 id=approval_id, tenant_id=t.tenant_id, task_id=t.pk, requested_by_id=t.requester_id,
                 tool=tool.name, tool_version=tool.version, params=params, action_digest=digest,
                 object_version=object_version, policy_version=decision.policy_version, scope=scope,
-                side_effects=effects, evidence=state["evidence"], expires_at=expires_at, **target,
+                approver_roles=list(decision.approver_roles),
+                side_effects=effects, evidence=state["evidence"], expires_at=expires_at, **target, **decided,
             )
 
-        task_append_event(
-            task=task, event_type="approval.requested", actor=actor, lease_generation=gen,
-            payload={"approval_id": str(approval_id), "proposal": proposal, "object_version": object_version,
-                     "policy_version": decision.policy_version, "expires_at": expires_at.isoformat()},
-            side_effects=create_approval,
-        )
-        return False
+        payload = {"approval_id": str(approval_id), "proposal": proposal, "object_version": object_version,
+                   "policy_version": decision.policy_version, "expires_at": expires_at.isoformat()}
+        if carried is not None:
+            payload.update(carried_over_from=str(carried.pk), decided_by=carried.decided_by.get_username())
+        task_append_event(task=task, event_type="approval.requested", actor=actor, lease_generation=gen,
+                          payload=payload, side_effects=create_approval)
+        return carried is not None  # a carried-over approval is granted: commit the intent next
     _commit_intent(task, lease, proposal=proposal, approval=None, object_version=object_version)
     return False
+
+
+def _carried_over(task: Task, proposal: dict, decision) -> ApprovalRequest | None:
+    """The approval a re-planned write may carry over instead of asking again (DESIGN.md §7: an
+    unchanged, already-authorized low-risk action is not sent for approval twice), or None.
+
+    Only under ``reducer/2``, for a tool the policy rates low-risk, after the task's previous
+    approval was granted and then invalidated by a conflict (412: the ticket moved on). The new
+    proposal must be the same tool on the same ticket with the same parameters except
+    ``if_match``, under the same policy version; the old approval must be unexpired and its
+    approver must still hold an allowed role."""
+    from apps.accounts.principal import principal_current
+
+    previous = task.state.get("approval")
+    if not (_v2(task) and decision.risk == "low" and previous and previous["status"] == "INVALIDATED"
+            and previous.get("reason") == reducer_v2.CONFLICT_REASON):
+        return None
+    old = (ApprovalRequest.objects.for_tenant(task.tenant_id).select_related("decided_by")
+           .filter(pk=previous["id"], decided_by__isnull=False).first())
+    if old is None or old.tool != proposal["tool"] or old.policy_version != decision.policy_version:
+        return None
+
+    def material(params: dict) -> dict:
+        return {k: v for k, v in params.items() if k != "if_match"}
+
+    if material(old.params) != material(proposal["params"]) or old.expires_at <= timezone.now():
+        return None
+    approver = principal_current(user_id=old.decided_by_id, tenant_id=task.tenant_id)
+    if approver is None or approver.role not in (old.approver_roles or ("approver", "admin")):
+        return None
+    return old
 
 
 def _v2(task: Task) -> bool:
@@ -509,6 +550,7 @@ def _compensation_request(task: Task, lease: Lease, *, ticket: dict) -> bool:
             id=approval_id, tenant_id=t.tenant_id, task_id=t.pk, requested_by_id=t.requester_id, tool=tool.name,
             tool_version=tool.version, params=params, action_digest=digest, object_type="ticket",
             object_id=ticket["external_id"], object_version=ticket["version"], policy_version=decision.policy_version,
+            approver_roles=list(decision.approver_roles),
             scope=f"{t.tenant.slug}:{tool.name}:ticket/{ticket['external_id']}",
             side_effects=f"Compensation: closes ticket {ticket['external_id']} in {CONNECTORS[connector].label}, "
                          f"which was created although the request was cancelled; only while the ticket is still "
@@ -528,7 +570,7 @@ def _other_reports_on(task: Task, ticket: dict) -> list[str]:
     not sent / failed): their requesters were told their report is on that ticket."""
     from apps.actions.models import ActionStatus
 
-    rows = (Action.objects.filter(tenant_id=task.tenant_id)
+    rows = (Action.objects.for_tenant(task.tenant_id)
             .filter(tool="ticket.comment", connector=ticket["connector"], params__ticket_id=ticket["external_id"])
             .exclude(task_id=task.pk).exclude(status__in=[ActionStatus.NOT_SENT, ActionStatus.FAILED])
             .values_list("task_id", flat=True).distinct())

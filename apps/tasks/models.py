@@ -14,6 +14,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from apps.accounts.scoping import TenantScopedManager
 from apps.tasks import reducer
 
 
@@ -54,6 +55,8 @@ class Task(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         constraints = [

@@ -102,6 +102,22 @@ def _after_compensation(s: dict, note: str) -> None:
 
 # --- approvals ---------------------------------------------------------------------------------
 
+CONFLICT_REASON = "the ticket changed since the approval"
+
+
+def _approval_requested(s: dict, p: dict) -> None:
+    previous = s.get("approval")
+    r1._approval_requested(s, p)
+    if p.get("carried_over_from"):
+        # The same low-risk write approved before in this task (only the ticket version moved):
+        # granted by that approval, not asked again (DESIGN.md §7).
+        _require(previous is not None and previous["id"] == p["carried_over_from"]
+                 and previous.get("reason") == CONFLICT_REASON, s, "approval.requested",
+                 "only the approval a conflict invalidated can be carried over")
+        s["approval"] = {**s["approval"], "status": "APPROVED", "decided_by": p["decided_by"],
+                         "carried_over_from": p["carried_over_from"]}
+
+
 def _approval_granted(s: dict, p: dict) -> None:
     if not _is_comp_approval(s, p):
         _require(s["status"] == WAITING_APPROVAL, s, "approval.granted", "not the pending approval")
@@ -221,8 +237,7 @@ def _dispatch_conflict(s: dict, p: dict) -> None:
         _release(s, c["action"])
         s["compensation"] = {**c, "status": C_REPLANNING, "action": None, "conflicts": c["conflicts"] + 1,
                              "last_conflict": conflict,
-                             "approval": {**c["approval"], "status": "INVALIDATED",
-                                          "reason": "the ticket changed since the approval"}}
+                             "approval": {**c["approval"], "status": "INVALIDATED", "reason": CONFLICT_REASON}}
         return
     a = s["action"]
     _require(a is not None and a["id"] == p["action_id"], s, "dispatch.conflict", "conflict for an unknown action")
@@ -237,7 +252,7 @@ def _dispatch_conflict(s: dict, p: dict) -> None:
     s["replans"] += 1
     s["last_conflict"] = conflict
     if s["approval"] is not None and s["approval"]["status"] == "APPROVED":
-        s["approval"] = {**s["approval"], "status": "INVALIDATED", "reason": "the ticket changed since the approval"}
+        s["approval"] = {**s["approval"], "status": "INVALIDATED", "reason": CONFLICT_REASON}
     for key in ("proposal", "draft", "evidence", "device", "ticket"):
         s[key] = None
     s["status"] = RETRIEVING
@@ -318,6 +333,7 @@ TRANSITIONS = {
     "task.accepted": (_T1["task.accepted"][0], _accepted),
     "ticket.read": (frozenset({RETRIEVING}), _ticket_read),
     "input.provided": (_T1["input.provided"][0], _forget_ticket(r1._input_provided)),
+    "approval.requested": (_T1["approval.requested"][0], _approval_requested),
     "approval.granted": (_T1["approval.granted"][0] | {COMPENSATING}, _approval_granted),
     "approval.rejected": (_T1["approval.rejected"][0] | {COMPENSATING}, _approval_rejected),
     "approval.invalidated": (_T1["approval.invalidated"][0] | {COMPENSATING}, _approval_invalidated),

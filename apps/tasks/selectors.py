@@ -12,7 +12,7 @@ from apps.tasks.models import Task
 
 def task_list(*, principal: Principal) -> QuerySet[Task]:
     """Tasks the principal may see: requesters their own, approvers and admins the tenant's."""
-    qs = Task.objects.filter(tenant_id=principal.tenant_id).select_related("device", "requester")
+    qs = Task.objects.visible_to(principal).select_related("device", "requester")
     if not (principal.is_approver or principal.is_admin):
         qs = qs.filter(requester_id=principal.user_id)
     return qs.order_by("-created_at")
@@ -25,4 +25,4 @@ def task_get(*, principal: Principal, task_id) -> Task | None:
 
 def task_events(*, principal: Principal, task: Task) -> QuerySet[TaskEvent]:
     """The task's events in seq order (the caller has already checked access to ``task``)."""
-    return TaskEvent.objects.filter(task_id=task.pk, tenant_id=principal.tenant_id).order_by("seq")
+    return TaskEvent.objects.visible_to(principal).filter(task_id=task.pk).order_by("seq")

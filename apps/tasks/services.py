@@ -239,7 +239,7 @@ def task_submit(
     digest = sha256_json({"user": principal.user_id, **body})
 
     if request_key is not None:
-        existing = Task.objects.filter(tenant_id=principal.tenant_id, request_key=request_key).first()
+        existing = Task.objects.visible_to(principal).filter(request_key=request_key).first()
         if existing is not None:
             return _same_key(existing, digest)
 
@@ -278,7 +278,7 @@ def task_submit(
             enqueue_agent_step(task.pk)
     except IntegrityError:
         # A concurrent submit with the same key won the unique constraint.
-        existing = Task.objects.get(tenant_id=principal.tenant_id, request_key=request_key)
+        existing = Task.objects.visible_to(principal).get(request_key=request_key)
         return _same_key(existing, digest)
     return SubmitResult(task=task, created=True)
 
@@ -353,7 +353,7 @@ def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -
     Raises ``NotFound`` (not visible to the principal), ``Forbidden`` (not the requester or an
     admin) and ``Conflict`` (already terminal).
     """
-    task = Task.objects.filter(pk=task_id, tenant_id=principal.tenant_id).first()
+    task = Task.objects.visible_to(principal).filter(pk=task_id).first()
     if task is None:
         raise NotFound("task not found")
     if task.requester_id != principal.user_id and not principal.is_admin:
@@ -385,7 +385,7 @@ def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -
     text = (text or "").strip()
     if not text:
         raise Unprocessable("the answer is empty")
-    task = Task.objects.filter(pk=task_id, tenant_id=principal.tenant_id).first()
+    task = Task.objects.visible_to(principal).filter(pk=task_id).first()
     if task is None:
         raise NotFound("task not found")
     if task.requester_id != principal.user_id:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from apps.accounts.scoping import TenantScopedManager
+
 
 class TicketMirror(models.Model):
     tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="tickets")
@@ -14,6 +16,8 @@ class TicketMirror(models.Model):
     status = models.CharField(max_length=32)
     data = models.JSONField()
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         constraints = [
@@ -50,6 +54,8 @@ class InboundWebhook(models.Model):
     body = models.JSONField(null=True, blank=True)
     raw_excerpt = models.TextField(blank=True, help_text="the first 1,000 characters of an unverified body")
     received_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TenantScopedManager()
 
     class Meta:
         constraints = [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db.models import Q
+
 from apps.tickets.connectors import CONNECTORS, connector_for
 from apps.tickets.models import TicketMirror
 
@@ -19,12 +21,10 @@ def open_ticket_read(*, tenant_id: int, device_id: int, connector: str) -> dict 
     read (the caller retries later; it never guesses)."""
     if not CONNECTORS[connector].supports_conditional_writes:
         return None
-    from django.db.models import Q
-
     # A ticket whose request was cancelled may be about to be closed (its compensation): it takes a
     # comment only once that compensation kept it open (rejected, or resolved as not needed).
     kept_open = Q(action__task__state__compensation__status__in=["REJECTED", "RESOLVED"])
-    mirror = (TicketMirror.objects.filter(tenant_id=tenant_id, connector=connector, action__task__device_id=device_id,
+    mirror = (TicketMirror.objects.for_tenant(tenant_id).filter(connector=connector, action__task__device_id=device_id,
                                           status__in=OPEN_STATUSES)
               .filter(~Q(action__task__status__in=["CANCELLED", "COMPENSATING", "WAITING_COMPENSATION"]) | kept_open)
               .order_by("-updated_at").first())
@@ -33,8 +33,9 @@ def open_ticket_read(*, tenant_id: int, device_id: int, connector: str) -> dict 
     ticket = connector_for("ticket.comment", connector).get_ticket(external_id=mirror.external_id)
     if ticket is None or ticket.get("status") not in OPEN_STATUSES:
         if ticket is not None and ticket.get("version", 0) > mirror.external_version:
-            TicketMirror.objects.filter(pk=mirror.pk, external_version__lt=ticket["version"]).update(
-                status=ticket["status"], external_version=ticket["version"])
+            TicketMirror.objects.for_tenant(tenant_id).filter(
+                pk=mirror.pk, external_version__lt=ticket["version"]).update(status=ticket["status"],
+                                                                            external_version=ticket["version"])
         return None
     return ticket_snapshot(ticket, connector)
 

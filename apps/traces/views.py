@@ -38,8 +38,8 @@ def task_trace(request, task_id):
     ctx = {
         "task": task,
         "events": task_events(principal=p, task=task),
-        "refused": RefusedEvent.objects.filter(task_id=task.pk, tenant_id=p.tenant_id).order_by("recorded_at"),
-        "actions": Action.objects.filter(task_id=task.pk, tenant_id=p.tenant_id).prefetch_related("attempts",
+        "refused": RefusedEvent.objects.visible_to(p).filter(task_id=task.pk).order_by("recorded_at"),
+        "actions": Action.objects.visible_to(p).filter(task_id=task.pk).prefetch_related("attempts",
                                                                                                   "webhooks"),
     }
     return render(request, "traces/trace.html", ctx)

@@ -10,7 +10,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.api import HasPrincipal, NotFound, request_principal
+from apps.accounts.api import Forbidden, HasPrincipal, NotFound, request_principal
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.selectors import approval_get, approval_list
 from apps.approvals.services import approval_decide
@@ -26,7 +26,8 @@ class ApprovalSerializer(serializers.ModelSerializer):
         model = ApprovalRequest
         fields = [
             "id", "task_id", "device", "tool", "tool_version", "params", "action_digest", "object_type", "object_id",
-            "object_version", "policy_version", "scope", "side_effects", "evidence", "expires_at", "status",
+            "object_version", "policy_version", "approver_roles", "scope", "side_effects", "evidence", "expires_at",
+            "status",
             "requested_by", "decided_by", "decided_at", "reason", "created_at",
         ]
 
@@ -44,15 +45,21 @@ class ApprovalListApi(APIView):
         parameters=[
             OpenApiParameter("status", enum=ApprovalStatus.values),
             OpenApiParameter("task", OpenApiTypes.UUID),
+            OpenApiParameter("tool", str),
         ],
     )
     def get(self, request):
+        principal = request_principal(request)
+        if not principal.is_approver:
+            raise Forbidden("only approvers and admins see approvals")
         status = request.query_params.get("status")
         if status and status not in ApprovalStatus.values:
             raise ValidationError({"status": f"must be one of {ApprovalStatus.values}"})
-        qs = approval_list(principal=request_principal(request), status=status)
+        qs = approval_list(principal=principal, status=status)
         if task_id := request.query_params.get("task"):
             qs = qs.filter(task_id=task_id) if _is_uuid(task_id) else qs.none()
+        if tool := request.query_params.get("tool"):
+            qs = qs.filter(tool=tool[:64])
         return Response(ApprovalSerializer(qs[:100], many=True).data)
 
 

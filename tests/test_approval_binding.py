@@ -1,0 +1,165 @@
+"""Approval binding, re-checked before the intent and again at the moment of dispatch (issue 5
+items 2 and 3; DESIGN.md §7; spec §16.6): each invalidation cause — parameters changed after the
+approval, the device's version changed, the approval expired, the approver's role revoked — sends
+nothing, records why, and leads to a new approval that can be granted. And the versioned policy:
+risk levels, who may decide, validation.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from apps.accounts.api import Forbidden
+from apps.accounts.models import Membership, Role
+from apps.actions.models import Action, ActionStatus
+from apps.approvals.models import ApprovalPolicy, ApprovalRequest, ApprovalStatus
+from apps.approvals.services import DEFAULT_RULES, approval_decide, policy_decide
+from apps.devices.services import device_update_state
+from apps.outbox.services import outbox_dispatch_batch
+from apps.tasks import reducer
+from apps.tasks.controller import agent_run
+from apps.tasks.models import Task
+from apps.tasks.services import task_submit
+from tests.conftest import drive, p
+
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+
+
+def _pending(task) -> ApprovalRequest:
+    return ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+
+
+def _approve(user, task) -> ApprovalRequest:
+    approval = _pending(task)
+    approval_decide(principal=p(user), approval_id=approval.pk, decision="approve", reason="ok")
+    return approval
+
+
+@pytest.fixture
+def approved(requester, approver, device, kb, refservice):
+    """A task whose first approval was just granted; nothing committed yet."""
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
+    _approve(approver, task)
+    return Task.objects.get(pk=task.pk)
+
+
+def _expire(approval) -> None:
+    ApprovalRequest.objects.filter(pk=approval.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def _revoke(approver) -> None:
+    Membership.objects.filter(user=approver).update(role=Role.REQUESTER)
+
+
+def _tamper_params(task) -> None:
+    """Someone changes what will be sent after it was approved."""
+    action = Action.objects.get(task=task)
+    Action.objects.filter(pk=action.pk).update(params={**action.params, "priority": "P4"}, params_digest="0" * 64)
+
+
+CAUSES = {
+    "device version changed": lambda task, device, approver: device_update_state(
+        device=device, alert_message="Fuser temperature low: 120 C"),
+    "approval expired": lambda task, device, approver: _expire(ApprovalRequest.objects.get(task=task)),
+    "approver no longer holds an approver role": lambda task, device, approver: _revoke(approver),
+}
+
+
+def _reapproved_and_completed(task, user, refadmin) -> Task:
+    second = _pending(task)
+    assert second.status == ApprovalStatus.PENDING
+    approval_decide(principal=p(user), approval_id=second.pk, decision="approve", reason="checked again")
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED
+    sent = Action.objects.get(task=task, status=ActionStatus.SUCCEEDED)
+    assert sent.approval_id == second.pk and refadmin.effects(sent.idempotency_key) == 1
+    assert len(refadmin.tickets()) == 1
+    return task
+
+
+@pytest.mark.parametrize("cause", sorted(CAUSES))
+def test_a_broken_binding_before_the_intent_sends_nothing_and_asks_again(cause, approved, device, approver,
+                                                                        admin_user, refadmin):
+    CAUSES[cause](approved, device, approver)
+    task = drive(approved.pk)
+    first = ApprovalRequest.objects.filter(task=task).order_by("created_at").first()
+    assert first.status == ApprovalStatus.INVALIDATED and cause in first.reason
+    assert not Action.objects.filter(task=task).exists(), "no intent on a broken binding"
+    assert refadmin.tickets() == []
+    assert task.status == reducer.WAITING_APPROVAL
+    _reapproved_and_completed(task, admin_user, refadmin)
+
+
+@pytest.mark.parametrize("cause", sorted([*CAUSES, "parameters changed since approval"]))
+def test_a_broken_binding_at_the_moment_of_dispatch_sends_nothing_and_asks_again(cause, approved, device, approver,
+                                                                                admin_user, refadmin):
+    agent_run(task_id=approved.pk)  # the intent and its outbox row are committed under the approval
+    action = Action.objects.get(task=approved)
+    if cause == "parameters changed since approval":
+        _tamper_params(approved)
+    else:
+        CAUSES[cause](approved, device, approver)
+    outbox_dispatch_batch()
+    action.refresh_from_db()
+    assert action.status == ActionStatus.NOT_SENT and refadmin.requests(action.idempotency_key) == 0
+    first = ApprovalRequest.objects.get(pk=action.approval_id)
+    expected = "digest mismatch" if cause.startswith("parameters") else cause
+    assert first.status == ApprovalStatus.INVALIDATED and expected in first.reason
+    task = drive(approved.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    _reapproved_and_completed(task, admin_user, refadmin)
+
+
+# --- the versioned policy -------------------------------------------------------------------------
+
+def test_the_default_policy_resolves_by_tool_then_risk_level(tenant):
+    create = policy_decide(tenant_id=tenant.pk, tool="ticket.create")
+    assert (create.requires_approval, create.ttl, create.policy_version, create.risk) == \
+        (True, timedelta(minutes=240), 1, "medium")
+    assert create.approver_roles == ("approver", "admin")
+    unknown = policy_decide(tenant_id=tenant.pk, tool="printer.reboot")
+    assert (unknown.requires_approval, unknown.risk, unknown.approver_roles) == (True, "high", ("admin",))
+    assert ApprovalPolicy.objects.get(tenant=tenant).rules == DEFAULT_RULES
+
+
+def test_a_policy_that_reserves_a_tool_for_admins_binds_its_approvals(tenant, requester, approver, admin_user,
+                                                                      device, kb, refservice, refadmin):
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules={
+        "risk": DEFAULT_RULES["risk"],
+        "tools": {"ticket.create": {"requires_approval": True, "ttl_minutes": 30, "approver_roles": ["admin"]}}})
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task.pk)
+    approval = _pending(task)
+    assert (approval.policy_version, approval.approver_roles) == (2, ["admin"])
+    assert approval.expires_at - approval.created_at <= timedelta(minutes=30, seconds=5)
+    with pytest.raises(Forbidden, match="only admin"):
+        approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve")
+    assert _pending(task).pk == approval.pk
+    # A newer policy does not change what an existing approval needs (it was asked under V_p = 2).
+    ApprovalPolicy.objects.create(tenant=tenant, version=3, rules=DEFAULT_RULES)
+    with pytest.raises(Forbidden):
+        approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve")
+    approval_decide(principal=p(admin_user), approval_id=approval.pk, decision="approve")
+    assert drive(task.pk).status == reducer.COMPLETED
+
+
+def test_an_approver_may_not_decide_their_own_request(tenant, admin_user, device, kb):
+    task = drive(task_submit(principal=p(admin_user), device_id=device.pk, symptom=SYMPTOM).task.pk)
+    with pytest.raises(Forbidden, match="your own request"):
+        approval_decide(principal=p(admin_user), approval_id=_pending(task).pk, decision="approve")
+
+
+@pytest.mark.parametrize("rules, problem", [
+    ({"tools": {"ticket.create": {"requires_approval": "yes"}}}, "is not of type 'boolean'"),
+    ({"tools": {"ticket.create": {"approver_roles": ["requester"]}}}, "is not one of"),
+    ({"tools": {}, "risk": {"critical": {}}}, "Additional properties"),
+    ({"tools": {"ticket.create": {"ttl_minutes": 0}}}, "less than the minimum"),
+])
+def test_a_malformed_policy_is_refused_with_the_field_that_is_wrong(tenant, rules, problem):
+    policy = ApprovalPolicy(tenant=tenant, version=9, rules=rules)
+    with pytest.raises(ValidationError) as err:
+        policy.full_clean()
+    assert problem in str(err.value)

@@ -1,0 +1,285 @@
+"""Tenant isolation and roles, probed at every URL (issue 5 item 1 and its first acceptance point;
+DESIGN.md §12 "no data crosses tenants").
+
+Tenant ``acme`` has a completed task with its ticket, a task waiting for its approval, an action,
+events and a policy. Users of tenant ``globex`` — one per role, plus a staff admin for the Django
+admin — and each role of ``acme`` itself request every URL pattern the project serves (the Django
+admin's too), with ``acme``'s object ids filled in. The test asserts:
+
+* no response to a ``globex`` user contains any of ``acme``'s identifiers (task, approval and action
+  ids, idempotency keys, the device's asset tag, the requester's name, the ticket id, the symptom);
+* refusals are 403 or 404 (anonymous users are sent to the login page), never a 500;
+* every role of ``acme`` gets exactly what :data:`ACCESS` says it may, and nothing changes for a
+  refused write;
+* every URL pattern has an entry in :data:`ACCESS`, so a new URL cannot be added without saying who
+  may use it.
+
+It also checks the one mechanism of scoping statically: principal-facing modules read tenant-owned
+models only through ``visible_to(principal)`` / ``for_tenant(tenant_id)`` (apps.accounts.scoping).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.admin.sites import site as admin_site
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from apps.accounts.models import AccessScope, Role
+from apps.actions.models import Action
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.approvals.services import approval_decide
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.services import task_submit
+from tests.conftest import drive, p
+from tests.factories import DeviceFactory, MembershipFactory, TenantFactory, UserFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ANON, REQ, APPR, ADMIN = "anonymous", "requester", "approver", "admin"
+EVERYONE = {ANON, REQ, APPR, ADMIN}
+SIGNED_IN = {REQ, APPR, ADMIN}
+
+#: URL name -> roles (of the object's own tenant) that may use it. ``"webhook"``: authenticated by
+#: its HMAC signature instead of a user; ``"staff"``: the Django admin (staff admins only).
+ACCESS: dict[str, set[str] | str] = {
+    "home": SIGNED_IN,
+    "healthz": EVERYONE,
+    "login": EVERYONE,
+    "logout": SIGNED_IN,
+    "request-list": {REQ, APPR, ADMIN},  # requesters their own, approvers and admins the tenant's
+    "request-new": {REQ, ADMIN},
+    "task-detail": {REQ, APPR, ADMIN},
+    "task-cancel": {REQ, ADMIN},
+    "task-input": {REQ},
+    "task-trace": {ADMIN},
+    "admin-tasks": {ADMIN},
+    "reconciliation": {ADMIN},
+    "reconciliation-resolve": {ADMIN},
+    "compensation-settle": {ADMIN},
+    "approval-queue": {APPR, ADMIN},
+    "approval-decide": {APPR, ADMIN},
+    "webhook-reference": "webhook",
+    "api-task-list": {REQ, APPR, ADMIN},
+    "api-task-detail": {REQ, APPR, ADMIN},
+    "api-task-cancel": {REQ, ADMIN},
+    "api-task-input": {REQ},
+    "api-task-events": {ADMIN},
+    "api-approval-list": {APPR, ADMIN},
+    "api-approval-detail": {APPR, ADMIN},
+    "api-approval-decision": {APPR, ADMIN},
+    "api-device-list": {REQ, APPR, ADMIN},
+    "api-reconciliation-list": {ADMIN},
+    "api-reconciliation-resolve": {ADMIN},
+    "api-compensation-list": {ADMIN},
+    "api-compensation-decision": {ADMIN},
+    "api-schema": EVERYONE,  # the OpenAPI description: no tenant's data in it
+}
+
+
+def _walk(patterns, prefix=""):
+    for pat in patterns:
+        if isinstance(pat, URLResolver):
+            yield from _walk(pat.url_patterns, prefix + str(pat.pattern))
+        elif isinstance(pat, URLPattern):
+            yield prefix + str(pat.pattern), pat
+
+
+def _all_patterns():
+    return list(_walk(get_resolver().url_patterns))
+
+
+@pytest.fixture
+def acme(tenant, requester, approver, admin_user, device, kb, refservice):
+    """Tenant ``acme``'s data: one completed task (ticket created) and one waiting for approval."""
+    done = drive(task_submit(principal=p(requester), device_id=device.pk, urgency="high",
+                             symptom="Fuser error after warm-up, pages come out smeared.").task.pk)
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=done).pk,
+                    decision="approve", reason="ok")
+    done = drive(done.pk)
+    assert done.status == reducer.COMPLETED
+    waiting = drive(task_submit(principal=p(requester), device_id=DeviceFactory(tenant=tenant, asset_tag="PRN-7733").pk,
+                                symptom="Paper jams at the fuser exit on every duplex job.").task.pk)
+    assert waiting.status == reducer.WAITING_APPROVAL
+    action = Action.objects.get(task=done)
+    pending = ApprovalRequest.objects.get(task=waiting, status=ApprovalStatus.PENDING)
+    secrets = {str(done.pk), str(waiting.pk), str(pending.pk), str(action.pk), action.idempotency_key,
+               "PRN-0417", "PRN-7733", "riley", "avery", action.external_id, "smeared", "duplex"}
+    return {"done": done, "waiting": waiting, "approval": pending, "action": action, "secrets": secrets}
+
+
+@pytest.fixture
+def globex(db):
+    """Tenant ``globex``: one user per role (its admin is staff, for the Django admin) and its own task."""
+    other = TenantFactory(slug="globex", name="Globex")
+    users = {}
+    for role, name in ((Role.REQUESTER, "gina"), (Role.APPROVER, "gabe"), (Role.ADMIN, "gus")):
+        user = UserFactory(username=name, is_staff=role == Role.ADMIN)
+        MembershipFactory(user=user, tenant=other, role=role, scopes=list(AccessScope.values))
+        users[role] = user
+    device = DeviceFactory(tenant=other, asset_tag="GLX-0001")
+    task_submit(principal=p(users[Role.REQUESTER]), device_id=device.pk, symptom="Globex's own toner fault report.")
+    return {REQ: users[Role.REQUESTER], APPR: users[Role.APPROVER], ADMIN: users[Role.ADMIN]}
+
+
+def _admin_object(model):
+    """One ``acme`` row of ``model`` for the Django admin's object URLs."""
+    return model.objects.order_by("pk").first() if model.__name__ != "Tenant" else model.objects.get(slug="acme")
+
+
+def _urls(acme):
+    """Every URL pattern outside the Django admin with ``acme``'s ids filled in, then the Django
+    admin's URLs for every registered model: ``(name, path)``."""
+    ids = {"task_id": acme["done"].pk, "approval_id": acme["approval"].pk, "action_id": acme["action"].pk}
+    out = []
+    for route, pat in _all_patterns():
+        if route.startswith("django-admin/"):
+            continue
+        here = {**ids, "task_id": acme["waiting"].pk} if pat.name in ("task-input", "api-task-input") else ids
+        out.append((pat.name, "/" + re.sub(r"<(?:\w+:)?(\w+)>", lambda m, h=here: str(h[m.group(1)]), route)))
+    return out
+
+
+def _admin_urls():
+    """The Django admin's index, and for every registered model its app index, changelist, add
+    form, and the change, history and delete views of an ``acme`` row."""
+    urls = [("admin-index", "/django-admin/")]
+    for model in admin_site._registry:
+        base = f"/django-admin/{model._meta.app_label}/{model._meta.model_name}/"
+        urls += [("admin-app", f"/django-admin/{model._meta.app_label}/"), ("admin-changelist", base),
+                 ("admin-add", base + "add/")]
+        obj = model.objects.get(slug="acme") if model.__name__ == "Tenant" else \
+            model.objects.order_by("pk").first()
+        if obj is not None:
+            urls += [(f"admin-{view}", f"{base}{obj.pk}/{view}/") for view in ("change", "history", "delete")]
+    return urls
+
+
+def _status_ok_for_refusal(resp, role) -> bool:
+    if role == ANON:
+        return resp.status_code in (302, 403, 404) and (resp.status_code != 302 or "login" in resp["Location"])
+    return resp.status_code in (302, 403, 404, 405) and (resp.status_code != 302 or "login" in resp["Location"])
+
+
+def _assert_no_secrets(resp, secrets, where):
+    body = resp.content.decode(errors="replace")
+    leaked = sorted(s for s in secrets if s and s in body)
+    assert not leaked, f"{where}: {resp.status_code} leaks {leaked}"
+
+
+def test_every_url_pattern_is_in_the_access_table():
+    names = {pat.name for route, pat in _all_patterns() if not route.startswith("django-admin/")}
+    assert names == set(ACCESS), f"missing: {names - set(ACCESS)}, stale: {set(ACCESS) - names}"
+
+
+def test_another_tenant_sees_nothing_of_acme_at_any_url(client, acme, globex):
+    urls = _urls(acme) + _admin_urls()
+    assert len(urls) > 100
+    object_ids = [str(acme[k].pk) for k in ("done", "waiting", "approval", "action")]
+    before = (ApprovalRequest.objects.get(pk=acme["approval"].pk).status,
+              Task.objects.get(pk=acme["waiting"].pk).status, Task.objects.count())
+    data = {"decision": "approve", "reason": "x", "note": "x", "executed": "no", "text": "x"}
+    probed = 0
+    for role, user in globex.items():
+        client.force_login(user)
+        for name, path in urls:
+            for method in ("get", "post"):
+                resp = getattr(client, method)(path, data if method == "post" else None, HTTP_HX_REQUEST="true")
+                where = f"{role} {method.upper()} {path}"
+                assert resp.status_code < 500, f"{where}: {resp.status_code}"
+                _assert_no_secrets(resp, acme["secrets"], where)
+                if any(i in path for i in object_ids) or (name.startswith("admin-") and "/add/" not in path
+                                                         and name not in ("admin-index", "admin-app",
+                                                                          "admin-changelist")):
+                    # An acme object's own URL: refused outright.
+                    assert resp.status_code in (302, 403, 404, 405), f"{where}: {resp.status_code}"
+                probed += 1
+    after = (ApprovalRequest.objects.get(pk=acme["approval"].pk).status,
+             Task.objects.get(pk=acme["waiting"].pk).status, Task.objects.count())
+    assert after == before, "a request by another tenant changed acme's data"
+    assert probed == 3 * 2 * len(urls)
+
+
+@pytest.mark.parametrize("role", [ANON, REQ, APPR, ADMIN])
+def test_each_role_gets_exactly_what_the_access_table_allows(client, acme, role, requester, approver, admin_user):
+    user = {REQ: requester, APPR: approver, ADMIN: admin_user}.get(role)
+    if user is not None:
+        client.force_login(user)
+    for name, path in _urls(acme):
+        access = ACCESS.get(name)
+        if access is None or access == "webhook" or name in ("logout", "login"):
+            continue
+        resp = client.get(path)
+        assert resp.status_code < 500, f"{role} GET {path}: {resp.status_code}"
+        if role in access:
+            ok = resp.status_code in (200, 405) or (resp.status_code == 302 and "login" not in resp["Location"])
+            assert ok, f"{role} may use {name}: GET {path} → {resp.status_code}"
+        else:
+            assert _status_ok_for_refusal(resp, role), f"{role} may not use {name}: GET {path} → {resp.status_code}"
+    # Refused writes change nothing.
+    waiting, approval = acme["waiting"], acme["approval"]
+    if role not in ACCESS["approval-decide"]:
+        client.post(f"/approvals/{approval.pk}/decide/", {"decision": "approve", "reason": "x"})
+        client.post(f"/api/approvals/{approval.pk}/decision/", {"decision": "approve", "reason": "x"},
+                    content_type="application/json")
+        assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalStatus.PENDING
+    if role not in ACCESS["task-cancel"]:
+        client.post(f"/tasks/{waiting.pk}/cancel/", {"reason": "x"})
+        client.post(f"/api/tasks/{waiting.pk}/cancel/", {"reason": "x"}, content_type="application/json")
+        assert Task.objects.get(pk=waiting.pk).status == reducer.WAITING_APPROVAL
+
+
+def test_a_forged_webhook_changes_nothing(client, acme):
+    resp = client.post("/webhooks/reference/", data=b'{"event_id": "x", "type": "ticket.status_changed"}',
+                       content_type="application/json")
+    assert resp.status_code in (400, 401, 403)
+    _assert_no_secrets(resp, acme["secrets"], "forged webhook")
+
+
+#: Modules that serve people (views, API, selectors, people's services): every read of a
+#: tenant-owned model there goes through visible_to(...) or for_tenant(...).
+PRINCIPAL_FACING = [
+    "apps/tasks/views.py", "apps/tasks/api/views.py", "apps/tasks/selectors.py", "apps/tasks/compensation.py",
+    "apps/approvals/views.py", "apps/approvals/api/views.py", "apps/approvals/selectors.py",
+    "apps/outbox/views.py", "apps/outbox/api.py", "apps/outbox/reconciliation.py", "apps/traces/views.py",
+    "apps/devices/selectors.py", "apps/devices/api/views.py", "apps/evidence/selectors.py",
+    "apps/tickets/selectors.py",
+]
+TENANT_MODELS = {"Task", "TaskEvent", "RefusedEvent", "TaskSnapshot", "Action", "ActionAttempt", "ApprovalRequest",
+                 "ApprovalPolicy", "Device", "Document", "DocumentVersion", "Chunk", "OutboxMessage", "TicketMirror",
+                 "InboundWebhook", "Membership"}
+
+
+def _unscoped_reads(path: Path) -> list[str]:
+    """``Model.objects.<method>`` chains on tenant-owned models whose first call is not
+    ``visible_to``/``for_tenant`` — except a re-read by primary key of a row already scoped
+    (``select_for_update().get(pk=...)``), allowed where the row came from a scoped read."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "objects" and isinstance(node.value.value, ast.Name) \
+                and node.value.value.id in TENANT_MODELS and node.attr not in ("visible_to", "for_tenant", "none"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value.value.id}.objects.{node.attr}")
+    return found
+
+
+ALLOWED_REREADS = {
+    # Re-reads by primary key of an action already fetched through visible_to (row lock).
+    "apps/outbox/reconciliation.py": 2,
+}
+
+
+def test_principal_facing_code_reads_tenant_rows_only_through_the_scoping_methods():
+    problems = []
+    for rel in PRINCIPAL_FACING:
+        path = ROOT / rel
+        assert path.exists(), rel
+        found = _unscoped_reads(path)
+        if len(found) > ALLOWED_REREADS.get(rel, 0):
+            problems += found
+    assert not problems, "unscoped reads: " + "; ".join(problems)
