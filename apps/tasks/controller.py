@@ -403,7 +403,7 @@ def _granted(task: Task, lease: Lease, a: dict) -> tuple[ApprovalRequest | None,
     """The state's approval ``a`` (the task's or its compensation's): ``(row, False)`` when it is
     granted and the caller re-checks it; ``(None, True)`` after recording that it expired
     undecided (the next step re-plans); ``(None, False)`` while it is pending, rejected or gone."""
-    approval = ApprovalRequest.objects.filter(pk=a["id"], tenant_id=task.tenant_id).first()
+    approval = ApprovalRequest.objects.for_tenant(task.tenant_id).filter(pk=a["id"]).first()
     if approval is None:
         return None, False
     if a["status"] == "PENDING":
@@ -456,7 +456,7 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
                           digest=proposal["digest"], intent_seq=task.version + 1)
     # The ticket system this action goes to, fixed now (a compensation: where its ticket is).
     connector = compensates.connector if compensates is not None else task.tenant.ticket_system
-    reused = Action.objects.filter(tenant_id=task.tenant_id, idempotency_key=key).first()
+    reused = Action.objects.for_tenant(task.tenant_id).filter(idempotency_key=key).first()
     if reused is not None:
         # One key, one logical action: a key already bound to other parameters (or to another
         # action) is refused before any action or outbox row is written.
@@ -621,7 +621,7 @@ def _compensate(task: Task, lease: Lease) -> bool:
                           payload={"reason": f"budget: U+R+r = {b['used']}+{b['reserved']}+{cost} exceeds "
                                              f"B={b['total']}"})
         return False
-    original = Action.objects.get(pk=state["action"]["id"], tenant_id=task.tenant_id)
+    original = Action.objects.for_tenant(task.tenant_id).get(pk=state["action"]["id"])
     _commit_intent(task, lease, proposal=c["proposal"], approval=approval, object_version=c["ticket"]["version"],
                    compensates=original)
     return False
