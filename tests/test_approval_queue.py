@@ -52,14 +52,15 @@ def _queries(client, url) -> int:
 
 
 @pytest.mark.allow_divergence  # the bulk tasks have rows but no events, on purpose
-def test_the_queue_costs_the_same_queries_for_10_and_1000_pending(client, tenant, requester, approver, device):
+def test_the_queue_costs_the_same_queries_for_10_and_1000_pending(client, tenant, requester, approver, device,
+                                                                   django_assert_num_queries):
     client.force_login(approver)
     _bulk_pending(tenant, requester, device, 10)
     small = _queries(client, reverse("approval-queue"))
     _bulk_pending(tenant, requester, device, 990)
     assert ApprovalRequest.objects.filter(status="PENDING").count() == 1000
-    large = _queries(client, reverse("approval-queue"))
-    assert large == small, f"{small} queries for 10 pending, {large} for 1,000"
+    with django_assert_num_queries(small):
+        assert client.get(reverse("approval-queue")).status_code == 200
     html = client.get(reverse("approval-queue") + "?page=50").content.decode()
     assert "1000 approvals pending" in html and "page 50 of 50" in html
 
