@@ -155,3 +155,11 @@ def test_unknown_filter_values_are_a_clear_400(approver):
 def test_schema_lists_the_status_values_the_api_returns(requester):
     body = client_for(requester).get("/api/schema/").content.decode()
     assert "WAITING_APPROVAL" in body and "Waiting Approval" not in body
+
+
+def test_a_nul_character_in_a_header_is_a_clear_400(requester, device):
+    """Review F8: nothing reaches the database with a NUL in it."""
+    resp = client_for(requester).post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json",
+                                      HTTP_IDEMPOTENCY_KEY="key\x00one")
+    assert resp.status_code == 400 and resp.json()["error"] == "invalid_input"
+    assert Task.objects.count() == 0

@@ -152,14 +152,118 @@ def test_an_approver_may_not_decide_their_own_request(tenant, admin_user, device
         approval_decide(principal=p(admin_user), approval_id=_pending(task).pk, decision="approve")
 
 
+def test_a_policy_that_no_longer_lets_the_approver_decide_invalidates_at_intent_and_dispatch(
+        approved, tenant, approver, admin_user, refadmin):
+    """Review F4: the binding includes V_p. A newer policy version that reserves the tool for admins
+    invalidates an approver's approval at the next re-check; an admin approves again."""
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules={
+        "risk": DEFAULT_RULES["risk"],
+        "tools": {"ticket.create": {"requires_approval": True, "ttl_minutes": 60, "approver_roles": ["admin"]}}})
+    task = drive(approved.pk)
+    first = ApprovalRequest.objects.filter(task=task).order_by("created_at").first()
+    assert first.status == ApprovalStatus.INVALIDATED and "policy changed since approval (v1 → v2)" in first.reason
+    assert not Action.objects.filter(task=task).exists() and refadmin.tickets() == []
+    second = _pending(task)
+    assert second.approver_roles == ["admin"]
+    with pytest.raises(Forbidden):
+        approval_decide(principal=p(approver), approval_id=second.pk, decision="approve")
+    approval_decide(principal=p(admin_user), approval_id=second.pk, decision="approve")
+    assert drive(task.pk).status == reducer.COMPLETED
+
+
+def test_a_policy_change_between_the_intent_and_the_send_stops_the_send(approved, tenant, refadmin):
+    agent_run(task_id=approved.pk)
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules={
+        "tools": {"ticket.create": {"requires_approval": True, "ttl_minutes": 60, "approver_roles": ["admin"]}}})
+    outbox_dispatch_batch()
+    action = Action.objects.get(task=approved)
+    assert action.status == ActionStatus.NOT_SENT and refadmin.requests(action.idempotency_key) == 0
+    assert "policy changed" in ApprovalRequest.objects.get(pk=action.approval_id).reason
+
+
 @pytest.mark.parametrize("rules, problem", [
     ({"tools": {"ticket.create": {"requires_approval": "yes"}}}, "is not of type 'boolean'"),
     ({"tools": {"ticket.create": {"approver_roles": ["requester"]}}}, "is not one of"),
     ({"tools": {}, "risk": {"critical": {}}}, "Additional properties"),
     ({"tools": {"ticket.create": {"ttl_minutes": 0}}}, "less than the minimum"),
+    ({"tools": {"ticket.craete": {"requires_approval": False}}}, "ticket.craete: no such tool"),
+    ({"ticket.comnent": {"requires_approval": False}}, "ticket.comnent: no such tool"),
+    ({"Tools": {}}, "Tools: no such tool"),
 ])
 def test_a_malformed_policy_is_refused_with_the_field_that_is_wrong(tenant, rules, problem):
     policy = ApprovalPolicy(tenant=tenant, version=9, rules=rules)
     with pytest.raises(ValidationError) as err:
         policy.full_clean()
     assert problem in str(err.value)
+
+
+def test_a_pending_approval_of_a_task_that_ended_cannot_be_decided(requester, approver, device, kb):
+    """Review F7: a task that ends (here: its deadline passed) invalidates its pending approvals."""
+    from apps.accounts.api import Conflict
+
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task.pk)
+    approval = _pending(task)
+    Task.objects.filter(pk=task.pk).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    assert drive(task.pk).status == reducer.FAILED
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.INVALIDATED and "the task ended (FAILED" in approval.reason
+    with pytest.raises(Conflict):
+        approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_approve_and_cancel_at_once_never_deadlock(requester, approver, device, kb, monkeypatch):
+    """Review F6: the decision holds its locks for half a second (a slow clock read after both
+    locks); a cancel arriving meanwhile waits for the task lock instead of deadlocking."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from apps.approvals import services as approval_services
+    from apps.tasks.services import task_cancel
+
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task.pk)
+    approval = _pending(task)
+    real_now = approval_services.timezone.now
+    decider = {}
+
+    class SlowClock:
+        @staticmethod
+        def now():
+            if threading.get_ident() == decider.get("id"):
+                time.sleep(0.5)
+            return real_now()
+
+    monkeypatch.setattr(approval_services, "timezone", SlowClock)
+    results = {}
+
+    def decide():
+        decider["id"] = threading.get_ident()
+        try:
+            approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+            results["decide"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
+            results["decide"] = repr(exc)
+        finally:
+            connection.close()
+
+    def cancel():
+        time.sleep(0.2)
+        try:
+            task_cancel(principal=p(requester), task_id=task.pk, reason="fixed itself")
+            results["cancel"] = "ok"
+        except Exception as exc:  # noqa: BLE001
+            results["cancel"] = repr(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide), threading.Thread(target=cancel)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {"decide": "ok", "cancel": "ok"}, results
+    task = Task.objects.get(pk=task.pk)
+    assert task.status == reducer.CANCELLED
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalStatus.APPROVED

@@ -108,7 +108,8 @@ def acme(tenant, requester, approver, admin_user, device, kb, refservice):
     action = Action.objects.get(task=done)
     pending = ApprovalRequest.objects.get(task=waiting, status=ApprovalStatus.PENDING)
     secrets = {str(done.pk), str(waiting.pk), str(pending.pk), str(action.pk), action.idempotency_key,
-               "PRN-0417", "PRN-7733", "riley", "avery", action.external_id, "smeared", "duplex"}
+               "PRN-0417", "PRN-7733", "riley", "avery", "adele", action.external_id, "smeared", "duplex",
+               ">acme<", ">ACME<", "tenant__id__exact=" + str(tenant.pk)}
     return {"done": done, "waiting": waiting, "approval": pending, "action": action, "secrets": secrets}
 
 
@@ -118,7 +119,9 @@ def globex(db):
     other = TenantFactory(slug="globex", name="Globex")
     users = {}
     for role, name in ((Role.REQUESTER, "gina"), (Role.APPROVER, "gabe"), (Role.ADMIN, "gus")):
-        user = UserFactory(username=name, is_staff=role == Role.ADMIN)
+        # globex's admin is a Django superuser, as tenant admins are in the demo: every admin page
+        # renders for him, scoped to his tenant.
+        user = UserFactory(username=name, is_staff=role == Role.ADMIN, is_superuser=role == Role.ADMIN)
         MembershipFactory(user=user, tenant=other, role=role, scopes=list(AccessScope.values))
         users[role] = user
     device = DeviceFactory(tenant=other, asset_tag="GLX-0001")
@@ -283,3 +286,46 @@ def test_principal_facing_code_reads_tenant_rows_only_through_the_scoping_method
         if len(found) > ALLOWED_REREADS.get(rel, 0):
             problems += found
     assert not problems, "unscoped reads: " + "; ".join(problems)
+
+
+def test_a_revoked_tenant_admin_sees_less_not_more_in_the_django_admin(client, acme, globex, admin_user):
+    """Review F1: deactivating a superuser tenant admin's membership leaves her no tenant at all."""
+    from apps.accounts.models import Membership
+
+    Membership.objects.filter(user=admin_user).update(is_active=False)
+    client.force_login(admin_user)
+    for path in ("/django-admin/devices/device/", "/django-admin/tasks/task/", "/django-admin/accounts/tenant/"):
+        resp = client.get(path)
+        assert resp.status_code == 200
+        body = resp.content.decode()
+        assert "GLX-0001" not in body and "PRN-0417" not in body and ">globex<" not in body, path
+
+
+def test_a_tenant_admin_cannot_change_or_delete_her_own_membership(client, acme, admin_user):
+    """Review F1: nobody unscopes herself."""
+    from apps.accounts.models import Membership
+
+    own = Membership.objects.get(user=admin_user)
+    client.force_login(admin_user)
+    base = f"/django-admin/accounts/membership/{own.pk}/"
+    resp = client.post(base + "change/", {"user": admin_user.pk, "tenant": own.tenant_id, "role": "admin",
+                                          "scopes": "[]"})
+    assert resp.status_code == 403 or Membership.objects.get(pk=own.pk).is_active
+    assert client.post(base + "delete/", {"post": "yes"}).status_code == 403
+    assert Membership.objects.get(pk=own.pk).is_active
+
+
+def test_policy_versions_cannot_be_deleted_or_edited_in_the_django_admin(client, acme, admin_user):
+    """Review F3: approvals name their V_p, so a version is never removed or reused."""
+    from apps.approvals.models import ApprovalPolicy
+
+    policy = ApprovalPolicy.objects.get(tenant=acme["done"].tenant)
+    client.force_login(admin_user)
+    base = f"/django-admin/approvals/approvalpolicy/{policy.pk}/"
+    assert client.post(base + "delete/", {"post": "yes"}).status_code == 403
+    assert ApprovalPolicy.objects.filter(pk=policy.pk).exists()
+    resp = client.post("/django-admin/approvals/approvalpolicy/add/",
+                       {"tenant": policy.tenant_id, "version": policy.version + 1, "active": "on",
+                        "rules": '{"tools": {"ticket.craete": {"requires_approval": false}}}'})
+    assert resp.status_code == 200 and "no such tool" in resp.content.decode()
+    assert ApprovalPolicy.objects.filter(tenant=policy.tenant).count() == 1

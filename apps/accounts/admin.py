@@ -19,9 +19,22 @@ class TenantAdmin(TenantScopedAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(TenantScopedAdmin):
+    """Memberships of the admin's tenants. Nobody changes or deletes their own membership here:
+    another admin of the tenant (or a platform superuser) does."""
+
     list_display = ("user", "tenant", "role", "scopes", "is_active")
     list_filter = ("tenant", "role", "is_active")
     search_fields = ("user__username",)
+
+    def has_change_permission(self, request, obj=None):
+        if obj is not None and obj.user_id == request.user.pk:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        if obj is not None and obj.user_id == request.user.pk:
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 User = get_user_model()

@@ -10,11 +10,13 @@ from apps.accounts.models import Membership
 
 
 def admin_tenant_ids(request):
-    """Tenant ids the admin user may see, or None for a platform superuser with no membership."""
-    ids = list(Membership.objects.filter(user_id=request.user.pk, is_active=True).values_list("tenant_id", flat=True))
-    if not ids and request.user.is_superuser:
+    """Tenant ids the admin user may see, or None for a platform superuser — a superuser who has
+    never been a member of any tenant. A tenant member whose memberships were all deactivated
+    sees nothing: revoking access never widens it."""
+    rows = list(Membership.objects.filter(user_id=request.user.pk).values_list("tenant_id", "is_active"))
+    if not rows and request.user.is_superuser:
         return None
-    return ids
+    return [tenant_id for tenant_id, active in rows if active]
 
 
 class TenantScopedAdmin(admin.ModelAdmin):
@@ -22,6 +24,11 @@ class TenantScopedAdmin(admin.ModelAdmin):
     ``task__tenant_id``, ``pk`` for the Tenant model itself)."""
 
     tenant_path = "tenant_id"
+
+    def get_list_filter(self, request):
+        """A ``tenant`` filter lists only the tenants present in this admin's (scoped) rows."""
+        return [(f, admin.RelatedOnlyFieldListFilter) if f == "tenant" else f
+                for f in super().get_list_filter(request)]
 
     def get_queryset(self, request):
         qs = super().get_queryset(request)

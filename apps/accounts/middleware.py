@@ -6,7 +6,7 @@ from django.http import JsonResponse
 
 
 class RejectNulBytesMiddleware:
-    """Answer 400 to a request whose query string or form fields contain a NUL character.
+    """Answer 400 to a request whose headers, query string or form fields contain a NUL character.
 
     PostgreSQL text cannot hold NUL (``\\x00``): such a value would fail at the first query or
     write with a database error, a 500, possibly after a remote call was already made. Refusing
@@ -17,6 +17,11 @@ class RejectNulBytesMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        for name, value in request.META.items():
+            if name.startswith("HTTP_") and isinstance(value, str) and "\x00" in value:
+                header = name[5:].replace("_", "-").title()
+                return JsonResponse({"error": "invalid_input", "detail": f"header {header} contains a NUL character"},
+                                    status=400)
         fields = [request.GET]
         if request.method == "POST" and request.content_type in ("application/x-www-form-urlencoded",
                                                                   "multipart/form-data"):

@@ -11,6 +11,9 @@ class ApprovalPolicyAdmin(TenantScopedAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # approvals name their V_p: a version is never removed or reused
+
     list_display = ("tenant", "version", "active", "created_at")
 
 

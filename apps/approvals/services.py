@@ -64,10 +64,18 @@ def policy_rules_validate(rules) -> list[str]:
     fields, roles, TTL bounds."""
     import jsonschema
 
-    schema = POLICY_SCHEMA if isinstance(rules, dict) and ("tools" in rules or "risk" in rules) \
-        else FLAT_POLICY_SCHEMA
-    return [f"{'/'.join(map(str, e.absolute_path)) or '(rules)'}: {e.message}"
-            for e in jsonschema.Draft202012Validator(schema).iter_errors(rules)]
+    from apps.actions.registry import TOOLS
+
+    structured = isinstance(rules, dict) and ("tools" in rules or "risk" in rules)
+    schema = POLICY_SCHEMA if structured else FLAT_POLICY_SCHEMA
+    problems = [f"{'/'.join(map(str, e.absolute_path)) or '(rules)'}: {e.message}"
+                for e in jsonschema.Draft202012Validator(schema).iter_errors(rules)]
+    if isinstance(rules, dict):
+        tools = rules.get("tools") if structured else rules
+        if isinstance(tools, dict):
+            problems += [f"{'tools/' if structured else ''}{name}: no such tool (known: {', '.join(sorted(TOOLS))})"
+                         for name in tools if name not in TOOLS]
+    return problems
 
 
 @dataclass(frozen=True)
@@ -160,11 +168,15 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
     from apps.tasks.tasks import enqueue_agent_step
 
     with transaction.atomic():
-        approval = (
-            ApprovalRequest.objects.visible_to(principal).select_for_update()
-            .filter(pk=approval_id)
-            .first()
-        )
+        # Lock order: the task, then the approval — the order every task write with an approval
+        # side effect uses (a cancel closes pending approvals after updating the task), so a
+        # decision racing a cancel waits instead of deadlocking.
+        task_id = (ApprovalRequest.objects.visible_to(principal).filter(pk=approval_id)
+                   .values_list("task_id", flat=True).first())
+        if task_id is None:
+            raise NotFound("approval not found")
+        Task.objects.select_for_update().filter(pk=task_id).first()
+        approval = ApprovalRequest.objects.visible_to(principal).select_for_update().filter(pk=approval_id).first()
         if approval is None:
             raise NotFound("approval not found")
         if approval.requested_by_id == principal.user_id:
@@ -181,7 +193,7 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
         now = timezone.now()
         if approval.expires_at <= now:
             raise Conflict("approval has expired", status=ApprovalStatus.EXPIRED)
-        task = Task.objects.select_for_update().get(pk=approval.task_id)
+        task = Task.objects.get(pk=approval.task_id)  # locked above
         approval.status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
         approval.decided_by_id = principal.user_id
         approval.decided_at = now
@@ -224,6 +236,12 @@ def approval_check_binding(
     allowed = approval.approver_roles or list(ROLES)
     if approver is None or not approver.is_approver or approver.role not in allowed:
         return BindingCheck(False, "approver no longer holds an approver role")
+    current = policy_decide(tenant_id=approval.tenant_id, tool=approval.tool)
+    if current.policy_version != approval.policy_version and current.requires_approval \
+            and approver.role not in current.approver_roles:
+        return BindingCheck(False, f"policy changed since approval (v{approval.policy_version} → "
+                                   f"v{current.policy_version}): only {' or '.join(current.approver_roles)} may "
+                                   f"approve {approval.tool} now")
     return BindingCheck(True)
 
 

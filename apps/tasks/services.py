@@ -141,6 +141,8 @@ def task_append_event(
                 )
             if side_effects is not None:
                 side_effects(task, event)
+            if new_state["status"] in reducer.TERMINAL and task.status not in reducer.TERMINAL:
+                _close_pending_approvals(task, new_state)
     except StaleWrite:
         refused_event_record(task=task, event_type=event_type, payload=payload,
                              reason=_stale_reason(task.pk, expected, lease_generation), actor=actor,
@@ -157,6 +159,16 @@ def task_append_event(
     else:
         failpoint(f"after_commit:{event_type}")
     return task
+
+
+def _close_pending_approvals(task: Task, new_state: dict) -> None:
+    """A task that ends leaves nothing to decide: its pending approvals are invalidated in the
+    same transaction, with the reason (the queue shows them as such, and a late decision gets 409)."""
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+
+    reason = f"the task ended ({new_state['status']}: {new_state.get('termination_reason') or ''})"
+    ApprovalRequest.objects.for_tenant(task.tenant_id).filter(task_id=task.pk, status=ApprovalStatus.PENDING).update(
+        status=ApprovalStatus.INVALIDATED, reason=reason[:2000])
 
 
 def _stale_reason(task_id, expected: int, generation: int | None) -> str:
