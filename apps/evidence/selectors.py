@@ -1,9 +1,10 @@
 """Permission-aware hybrid retrieval (DESIGN.md §9; spec §16.6: permissions applied before the
 content is fetched, in the ranking query).
 
-Both rankings — pgvector cosine distance over the HNSW index and PostgreSQL full-text — run with
-the tenant and the principal's scopes in their WHERE clause, and are fused by reciprocal rank
-fusion (RRF, k=60).
+Both rankings — pgvector cosine distance and PostgreSQL full-text — run with the tenant and the
+principal's scopes in their WHERE clause, and are fused by reciprocal rank fusion (RRF, k=60).
+The vector ranking is complete under any filter (:func:`vector_candidates`): rare permitted chunks
+are ranked exactly, and an HNSW answer cut short by the filter is redone exactly.
 """
 
 from __future__ import annotations
@@ -46,37 +47,95 @@ class EvidenceRef:
         return asdict(self)
 
 
-_HYBRID_SQL = """
-WITH vec AS (
-    SELECT c.id, row_number() OVER (ORDER BY c.embedding <=> %(qvec)s::vector) AS rnk
-    FROM evidence_chunk c
-    WHERE c.tenant_id = %(tenant)s AND c.scope = ANY(%(scopes)s) AND c.is_current
-    ORDER BY c.embedding <=> %(qvec)s::vector
-    LIMIT %(cand)s
-), q AS (
+_PERMITTED = "c.tenant_id = %(tenant)s AND c.scope = ANY(%(scopes)s) AND c.is_current"
+
+#: Vector candidates through the HNSW index, filtered. pgvector 0.6 has no iterative index scan:
+#: the scan stops after ``hnsw.ef_search`` neighbours and the filter runs on those, so rare
+#: permitted chunks can come back short.
+_VEC_HNSW_SQL = f"""
+SELECT c.id FROM evidence_chunk c WHERE {_PERMITTED}
+ORDER BY c.embedding <=> %(qvec)s::vector LIMIT %(cand)s
+"""  # noqa: S608 - constant fragments; every value is a bound parameter
+
+#: Exact vector candidates: the permitted rows first (a materialized CTE the index cannot see), then
+#: the distance order over them. Complete by construction; cost grows with the permitted rows.
+_VEC_EXACT_SQL = f"""
+WITH permitted AS MATERIALIZED (SELECT c.id, c.embedding FROM evidence_chunk c WHERE {_PERMITTED})
+SELECT id FROM permitted ORDER BY embedding <=> %(qvec)s::vector, id LIMIT %(cand)s
+"""  # noqa: S608 - constant fragments; every value is a bound parameter
+
+_TEXT_SQL = f"""
+WITH q AS (
     SELECT to_tsquery('english', replace(plainto_tsquery('english', %(qtext)s)::text, '&', '|')) AS tsq
-), txt AS (
-    SELECT c.id, row_number() OVER (ORDER BY ts_rank_cd(c.search_vector, q.tsq) DESC, c.id) AS rnk
-    FROM evidence_chunk c, q
-    WHERE c.tenant_id = %(tenant)s AND c.scope = ANY(%(scopes)s) AND c.is_current
-      AND c.search_vector @@ q.tsq
-    ORDER BY ts_rank_cd(c.search_vector, q.tsq) DESC, c.id
-    LIMIT %(cand)s
 )
-SELECT id, SUM(1.0 / (%(rrf)s + rnk)) AS score,
-       MIN(CASE WHEN src = 'v' THEN rnk END) AS vrank,
-       MIN(CASE WHEN src = 't' THEN rnk END) AS trank
-FROM (SELECT id, rnk, 'v' AS src FROM vec UNION ALL SELECT id, rnk, 't' AS src FROM txt) u
-GROUP BY id
-ORDER BY score DESC, id
-LIMIT %(k)s
-"""
+SELECT c.id FROM evidence_chunk c, q
+WHERE {_PERMITTED} AND c.search_vector @@ q.tsq
+ORDER BY ts_rank_cd(c.search_vector, q.tsq) DESC, c.id
+LIMIT %(cand)s
+"""  # noqa: S608 - constant fragments; every value is a bound parameter
+
+_COUNT_SQL = f"""
+SELECT count(*) FILTER (WHERE {_PERMITTED}), count(*) FILTER (WHERE c.tenant_id = %(tenant)s AND c.is_current)
+FROM evidence_chunk c WHERE c.tenant_id = %(tenant)s
+"""  # noqa: S608 - constant fragments; every value is a bound parameter
+
+#: Below this share of the tenant's current chunks, or this many permitted rows, the exact scan is
+#: used from the start (cheaper than an HNSW scan that would come back short).
+EXACT_SELECTIVITY = 0.2
+EXACT_MAX_ROWS = 5000
+
+
+def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int) -> tuple[list[int], str]:
+    """The ``limit`` permitted chunks nearest to ``qvec`` (a pgvector literal), nearest first, and
+    the strategy used: ``"exact"`` or ``"hnsw"``.
+
+    Complete: it returns ``min(limit, permitted rows)`` ids, whatever share of the tenant's chunks
+    the scopes permit (issue 6 item 2). Rare permitted rows (under :data:`EXACT_SELECTIVITY` of the
+    tenant's chunks, or at most :data:`EXACT_MAX_ROWS`) are ranked exactly; otherwise the HNSW
+    index answers, and a short answer (the filter removed too many of its neighbours) is redone
+    exactly. ``cur`` is a cursor inside a transaction."""
+    params = {"tenant": tenant_id, "scopes": list(scopes), "qvec": qvec, "cand": limit}
+    cur.execute(_COUNT_SQL, params)
+    permitted, total = cur.fetchone()
+    wanted = min(limit, permitted)
+    if wanted == 0:
+        return [], "exact"
+    if permitted <= EXACT_MAX_ROWS or permitted < EXACT_SELECTIVITY * total:
+        cur.execute(_VEC_EXACT_SQL, params)
+        return [r[0] for r in cur.fetchall()], "exact"
+    cur.execute("SET LOCAL hnsw.ef_search = %s", [max(100, 4 * limit)])
+    cur.execute(_VEC_HNSW_SQL, params)
+    ids = [r[0] for r in cur.fetchall()]
+    if len(ids) < wanted:
+        cur.execute(_VEC_EXACT_SQL, params)
+        return [r[0] for r in cur.fetchall()], "exact"
+    return ids, "hnsw"
+
+
+def text_candidates(cur, *, tenant_id: int, scopes, query: str, limit: int) -> list[int]:
+    """The ``limit`` permitted chunks best matching ``query`` in full text, best first."""
+    cur.execute(_TEXT_SQL, {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": limit})
+    return [r[0] for r in cur.fetchall()]
+
+
+def rrf_fuse(*rankings: list[int], k: int, rrf_k: int = RRF_K) -> list[tuple[int, float, list[int | None]]]:
+    """Reciprocal rank fusion: ``[(id, score, [rank in each ranking or None])]``, best first (ties
+    by id), at most ``k``. ``score = Σ 1 / (rrf_k + rank)`` over the rankings an id appears in."""
+    scores: dict[int, float] = {}
+    ranks: dict[int, list[int | None]] = {}
+    for i, ranking in enumerate(rankings):
+        for rank, cid in enumerate(ranking, start=1):
+            scores[cid] = scores.get(cid, 0.0) + 1.0 / (rrf_k + rank)
+            ranks.setdefault(cid, [None] * len(rankings))[i] = rank
+    best = sorted(scores, key=lambda c: (-scores[c], c))[:k]
+    return [(c, scores[c], ranks[c]) for c in best]
 
 
 def evidence_retrieve(
     *, tenant_id: int, scopes: list[str] | tuple[str, ...], query: str, k: int = 5
 ) -> list[EvidenceRef]:
-    """Top-``k`` current chunks of ``tenant_id`` readable with ``scopes`` for ``query``.
+    """Top-``k`` current chunks of ``tenant_id`` readable with ``scopes`` for ``query``: the
+    vector and full-text rankings, each over the permitted chunks only, fused by RRF.
 
     Returns at most ``k`` :class:`EvidenceRef`, best first. An empty ``scopes`` returns nothing.
     """
@@ -84,15 +143,9 @@ def evidence_retrieve(
         return []
     qvec = "[" + ",".join(f"{x:.7f}" for x in embed_query(query)) + "]"
     with transaction.atomic(), connection.cursor() as cur:
-        # Filtered HNSW scans stop after ef_search candidates; widen it so a scope filter still
-        # yields k rows for this corpus size (issue 6 replaces this with a complete strategy).
-        cur.execute("SET LOCAL hnsw.ef_search = 400")
-        cur.execute(
-            _HYBRID_SQL,
-            {"qvec": qvec, "tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": CANDIDATES,
-             "rrf": RRF_K, "k": k},
-        )
-        rows = cur.fetchall()
+        vec, _ = vector_candidates(cur, tenant_id=tenant_id, scopes=scopes, qvec=qvec, limit=CANDIDATES)
+        txt = text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=query, limit=CANDIDATES)
+    rows = [(cid, score, r[0], r[1]) for cid, score, r in rrf_fuse(vec, txt, k=k)]
     chunks = {
         c.pk: c
         for c in Chunk.objects.for_tenant(tenant_id).select_related("document_version__document")
