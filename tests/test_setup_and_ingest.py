@@ -72,7 +72,7 @@ def test_ingest_command_reads_md_txt_html_with_scope_and_progress(tenant, tmp_pa
     # Unchanged content costs nothing on the second run.
     out = StringIO()
     call_command("ingest", str(docs), "--scope", "tier2", "--tenant", "acme", stdout=out)
-    assert "0 created, 0 updated, 3 unchanged, 0 chunks embedded" in out.getvalue()
+    assert "0 created, 0 updated, 3 unchanged, 0 unreadable, 0 chunks embedded" in out.getvalue()
     # A changed file becomes version 2 and only the new version is retrieved.
     changed = "# UPS alarm guide\n\nIntro.\n\n## Symptoms\n\nThe UPS beeps twice per minute.\n"
     (docs / "ups-alarm.md").write_text(changed)

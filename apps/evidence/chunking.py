@@ -66,8 +66,8 @@ def chunk_markdown(text: str, *, fallback_title: str) -> ParsedDocument:
     specs: list[ChunkSpec] = []
     for s, e in zip(starts, ends, strict=True):
         body = text[s:e]
-        if not body.strip():
-            continue
+        if not _HEADING.sub("", body).strip():
+            continue  # nothing but headings (a title alone before the first section)
         m = _HEADING.match(text, s)
         section = m.group(2).strip() if m and len(m.group(1)) >= 2 else "Summary"
         for piece_start, piece in _split_long(s, body):
@@ -144,13 +144,58 @@ def first_statement(text: str, *, limit: int = 200) -> str:
     return " ".join(excerpt_body(text).split())[:limit]
 
 
+class UnreadableDocument(ValueError):
+    """A file that cannot be read as its kind (a damaged or encrypted PDF, say)."""
+
+
+def pdf_to_markdown(data: bytes, *, fallback_title: str) -> str:
+    """The text of a PDF (with the maintained ``pypdf`` library) as Markdown: the document title
+    (its metadata title, else ``fallback_title``) as ``#``, then one ``## Page N`` section per page
+    that has text, so chunks keep their page as their location. Raises :class:`UnreadableDocument`."""
+    import io
+
+    from pypdf import PdfReader
+    from pypdf.errors import PyPdfError
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            raise UnreadableDocument("the PDF is encrypted")
+        title = ((reader.metadata.title if reader.metadata else None) or fallback_title).strip()
+        pages = [(i, (page.extract_text() or "").strip()) for i, page in enumerate(reader.pages, start=1)]
+    except (PyPdfError, ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, UnreadableDocument):
+            raise
+        raise UnreadableDocument(f"not a readable PDF: {exc}") from exc
+    body = "\n\n".join(f"## Page {i}\n\n{text}" for i, text in pages if text)
+    if not body:
+        raise UnreadableDocument("the PDF has no extractable text (scanned images need OCR first)")
+    return f"# {title}\n\n{body}\n"
+
+
+def read_source(name: str, data: bytes) -> str:
+    """A file's content as the text faultdesk stores and chunks: UTF-8 text as is, a PDF's text
+    as Markdown by page (:func:`pdf_to_markdown`). Raises :class:`UnreadableDocument`."""
+    if name.lower().endswith(".pdf"):
+        return pdf_to_markdown(data, fallback_title=_stem(name))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableDocument(f"not UTF-8 text: {exc}") from exc
+
+
+def _stem(name: str) -> str:
+    return re.sub(r"[-_]+", " ", name.rsplit("/", 1)[-1].rsplit(".", 1)[0]).strip().capitalize()
+
+
 def parse_document(name: str, raw: str) -> ParsedDocument:
-    """Parse a file's text by its extension (``.md``, ``.html``/``.htm``, ``.txt``)."""
-    stem = re.sub(r"[-_]+", " ", name.rsplit("/", 1)[-1].rsplit(".", 1)[0]).strip().capitalize()
+    """Parse a file's text by its extension (``.md``, ``.html``/``.htm``, ``.txt``; ``.pdf`` after
+    :func:`read_source`, as Markdown with a section per page)."""
+    stem = _stem(name)
     lower = name.lower()
     if lower.endswith((".html", ".htm")):
         return chunk_markdown(html_to_markdown(raw), fallback_title=stem)
-    if lower.endswith(".md"):
+    if lower.endswith((".md", ".pdf")):
         return chunk_markdown(raw, fallback_title=stem)
     # Plain text: paragraphs only, the first line is the title.
     text = raw.replace("\r\n", "\n")

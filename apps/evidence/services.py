@@ -17,11 +17,11 @@ from django.contrib.postgres.search import SearchVector
 from django.db import transaction
 
 from apps.accounts.models import AccessScope, Tenant
-from apps.evidence.chunking import parse_document
+from apps.evidence.chunking import UnreadableDocument, parse_document, read_source
 from apps.evidence.embedding import embed_texts
 from apps.evidence.models import Chunk, Document, DocumentVersion
 
-SUPPORTED_SUFFIXES = (".md", ".txt", ".html", ".htm")
+SUPPORTED_SUFFIXES = (".md", ".txt", ".html", ".htm", ".pdf")
 
 
 def sha256_text(text: str) -> str:
@@ -36,6 +36,8 @@ class IngestReport:
     updated: int = 0
     unchanged: int = 0
     chunks_embedded: int = 0
+    #: files that could not be read (each reported through ``progress`` with its reason)
+    failed: int = 0
 
 
 def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tuple[Document, str]:
@@ -118,8 +120,9 @@ def source_name(path: Path, root: Path) -> str:
 def path_ingest(
     *, tenant: Tenant, path: Path, scope: str, progress: Callable[[int, int, str, str], None] | None = None
 ) -> IngestReport:
-    """Ingest every ``.md``/``.txt``/``.html`` file under ``path`` (a README.md is skipped) with
-    ``scope``. ``progress(i, n, source, outcome)`` is called after each file.
+    """Ingest every ``.md``/``.txt``/``.html``/``.pdf`` file under ``path`` (a README.md is skipped)
+    with ``scope``. ``progress(i, n, source, outcome)`` is called after each file; a file that
+    cannot be read is counted in ``failed`` and reported with its reason, and the run goes on.
 
     Raises ``FileNotFoundError`` when ``path`` does not exist and ``ValueError`` for a bad scope.
     """
@@ -131,9 +134,14 @@ def path_ingest(
     report = IngestReport()
     for i, file in enumerate(files, start=1):
         source = source_name(file, path if path.is_dir() else path.parent)
-        document, outcome = document_ingest(
-            tenant=tenant, source=source, raw=file.read_text(encoding="utf-8"), scope=scope
-        )
+        try:
+            raw = read_source(file.name, file.read_bytes())
+        except UnreadableDocument as exc:
+            report.failed += 1
+            if progress:
+                progress(i, len(files), source, f"failed: {exc}")
+            continue
+        document, outcome = document_ingest(tenant=tenant, source=source, raw=raw, scope=scope)
         setattr(report, outcome, getattr(report, outcome) + 1)
         if outcome != "unchanged":
             report.chunks_embedded += document.versions.get(version=document.current_version).chunks.count()

@@ -32,6 +32,6 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"ingested {root} as {scope}: {report.created} created, {report.updated} updated, "
-                f"{report.unchanged} unchanged, {report.chunks_embedded} chunks embedded"
+                f"{report.unchanged} unchanged, {report.failed} unreadable, {report.chunks_embedded} chunks embedded"
             )
         )
