@@ -25,6 +25,7 @@ from apps.actions.registry import ParamsInvalid, params_validate, tool_get
 from apps.approvals.models import ApprovalRequest
 from apps.approvals.services import approval_check_binding_now, approval_invalidate, policy_decide
 from apps.devices.selectors import device_read
+from apps.evidence.guard import refs_flags
 from apps.evidence.selectors import evidence_retrieve
 from apps.llm.drafter import local_draft
 from apps.llm.parser import draft_validate
@@ -87,10 +88,14 @@ def context_read(*, task_id: uuid.UUID) -> None:
                 query=_query_text(task, reading),
                 k=settings.FAULTDESK["RETRIEVAL_TOP_K"],
             )
+            ref_dicts = [r.as_dict() for r in refs]
+            payload = {"query": _query_text(task, reading), "refs": ref_dicts,
+                       "retrieved_at": timezone.now().isoformat()}
+            if flagged := refs_flags(ref_dicts):
+                payload["injection_flags"] = flagged  # shown on the trace; nothing else changes
             task = task_append_event(
                 task=task, event_type="evidence.retrieved", actor=_actor(lease), lease_generation=gen,
-                payload={"query": _query_text(task, reading), "refs": [r.as_dict() for r in refs],
-                         "retrieved_at": timezone.now().isoformat()},
+                payload=payload,
             )
         if reading is None:
             task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=gen,
