@@ -10,9 +10,9 @@ from pathlib import Path
 from django.urls import reverse
 
 from apps.approvals.models import ApprovalRequest
+from apps.events.models import TaskEvent
 from apps.evidence.guard import evidence_block, injection_flags
 from apps.evidence.services import document_ingest
-from apps.events.models import TaskEvent
 from apps.tasks import reducer
 from apps.tasks.services import task_submit
 from tests.conftest import drive, p
