@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView
 from apps.approvals import views as approval_views
 from apps.approvals.api import views as approval_api
 from apps.devices.api import views as device_api
+from apps.evidence import views as evidence_views
 from apps.outbox import api as reconciliation_api
 from apps.outbox import views as reconciliation_views
 from apps.tasks import views as task_views
@@ -32,6 +33,7 @@ urlpatterns = [
          name="reconciliation-resolve"),
     path("reconciliation/compensations/<uuid:task_id>/", reconciliation_views.compensation_settle_view,
          name="compensation-settle"),
+    path("evidence/<int:chunk_id>/", evidence_views.evidence_detail, name="evidence-detail"),
     path("approvals/", approval_views.approval_queue, name="approval-queue"),
     path("approvals/<uuid:approval_id>/decide/", approval_views.approval_decide_view, name="approval-decide"),
     path("webhooks/reference/", ticket_webhooks.reference_webhook, name="webhook-reference"),

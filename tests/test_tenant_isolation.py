@@ -61,6 +61,7 @@ ACCESS: dict[str, set[str] | str] = {
     "reconciliation": {ADMIN},
     "reconciliation-resolve": {ADMIN},
     "compensation-settle": {ADMIN},
+    "evidence-detail": {REQ, APPR, ADMIN},  # and only for scopes the viewer may read now
     "approval-queue": {APPR, ADMIN},
     "approval-decide": {APPR, ADMIN},
     "webhook-reference": "webhook",
@@ -110,7 +111,9 @@ def acme(tenant, requester, approver, admin_user, device, kb, refservice):
     secrets = {str(done.pk), str(waiting.pk), str(pending.pk), str(action.pk), action.idempotency_key,
                "PRN-0417", "PRN-7733", "riley", "avery", "adele", action.external_id, "smeared", "duplex",
                ">acme<", ">ACME<", "tenant__id__exact=" + str(tenant.pk)}
-    return {"done": done, "waiting": waiting, "approval": pending, "action": action, "secrets": secrets}
+    chunk = done.state["evidence"][0]["chunk_id"]  # a public chunk every acme role may read
+    return {"done": done, "waiting": waiting, "approval": pending, "action": action, "secrets": secrets,
+            "chunk": chunk}
 
 
 @pytest.fixture
@@ -137,7 +140,8 @@ def _admin_object(model):
 def _urls(acme):
     """Every URL pattern outside the Django admin with ``acme``'s ids filled in, then the Django
     admin's URLs for every registered model: ``(name, path)``."""
-    ids = {"task_id": acme["done"].pk, "approval_id": acme["approval"].pk, "action_id": acme["action"].pk}
+    ids = {"task_id": acme["done"].pk, "approval_id": acme["approval"].pk, "action_id": acme["action"].pk,
+           "chunk_id": acme["chunk"]}
     out = []
     for route, pat in _all_patterns():
         if route.startswith("django-admin/"):
@@ -182,7 +186,7 @@ def test_every_url_pattern_is_in_the_access_table():
 def test_another_tenant_sees_nothing_of_acme_at_any_url(client, acme, globex):
     urls = _urls(acme) + _admin_urls()
     assert len(urls) > 100
-    object_ids = [str(acme[k].pk) for k in ("done", "waiting", "approval", "action")]
+    object_ids = [str(acme[k].pk) for k in ("done", "waiting", "approval", "action")] + [f"/evidence/{acme['chunk']}/"]
     before = (ApprovalRequest.objects.get(pk=acme["approval"].pk).status,
               Task.objects.get(pk=acme["waiting"].pk).status, Task.objects.count())
     data = {"decision": "approve", "reason": "x", "note": "x", "executed": "no", "text": "x"}
