@@ -38,3 +38,26 @@ def test_a_pdf_is_chunked_by_page_and_reingesting_it_unchanged_embeds_nothing(te
 
     again = path_ingest(tenant=tenant, path=folder, scope="public")
     assert (again.unchanged, again.chunks_embedded) == (1, 0) and calls == [2], "nothing re-embedded"
+
+
+def test_a_changed_document_reembeds_only_its_changed_chunks_and_can_be_retired(tenant, tmp_path, monkeypatch):
+    from django.core.management import call_command
+
+    from apps.evidence.services import document_ingest
+
+    calls = []
+    real = services.embed_texts
+    monkeypatch.setattr(services, "embed_texts", lambda texts: calls.append(list(texts)) or real(texts))
+    raw = "# UPS alarms\n\n## Symptoms\n\nThe UPS beeps.\n\n## Procedure\n\nCheck the battery.\n"
+    doc, outcome = document_ingest(tenant=tenant, source="public/ups.md", raw=raw, scope="public")
+    assert (outcome, doc.embedded_chunks, len(calls[-1])) == ("created", 2, 2)
+    changed = raw.replace("Check the battery.", "Check the battery and the input breaker.")
+    doc, outcome = document_ingest(tenant=tenant, source="public/ups.md", raw=changed, scope="public")
+    assert (outcome, doc.embedded_chunks) == ("updated", 1)
+    assert len(calls) == 2 and len(calls[-1]) == 1 and "input breaker" in calls[-1][0], "only the changed chunk"
+    current = Chunk.objects.filter(document_version__document=doc, is_current=True)
+    assert current.count() == 2 and doc.current_version == 2
+
+    call_command("ingest", retire="public/ups.md", tenant=tenant.slug)
+    doc.refresh_from_db()
+    assert doc.retired and not Chunk.objects.filter(document_version__document=doc, is_current=True).exists()

@@ -42,7 +42,8 @@ class IngestReport:
 
 def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tuple[Document, str]:
     """Ingest one document's text. Returns ``(document, outcome)`` with outcome ``"created"``,
-    ``"updated"`` or ``"unchanged"``.
+    ``"updated"`` or ``"unchanged"``; ``document.embedded_chunks`` says how many chunks were
+    embedded (an unchanged document: none; an updated one: only its new or changed chunks).
 
     Raises ``ValueError`` for an unknown scope or a document without text.
     """
@@ -57,8 +58,13 @@ def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tup
         current = existing.versions.filter(version=existing.current_version).first()
         if current is not None and current.content_digest == digest and existing.scope == scope:
             return existing, "unchanged"
-    # Embed outside the transaction: it is the slow part and touches no rows.
-    vectors = embed_texts([f"{parsed.title}. {c.section}. {c.text}" for c in parsed.chunks])
+    # Embed outside the transaction: it is the slow part and touches no rows. Only chunks whose
+    # embedded text is new are embedded; an unchanged chunk of the previous version keeps its vector.
+    inputs = [f"{parsed.title}. {c.section}. {c.text}" for c in parsed.chunks]
+    known = _previous_vectors(existing)
+    missing = [t for t in dict.fromkeys(inputs) if sha256_text(t) not in known]
+    fresh = dict(zip(missing, embed_texts(missing), strict=True)) if missing else {}
+    vectors = [fresh[t] if t in fresh else known[sha256_text(t)] for t in inputs]
     with transaction.atomic():
         if existing is None:
             document = Document.objects.create(tenant=tenant, source=source, title=parsed.title, scope=scope)
@@ -97,7 +103,30 @@ def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tup
         document.retired = False
         document.current_version = version.version
         document.save(update_fields=["title", "scope", "retired", "current_version", "updated_at"])
+    document.embedded_chunks = len(missing)  # how many chunks this call embedded (the rest were reused)
     return document, outcome
+
+
+def _previous_vectors(document: Document | None) -> dict[str, list[float]]:
+    """``{sha256 of the embedded text: vector}`` of the document's current chunks (empty for a new
+    or retired document), so an updated version re-embeds only its changed chunks."""
+    if document is None or document.retired:
+        return {}
+    rows = Chunk.objects.filter(document_version__document=document, is_current=True).values_list(
+        "section", "text", "embedding")
+    return {sha256_text(f"{document.title}. {section}. {text}"): list(vector) for section, text, vector in rows}
+
+
+def document_retire(*, tenant: Tenant, source: str) -> Document:
+    """Retire a document: its chunks stop being retrieved (``is_current`` off), its versions stay
+    for the evidence that cites them (the evidence view says "retired"). Ingesting it again
+    brings it back as a new version. Raises ``Document.DoesNotExist``."""
+    with transaction.atomic():
+        document = Document.objects.for_tenant(tenant.pk).select_for_update().get(source=source)
+        Chunk.objects.filter(document_version__document=document, is_current=True).update(is_current=False)
+        document.retired = True
+        document.save(update_fields=["retired", "updated_at"])
+    return document
 
 
 def _iter_files(path: Path) -> Iterable[Path]:
@@ -143,8 +172,7 @@ def path_ingest(
             continue
         document, outcome = document_ingest(tenant=tenant, source=source, raw=raw, scope=scope)
         setattr(report, outcome, getattr(report, outcome) + 1)
-        if outcome != "unchanged":
-            report.chunks_embedded += document.versions.get(version=document.current_version).chunks.count()
+        report.chunks_embedded += getattr(document, "embedded_chunks", 0)
         if progress:
             progress(i, len(files), source, outcome)
     return report
