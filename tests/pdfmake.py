@@ -8,8 +8,9 @@ def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
 
 
-def pdf_bytes(pages: list[str], *, title: str = "") -> bytes:
-    """A PDF with one page per string (lines split at ``\\n``) and an optional metadata title."""
+def pdf_bytes(pages: list[str], *, title: str = "", raw_title: str = "") -> bytes:
+    """A PDF with one page per string (lines split at ``\\n``) and an optional metadata title
+    (``raw_title``: the title object written as is, e.g. ``42`` for a number)."""
     objects: list[bytes] = []
 
     def add(body: str) -> int:
@@ -31,7 +32,7 @@ def pdf_bytes(pages: list[str], *, title: str = "") -> bytes:
     assert add(f"<< /Type /Pages /Kids [{' '.join(f'{i} 0 R' for i in page_ids)}] /Count {len(page_ids)} >>") \
         == pages_id
     catalog = add(f"<< /Type /Catalog /Pages {pages_id} 0 R >>")
-    info = add(f"<< /Title ({_escape(title)}) >>") if title else None
+    info = add(f"<< /Title {raw_title or '(' + _escape(title) + ')'} >>") if (title or raw_title) else None
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for i, body in enumerate(objects, start=1):

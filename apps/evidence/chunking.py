@@ -58,7 +58,7 @@ def chunk_markdown(text: str, *, fallback_title: str) -> ParsedDocument:
     title = fallback_title
     for m in headings:
         if len(m.group(1)) == 1:
-            title = m.group(2).strip()
+            title = m.group(2).strip()[:300]
             break
     bounds = [m.start() for m in headings if len(m.group(1)) >= 2]
     starts = [0, *bounds]
@@ -161,9 +161,11 @@ def pdf_to_markdown(data: bytes, *, fallback_title: str) -> str:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted:
             raise UnreadableDocument("the PDF is encrypted")
-        title = ((reader.metadata.title if reader.metadata else None) or fallback_title).strip()
+        meta_title = reader.metadata.title if reader.metadata else None
+        title = " ".join(str(meta_title).split()) if isinstance(meta_title, str) and meta_title.strip() \
+            else fallback_title  # one line: a title cannot open a section of its own
         pages = [(i, (page.extract_text() or "").strip()) for i, page in enumerate(reader.pages, start=1)]
-    except (PyPdfError, ValueError, KeyError, TypeError) as exc:
+    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         if isinstance(exc, UnreadableDocument):
             raise
         raise UnreadableDocument(f"not a readable PDF: {exc}") from exc
@@ -177,11 +179,13 @@ def read_source(name: str, data: bytes) -> str:
     """A file's content as the text faultdesk stores and chunks: UTF-8 text as is, a PDF's text
     as Markdown by page (:func:`pdf_to_markdown`). Raises :class:`UnreadableDocument`."""
     if name.lower().endswith(".pdf"):
-        return pdf_to_markdown(data, fallback_title=_stem(name))
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UnreadableDocument(f"not UTF-8 text: {exc}") from exc
+        text = pdf_to_markdown(data, fallback_title=_stem(name))
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UnreadableDocument(f"not UTF-8 text: {exc}") from exc
+    return text.replace("\x00", "")  # PostgreSQL text cannot hold NUL; it carries no meaning here
 
 
 def _stem(name: str) -> str:

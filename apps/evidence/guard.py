@@ -21,13 +21,15 @@ import re
 PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.IGNORECASE)) for name, rx in (
     ("override", r"\b(ignore|disregard|forget)\b[^.\n]{0,40}\b(previous|prior|above|earlier|all)\b[^.\n]{0,20}"
                  r"\b(instructions?|rules?|prompts?|guidelines?)"),
-    ("role_play", r"\byou are (now )?(an?|the) (ai|assistant|agent|model|system)\b|\bsystem prompt\b"),
-    ("approval", r"\b(auto[- ]?approve|approve (this|the|all|every)|mark (it|this|the \w+) (as )?approved|"
-                 r"skip (the )?approval|no approval (is )?(needed|required))"),
-    ("cross_tenant", r"\b(another|other|different) tenant\b|\btenant[ =:]+['\"]?\w+['\"]? instead\b"),
-    ("tool_change", r"\b(call|use|invoke|run) the [\w.]+ tool\b|\b(close|delete|reassign) (all|every|the other)"
-                    r" tickets?\b|\bset (the )?priority to p1\b"),
-    ("exfiltration", r"\b(send|post|email|upload)\b[^.\n]{0,40}\b(credentials?|passwords?|api[ _-]?keys?|tokens?)\b"),
+    ("role_play", r"\byou are (now )?(an?|the) (ai|assistant|agent|model|approval system)\b|\bsystem prompt\b"),
+    ("approval", r"\bauto[- ]?approve|\bapprove (this|all|every) (ticket|request|action|change)s?\b|"
+                 r"\bmark (it|this|the ticket|the request) (as )?approved\b|\bskip (the )?approval\b|"
+                 r"\bno approval (is )?(needed|required)\b"),
+    ("cross_tenant", r"\b(send|file|route|move|post|use)\b[^.\n]{0,30}\b(another|other|different) tenant\b|"
+                     r"\btenant[ =:]+['\"]?\w+['\"]? instead\b|\bfor tenant \w+ instead\b"),
+    ("tool_change", r"\b(call|use|invoke|run) the \w+\.[\w.]+ tool\b|\b(close|delete|reassign) (all|every|the other)"
+                    r" tickets?\b"),
+    ("exfiltration", r"\b(send|post|email|upload)\b[^.\n]{0,40}\b(credentials?|passwords?|api[ _-]?keys?)\b"),
 ))
 
 

@@ -143,8 +143,9 @@ def evidence_retrieve(
         return []
     qvec = "[" + ",".join(f"{x:.7f}" for x in embed_query(query)) + "]"
     with transaction.atomic(), connection.cursor() as cur:
-        vec, _ = vector_candidates(cur, tenant_id=tenant_id, scopes=scopes, qvec=qvec, limit=CANDIDATES)
-        txt = text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=query, limit=CANDIDATES)
+        depth = max(CANDIDATES, k)
+        vec, _ = vector_candidates(cur, tenant_id=tenant_id, scopes=scopes, qvec=qvec, limit=depth)
+        txt = text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=query, limit=depth)
     rows = [(cid, score, r[0], r[1]) for cid, score, r in rrf_fuse(vec, txt, k=k)]
     chunks = {
         c.pk: c
@@ -177,9 +178,28 @@ def evidence_retrieve(
 
 
 def chunk_readable(*, chunk_id: int, tenant_id: int, scopes: list[str] | tuple[str, ...]) -> Chunk | None:
-    """The chunk if the viewer (tenant + scopes) may read it *now*, else None (re-check on read)."""
+    """The chunk if the viewer (tenant + scopes) may read it *now*, else None (re-check on read):
+    the scope it was written under and its document's current scope must both be permitted, so
+    narrowing a document's scope also hides its older versions."""
     return (
         Chunk.objects.for_tenant(tenant_id).select_related("document_version__document")
-        .filter(pk=chunk_id, scope__in=list(scopes))
+        .filter(pk=chunk_id, scope__in=list(scopes), document_version__document__scope__in=list(scopes))
         .first()
     )
+
+
+def readable_chunk_ids(*, tenant_id: int, scopes, chunk_ids) -> set[int]:
+    """The subset of ``chunk_ids`` the viewer may read now (one query; see :func:`chunk_readable`)."""
+    return set(Chunk.objects.for_tenant(tenant_id).filter(
+        pk__in=list(chunk_ids), scope__in=list(scopes), document_version__document__scope__in=list(scopes))
+        .values_list("pk", flat=True))
+
+
+def payload_for_viewer(event_type: str, payload: dict, readable: set[int]) -> dict:
+    """An event payload as a viewer sees it: the excerpts of evidence the viewer may not read now
+    are replaced by a notice (the references — document, version, section — stay)."""
+    if event_type != "evidence.retrieved" or not payload.get("refs"):
+        return payload
+    refs = [r if r.get("chunk_id") in readable else {**r, "excerpt": f"[not shown: scope {r.get('scope')}]"}
+            for r in payload["refs"]]
+    return {**payload, "refs": refs}

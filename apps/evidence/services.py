@@ -67,7 +67,7 @@ def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tup
     vectors = [fresh[t] if t in fresh else known[sha256_text(t)] for t in inputs]
     with transaction.atomic():
         if existing is None:
-            document = Document.objects.create(tenant=tenant, source=source, title=parsed.title, scope=scope)
+            document = Document.objects.create(tenant=tenant, source=source, title=parsed.title[:300], scope=scope)
             outcome = "created"
         else:
             document = Document.objects.select_for_update().get(pk=existing.pk)
@@ -98,7 +98,7 @@ def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tup
             search_vector=SearchVector("section", weight="A", config="english")
             + SearchVector("text", weight="B", config="english")
         )
-        document.title = parsed.title
+        document.title = parsed.title[:300]
         document.scope = scope
         document.retired = False
         document.current_version = version.version
@@ -170,7 +170,14 @@ def path_ingest(
             if progress:
                 progress(i, len(files), source, f"failed: {exc}")
             continue
-        document, outcome = document_ingest(tenant=tenant, source=source, raw=raw, scope=scope)
+        try:
+            document, outcome = document_ingest(tenant=tenant, source=source, raw=raw.replace("\x00", ""),
+                                                scope=scope)
+        except ValueError as exc:  # e.g. no text to ingest
+            report.failed += 1
+            if progress:
+                progress(i, len(files), source, f"failed: {exc}")
+            continue
         setattr(report, outcome, getattr(report, outcome) + 1)
         report.chunks_embedded += getattr(document, "embedded_chunks", 0)
         if progress:

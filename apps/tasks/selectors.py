@@ -26,3 +26,17 @@ def task_get(*, principal: Principal, task_id) -> Task | None:
 def task_events(*, principal: Principal, task: Task) -> QuerySet[TaskEvent]:
     """The task's events in seq order (the caller has already checked access to ``task``)."""
     return TaskEvent.objects.visible_to(principal).filter(task_id=task.pk).order_by("seq")
+
+
+def task_events_for_viewer(*, principal: Principal, task: Task) -> list:
+    """The task's events in seq order as ``principal`` may see them: evidence excerpts of scopes the
+    viewer cannot read now are replaced by a notice in the (unsaved) ``payload`` of each event."""
+    from apps.evidence.selectors import payload_for_viewer, readable_chunk_ids
+
+    events = list(task_events(principal=principal, task=task))
+    cited = {r.get("chunk_id") for e in events if e.type == "evidence.retrieved" for r in e.payload.get("refs", [])}
+    readable = readable_chunk_ids(tenant_id=principal.tenant_id, scopes=principal.scopes, chunk_ids=cited) \
+        if cited else set()
+    for e in events:
+        e.payload = payload_for_viewer(e.type, e.payload, readable)
+    return events

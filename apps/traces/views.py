@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 
 from apps.actions.models import Action
 from apps.events.models import RefusedEvent
-from apps.tasks.selectors import task_events, task_get, task_list
+from apps.tasks.selectors import task_events_for_viewer, task_get, task_list
 from apps.tasks.views import _principal
 
 
@@ -37,7 +37,7 @@ def task_trace(request, task_id):
         raise Http404("task not found")
     ctx = {
         "task": task,
-        "events": task_events(principal=p, task=task),
+        "events": task_events_for_viewer(principal=p, task=task),
         "refused": RefusedEvent.objects.visible_to(p).filter(task_id=task.pk).order_by("recorded_at"),
         "actions": Action.objects.visible_to(p).filter(task_id=task.pk).prefetch_related("attempts",
                                                                                                   "webhooks"),

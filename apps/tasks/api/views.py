@@ -19,7 +19,7 @@ from apps.tasks.api.serializers import (
     TaskCreateSerializer,
     TaskSerializer,
 )
-from apps.tasks.selectors import task_events, task_get, task_list
+from apps.tasks.selectors import task_events_for_viewer, task_get, task_list
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
 
 
@@ -99,4 +99,4 @@ class TaskEventsApi(APIView):
         task = task_get(principal=principal, task_id=task_id)
         if task is None:
             raise NotFound("task not found")
-        return Response(EventSerializer(task_events(principal=principal, task=task), many=True).data)
+        return Response(EventSerializer(task_events_for_viewer(principal=principal, task=task), many=True).data)
