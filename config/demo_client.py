@@ -75,7 +75,11 @@ def run(*, base_url: str, refservice_url: str, credentials_path: Path, timeout: 
     p = approval["params"]
     _say(f"\n2. avery reviews the proposal: {approval['tool']} on {approval['device']} "
          f"(device version {approval['object_version']}, policy v{approval['policy_version']})")
-    _say(f"   title: {p['title']}\n   priority: {p['priority']} · digest {approval['action_digest'][:16]}…")
+    if approval["tool"] == "ticket.comment":  # the device's faultdesk ticket is still open (reducer/2)
+        _say(f"   a comment on the open ticket {p['ticket_id']}, only while it is at version {p['if_match']} "
+             f"· digest {approval['action_digest'][:16]}…")
+    else:
+        _say(f"   title: {p['title']}\n   priority: {p['priority']} · digest {approval['action_digest'][:16]}…")
     decision = approver.post(f"/api/approvals/{approval['id']}/decision/",
                              json={"decision": "approve", "reason": "Matches the fuser procedure; go ahead."})
     decision.raise_for_status()
@@ -109,13 +113,19 @@ def run(*, base_url: str, refservice_url: str, credentials_path: Path, timeout: 
             params={"field": "faultdesk_key", "value": action_key}, timeout=10,
             headers={"Authorization": f"Token {os.environ.get('HELPDESK_API_TOKEN', '')}"},
         ).raise_for_status().json()["results"]
+    elif task["receipt"].get("kind") == "comment":  # a second run comments on the first run's open ticket
+        on = task["receipt"]["ticket_id"]
+        found = httpx.get(f"{refservice_url}/tickets/{on}/comments", params={"idempotency_key": action_key},
+                          timeout=10, headers={"Authorization": f"Bearer {api_key}"})
+        held = [{"id": c["comment"]["id"]} for c in found.raise_for_status().json()["results"]]
     else:
         held = httpx.get(f"{refservice_url}/tickets", params={"idempotency_key": action_key}, timeout=10,
                          headers={"Authorization": f"Bearer {api_key}"}).raise_for_status().json()["results"]
+    what = "comment" if task["receipt"].get("kind") == "comment" else "ticket"
     if len(held) != 1 or str(held[0]["id"]) != ticket_id:
-        _say(f"DEMO FAILED: the {system} ticket system holds {len(held)} tickets for key {action_key}")
+        _say(f"DEMO FAILED: the {system} ticket system holds {len(held)} {what}s for key {action_key}")
         return False
-    _say(f"   the {system} ticket system holds exactly one ticket for key {action_key}: {ticket_id}\n")
+    _say(f"   the {system} ticket system holds exactly one {what} for key {action_key}: {ticket_id}\n")
     if before_ok is not None:
         before_ok()
     _say(f"DEMO OK task={task['id']} ticket={ticket_id}")
