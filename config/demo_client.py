@@ -74,7 +74,7 @@ def run(*, base_url: str, refservice_url: str, credentials_path: Path, timeout: 
     approval = approvals.json()[0]
     p = approval["params"]
     _say(f"\n2. avery reviews the proposal: {approval['tool']} on {approval['device']} "
-         f"(device version {approval['object_version']}, policy v{approval['policy_version']})")
+         f"({approval['object_type']} version {approval['object_version']}, policy v{approval['policy_version']})")
     if approval["tool"] == "ticket.comment":  # the device's faultdesk ticket is still open (reducer/2)
         _say(f"   a comment on the open ticket {p['ticket_id']}, only while it is at version {p['if_match']} "
              f"· digest {approval['action_digest'][:16]}…")
