@@ -62,10 +62,14 @@ def test_happy_path_ends_completed_with_one_receipt_and_replays(submitted, appro
     assert task_replay(task).ok
     assert task_replay(task, use_snapshot=False).ok
     types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
-    assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "ticket.read", "device.read",
-                     "draft.proposed",
+    assert types == ["task.accepted", "retrieval.started",
+                     "budget.reserved", "evidence.retrieved", "ticket.read", "device.read", "budget.settled",
+                     "budget.reserved", "model.called", "draft.proposed",
                      "approval.requested", "approval.granted", "intent.committed", "receipt.recorded",
                      "task.completed"]
+    # The ledger (reducer/3): 3 tool reads + 1 write, the local drafter costs nothing, nothing left reserved.
+    assert task.state["limits"]["tool_calls"] == {"total": 40, "used": 4, "reserved": 0}
+    assert task.state["limits"]["tokens"]["used"] == 0 and task.state["reservations"] == {}
 
 
 def test_evidence_is_limited_to_the_requesters_scopes(submitted, refservice):

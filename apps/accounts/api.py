@@ -54,6 +54,13 @@ class Unavailable(DomainError):
     code = "unavailable"
 
 
+class QuotaExceeded(DomainError):
+    """The tenant has used its quota (open requests, or today's cost units or tokens)."""
+
+    http_status = 429
+    code = "quota_exceeded"
+
+
 def request_principal(request) -> Principal:
     """The principal of an authenticated DRF/Django request; 403 when it has no tenant."""
     try:
@@ -76,7 +83,10 @@ def exception_handler(exc, context):
     """DRF exception handler: domain errors become ``{"error": code, "detail": ...}``."""
     if isinstance(exc, DomainError):
         body = {"error": exc.code, "detail": exc.detail, **exc.extra}
-        return Response(body, status=exc.http_status)
+        response = Response(body, status=exc.http_status)
+        if "retry_after" in exc.extra:
+            response["Retry-After"] = str(exc.extra["retry_after"])
+        return response
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -37,6 +37,14 @@ class Tenant(models.Model):
     ticket_system = models.CharField(max_length=16, choices=TicketSystem.choices, default=TicketSystem.REFERENCE,
                                      help_text="where this tenant's tickets are created; an action keeps the "
                                                "system it was committed for")
+    # Quotas on top of each task's own budget (issue 7; runtime-invariants.md §1.2): empty means the
+    # service default (settings.FAULTDESK TENANT_*).
+    daily_budget_units = models.PositiveIntegerField(
+        null=True, blank=True, help_text="cost units this tenant's tasks may use per UTC day (empty: default)")
+    daily_token_limit = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="model tokens this tenant's tasks may use per UTC day (empty: default)")
+    max_active_tasks = models.PositiveIntegerField(
+        null=True, blank=True, help_text="requests this tenant may have open at once (empty: default)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -44,6 +52,18 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def quota(self) -> dict:
+        """``{"money", "tokens", "active_tasks"}``: this tenant's limits, defaults filled in."""
+        conf = settings.FAULTDESK
+        return {
+            "money": self.daily_budget_units if self.daily_budget_units is not None
+            else conf["TENANT_DAILY_BUDGET_UNITS"],
+            "tokens": self.daily_token_limit if self.daily_token_limit is not None
+            else conf["TENANT_DAILY_TOKEN_LIMIT"],
+            "active_tasks": self.max_active_tasks if self.max_active_tasks is not None
+            else conf["TENANT_MAX_ACTIVE_TASKS"],
+        }
 
 
 def _default_scopes() -> list[str]:

@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.actions import errors
-from apps.actions.digest import action_digest, idempotency_key
+from apps.actions.digest import action_digest, idempotency_key, sha256_json
 from apps.actions.models import Action
 from apps.actions.registry import ParamsInvalid, params_validate, tool_get
 from apps.approvals.models import ApprovalRequest
@@ -27,11 +27,20 @@ from apps.approvals.services import approval_check_binding_now, approval_invalid
 from apps.devices.selectors import device_read
 from apps.evidence.guard import refs_flags
 from apps.evidence.selectors import evidence_retrieve
-from apps.llm.drafter import local_draft
+from apps.llm.drafter import local_draft, render_prompt
 from apps.llm.parser import draft_validate
+from apps.llm.providers import TRANSIENT, provider_for
 from apps.outbox.models import OutboxMessage
-from apps.tasks import reducer, reducer_v2
+from apps.tasks import reducer, reducer_v2, reducer_v3
 from apps.tasks.answer import answer_compose
+from apps.tasks.budget import (
+    BudgetExceeded,
+    activity_timeout,
+    budget_release,
+    budget_reserve,
+    budget_settle,
+    stale_reservations,
+)
 from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task
 from apps.tasks.services import (
@@ -71,58 +80,115 @@ def _query_text(task: Task, device: dict | None) -> str:
 
 def context_read(*, task_id: uuid.UUID) -> None:
     """The ``tools`` step: retrieval and the device read, each recorded as an event
-    (``evidence.retrieved``, ``device.read``). Runs only in ``RETRIEVING``."""
+    (``evidence.retrieved``, ``device.read``; ``ticket.read`` from ``reducer/2`` on). Runs only in
+    ``RETRIEVING``. Under ``reducer/3`` the reads are one activity: admitted by a reservation of
+    their tool calls, given a deadline-bounded timeout, and settled at the calls made."""
     lease = task_claim(task_id=task_id)
     if lease is None:
         return
+    device_gone = False
     try:
         task = Task.objects.select_related("device", "tenant").get(pk=task_id)
         if task.status != reducer.RETRIEVING:
             return
         gen = lease.generation
-        reading = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
-        if task.state["evidence"] is None:
-            refs = evidence_retrieve(
-                tenant_id=task.tenant_id,
-                scopes=_principal_scopes(task),
-                query=_query_text(task, reading),
-                k=settings.FAULTDESK["RETRIEVAL_TOP_K"],
-            )
-            ref_dicts = [r.as_dict() for r in refs]
-            payload = {"query": _query_text(task, reading), "refs": ref_dicts,
-                       "retrieved_at": timezone.now().isoformat()}
-            if flagged := refs_flags(ref_dicts):
-                payload["injection_flags"] = flagged  # shown on the trace; nothing else changes
-            task = task_append_event(
-                task=task, event_type="evidence.retrieved", actor=_actor(lease), lease_generation=gen,
-                payload=payload,
-            )
-        if reading is None:
-            task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=gen,
-                              payload={"reason": "device no longer exists in the tenant"})
-            return
-        if _v2(task):
-            # The device's open ticket, read at its ticket system: the plan may comment on it.
-            try:
-                ticket = open_ticket_read(tenant_id=task.tenant_id, device_id=task.device_id,
-                                          connector=task.tenant.ticket_system)
-            except errors.ToolError as exc:
-                log.info("context_read %s: the ticket system cannot be read now (%s); retried later", task_id, exc)
+        reservation, timeout = None, None
+        if _v3(task):
+            task = _release_stale(task, lease)
+            calls = 2 + (task.state["evidence"] is None)  # device read, ticket read, retrieval
+            timeout = activity_timeout(task, wanted=settings.FAULTDESK["REFSERVICE_TIMEOUT_SECONDS"])
+            if timeout is None:
+                _fail(task, lease, _deadline_reason(task))
                 return
-            task = task_append_event(task=task, event_type="ticket.read", actor=_actor(lease), lease_generation=gen,
-                                     payload={"ticket": ticket, "read_at": timezone.now().isoformat()})
-        task = task_append_event(
-            task=task, event_type="device.read", actor=_actor(lease), lease_generation=gen,
-            payload={"reading": reading, "read_at": timezone.now().isoformat()},
-        )
+            try:
+                task, reservation = budget_reserve(task_id=task.pk, activity="context_read",
+                                                   amounts={"tool_calls": calls}, actor=_actor(lease),
+                                                   lease_generation=gen, timeout_s=timeout)
+            except BudgetExceeded as exc:
+                _fail(task, lease, exc.reason)
+                return
+        made = 0
+        try:
+            made += 1
+            reading = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
+            if task.state["evidence"] is None:
+                made += 1
+                refs = evidence_retrieve(
+                    tenant_id=task.tenant_id,
+                    scopes=_principal_scopes(task),
+                    query=_query_text(task, reading),
+                    k=settings.FAULTDESK["RETRIEVAL_TOP_K"],
+                )
+                ref_dicts = [r.as_dict() for r in refs]
+                payload = {"query": _query_text(task, reading), "refs": ref_dicts,
+                           "retrieved_at": timezone.now().isoformat()}
+                if flagged := refs_flags(ref_dicts):
+                    payload["injection_flags"] = flagged  # shown on the trace; nothing else changes
+                task = task_append_event(
+                    task=task, event_type="evidence.retrieved", actor=_actor(lease), lease_generation=gen,
+                    payload=payload,
+                )
+            if reading is None:
+                device_gone = True
+                return
+            if _v2(task):
+                # The device's open ticket, read at its ticket system: the plan may comment on it.
+                made += 1
+                try:
+                    ticket = open_ticket_read(tenant_id=task.tenant_id, device_id=task.device_id,
+                                              connector=task.tenant.ticket_system, timeout=timeout)
+                except errors.ToolError as exc:
+                    log.info("context_read %s: the ticket system cannot be read now (%s); retried later", task_id, exc)
+                    return
+                task = task_append_event(task=task, event_type="ticket.read", actor=_actor(lease),
+                                         lease_generation=gen,
+                                         payload={"ticket": ticket, "read_at": timezone.now().isoformat()})
+            task = task_append_event(
+                task=task, event_type="device.read", actor=_actor(lease), lease_generation=gen,
+                payload={"reading": reading, "read_at": timezone.now().isoformat()},
+            )
+        finally:
+            if reservation is not None:
+                task = budget_settle(task_id=task.pk, reservation_id=reservation.id, used={"tool_calls": made},
+                                     actor=_actor(lease), lease_generation=gen)
+        if device_gone:
+            _fail(task, lease, "device no longer exists in the tenant")
+            return
     except StaleWrite:
         log.info("context_read lost the lease on %s", task_id)
+        return
+    except reducer.IllegalTransition as exc:
+        log.warning("context_read on %s: %s", task_id, exc)  # recorded as a refused event
         return
     finally:
         task_release(lease=lease)
     from apps.tasks.tasks import enqueue_agent_step
 
     enqueue_agent_step(task_id)
+
+
+def _fail(task: Task, lease: Lease, reason: str) -> Task:
+    """Record the explicit terminal decision ``task.failed`` with ``reason``."""
+    return task_append_event(task=task, event_type="task.failed", actor=_actor(lease),
+                             lease_generation=lease.generation,
+                             payload={"reason": reason, "at": timezone.now().isoformat()})
+
+
+def _deadline_reason(task: Task) -> str:
+    left = (task.deadline_at - timezone.now()).total_seconds()
+    return (f"deadline_exceeded: {max(left, 0):.1f} s left, less than an activity needs plus "
+            f"{settings.FAULTDESK['ACTIVITY_CLEANUP_SECONDS']:.0f} s to record its result")
+
+
+def _release_stale(task: Task, lease: Lease) -> Task:
+    """Release the open reservations of earlier leases (their workers died or were fenced and
+    will never settle them) before this lease starts new activities (``reducer/3``)."""
+    stale = stale_reservations(task, lease.generation)
+    if not stale:
+        return task
+    return budget_release(task_id=task.pk, reservation_ids=stale, actor=_actor(lease),
+                          lease_generation=lease.generation,
+                          reason=f"made under an earlier lease (fencing token < {lease.generation}) and never settled")
 
 
 def agent_run(*, task_id: uuid.UUID) -> None:
@@ -134,9 +200,22 @@ def agent_run(*, task_id: uuid.UUID) -> None:
     if lease is None:
         return
     try:
+        task = Task.objects.get(pk=task_id)
+        if _v3(task):
+            _release_stale(task, lease)
         for _ in range(MAX_STEPS_PER_RUN):
             task = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
-            if not _step(task, lease):
+            try:
+                if not _step(task, lease):
+                    break
+            except BudgetExceeded as exc:
+                # e.g. the tenant's daily quota refused an intent's reservation: nothing was written
+                task = Task.objects.select_related("tenant").get(pk=task_id)
+                if task.status in reducer.TERMINAL or task.status == reducer.WAITING_COMPENSATION:
+                    break
+                event = "compensation.failed" if task.status == reducer.COMPENSATING else "task.failed"
+                task_append_event(task=task, event_type=event, actor=_actor(lease), lease_generation=lease.generation,
+                                  payload={"reason": exc.reason})
                 break
     except StaleWrite:
         log.info("agent_run lost the lease on %s", task_id)
@@ -192,7 +271,13 @@ def _propose(task: Task, lease: Lease) -> bool:
         task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=lease.generation,
                           payload={"reason": f"redraft_limit: no valid draft after {limit} re-drafts"})
         return False
-    draft = _model_call(task, state)
+    if _v3(task):
+        task, draft, again = _model_draft(task, lease)
+        if draft is None:
+            return again
+        state = task.state
+    else:
+        draft = _model_call(task, state)
     digest = _plan(state, draft)["digest"]
     if digest in state["rejected_digests"]:
         # The local drafter is deterministic: it cannot propose something materially different.
@@ -219,6 +304,107 @@ def _model_call(task: Task, state: dict) -> dict:
     )
     failpoint("model_call")
     return draft
+
+
+def _cancel_requested(task_id: uuid.UUID) -> bool:
+    """Has the task been cancelled (or ended) since this worker started its activity?"""
+    row = Task.objects.filter(pk=task_id).values("status", "state__cancel_requested").first()
+    return row is None or row["status"] in reducer.TERMINAL or bool(row["state__cancel_requested"])
+
+
+def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
+    """One call to the model pinned in the task's artifact bundle (``reducer/3``; issue 7 items
+    1, 2, 4): reserve its tokens, cost units and — when it repeats an attempt that gave no draft —
+    one retry; give it a deadline-bounded timeout; make the call, cancellable; settle the real
+    cost in ``model.called`` with the raw output, before anything uses it.
+
+    Returns ``(task, draft, again)``: the draft to propose, or None with ``again`` True when the
+    next step should try again (a malformed reply gets a re-ask, a 429/5xx/timeout a retry after
+    a backoff) and False when the task stopped (cancelled, failed with the reason recorded)."""
+    conf = settings.FAULTDESK
+    state, gen, actor = task.state, lease.generation, _actor(lease)
+    m = state["model"]
+    if m["reasks"] > conf["MODEL_MAX_REASKS"]:
+        problems = "; ".join((m["last"] or {}).get("problems") or [])[:400]
+        return _fail(task, lease, f"model_output_invalid: no usable reply after {m['reasks'] - 1} re-asks "
+                                  f"(last: {problems})"), None, False
+    provider = provider_for(task.artifact_bundle, conf)
+    last = m["last"]
+    amounts = {"retries": 1 if last is not None else 0}
+    messages = None
+    if provider is not None:
+        feedback = (last or {}).get("problems") if (last or {}).get("outcome") == "malformed" else m.get("feedback")
+        messages = render_prompt(request=state["request"], device=state["device"], evidence=state["evidence"] or [],
+                                 answers=state.get("answers") or [], feedback=feedback or ())
+        amounts.update(provider.reservation(messages))
+    timeout = activity_timeout(task, wanted=conf["MODEL_TIMEOUT_SECONDS"])
+    if timeout is None:
+        return _fail(task, lease, _deadline_reason(task)), None, False
+    try:
+        task, res = budget_reserve(task_id=task.pk, activity="model_call", amounts=amounts, actor=actor,
+                                   lease_generation=gen, timeout_s=timeout)
+    except BudgetExceeded as exc:
+        return _fail(task, lease, exc.reason), None, False
+    call = {"provider": task.artifact_bundle.get("model_provider", "local"), "model": task.artifact_bundle["model"],
+            "prompt_template": task.artifact_bundle["prompt_template"], "attempt": m["calls"] + 1,
+            "timeout_s": timeout}
+    if provider is None:
+        started = timezone.now()
+        draft = _model_call(task, state)
+        latency = int((timezone.now() - started).total_seconds() * 1000)
+        task = budget_settle(task_id=task.pk, reservation_id=res.id, used={"retries": amounts["retries"]},
+                             actor=actor, lease_generation=gen, event_type="model.called",
+                             extra={**call, "outcome": "ok", "usage": None, "latency_ms": latency})
+        return task, draft, True
+    result = provider.complete(messages, timeout=timeout, should_stop=lambda: _cancel_requested(task.pk),
+                               poll_seconds=conf["CANCEL_POLL_SECONDS"])
+    failpoint("model_call")
+    used, overrun = provider.cost(result, res.amounts)
+    task = budget_settle(
+        task_id=task.pk, reservation_id=res.id, used={**used, "retries": amounts["retries"]}, actor=actor,
+        lease_generation=gen, event_type="model.called",
+        extra={**call, "outcome": result.outcome, "http_status": result.http_status, "usage": result.usage,
+               "overrun": overrun, "latency_ms": result.latency_ms, "problems": result.problems,
+               "error": result.error, "output": (result.content or "")[:8000] if result.content else None,
+               "request_digest": sha256_json(messages)},
+    )
+    if result.outcome == "ok":
+        return task, _draft_from_output(task, result.output, provider.model), True
+    if result.outcome == "cancelled" or task.status in reducer.TERMINAL:
+        return task, None, False
+    if result.outcome == "error":
+        return _fail(task, lease, f"model_error: {result.error}"[:300]), None, False
+    if result.outcome in TRANSIENT:
+        _backoff(task, lease, result, attempt=m["calls"])
+    return task, None, True  # a re-ask (malformed) or a retry (transient), each admitted by the ledger
+
+
+def _backoff(task: Task, lease: Lease, result, *, attempt: int) -> None:
+    """Wait before retrying a model call: exponential with full jitter (or the server's
+    Retry-After), never past a third of the lease nor into the time the task needs to finish."""
+    import random
+    import time
+
+    conf = settings.FAULTDESK
+    wait = random.uniform(0, conf["RETRY_BACKOFF_BASE_SECONDS"] * 2 ** min(attempt, 6))  # noqa: S311 - jitter
+    if result.retry_after is not None:
+        wait = max(wait, result.retry_after)
+    left = (task.deadline_at - timezone.now()).total_seconds() - conf["ACTIVITY_CLEANUP_SECONDS"]
+    wait = min(wait, 60.0, conf["LEASE_SECONDS"] / 3, max(left, 0))
+    if wait > 0:
+        time.sleep(wait)
+
+
+def _draft_from_output(task: Task, output: dict, model: str) -> dict:
+    """The ticket draft from a parsed model reply: the model's content, with device, tenant,
+    requester and labels taken from the task's recorded state (the model cannot choose them)."""
+    device = task.state["device"]
+    labels = sorted({device["kind"], f"site:{device.get('site') or 'unknown'}", "faultdesk"})
+    ticket = {"title": output["title"], "description": output["description"], "priority": output["priority"],
+              "device": device["asset_tag"], "tenant": task.tenant.slug, "requester": task.requester.get_username(),
+              "labels": labels, "evidence": list(output["evidence"])}
+    return {"ticket": ticket, "alert_summary": output["alert_summary"],
+            "missing_information": list(output["missing_information"]), "model": model}
 
 
 def _bounds_exceeded(task: Task) -> str | None:
@@ -349,9 +535,14 @@ def _carried_over(task: Task, proposal: dict, decision) -> ApprovalRequest | Non
 
 
 def _v2(task: Task) -> bool:
-    """Is the task pinned to ``reducer/2`` (comments on an open ticket, conflicts, compensation)?
-    A ``reducer/1`` task keeps ``reducer/1``'s plan: always a new ticket."""
-    return (task.artifact_bundle or {}).get("reducer") == reducer_v2.VERSION
+    """Is the task pinned to ``reducer/2`` or later (comments on an open ticket, conflicts,
+    compensation)? A ``reducer/1`` task keeps ``reducer/1``'s plan: always a new ticket."""
+    return (task.artifact_bundle or {}).get("reducer") in reducer.V2_PLAN
+
+
+def _v3(task: Task) -> bool:
+    """Is the task pinned to ``reducer/3`` (the budget ledger and recorded model calls)?"""
+    return (task.artifact_bundle or {}).get("reducer") == reducer_v3.VERSION
 
 
 def _plan(state: dict, draft: dict) -> dict:

@@ -95,3 +95,38 @@ class Task(models.Model):
         or unknown) — also after a cancel, until the dispatcher or the reconciler settles it."""
         action = (self.state or {}).get("action")
         return bool(action) and action.get("status") in ("INTENDED", "UNKNOWN")
+
+
+class TenantUsage(models.Model):
+    """A tenant's ledger for one UTC day (issue 7 item 1; runtime-invariants.md §1.2: quotas per
+    run *and* per principal, so one tenant cannot exhaust the service).
+
+    Every ``reducer/3`` task event that moves the task's money or token ledger moves this row by
+    the same amounts, in the same transaction (:func:`apps.tasks.budget.tenant_ledger_apply`): a
+    reservation is admitted only while ``used + reserved`` stays within the tenant's daily quota
+    too. A task is charged to the day it was accepted, so its settlement lands where its
+    reservation did.
+    """
+
+    tenant = models.ForeignKey("accounts.Tenant", on_delete=models.CASCADE, related_name="usage_days")
+    day = models.DateField()
+    money_used = models.BigIntegerField(default=0)
+    money_reserved = models.BigIntegerField(default=0)
+    tokens_used = models.BigIntegerField(default=0)
+    tokens_reserved = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedManager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "day"], name="tenant_usage_day_uniq"),
+            models.CheckConstraint(condition=models.Q(money_reserved__gte=0, tokens_reserved__gte=0,
+                                                      money_used__gte=0, tokens_used__gte=0),
+                                   name="tenant_usage_non_negative"),
+        ]
+        ordering = ["-day"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.day}: money {self.money_used}+{self.money_reserved}, " \
+               f"tokens {self.tokens_used}+{self.tokens_reserved}"

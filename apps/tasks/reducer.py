@@ -368,8 +368,8 @@ def replay(events: list[tuple[str, dict]], *, start: dict | None = None) -> dict
 #: Reducer versions this build carries. A task without a pinned version is a ``reducer/1`` task.
 REDUCERS: dict[str, Callable[[dict, str, dict], dict]] = {REDUCER_VERSION: reduce}
 
-#: The version new tasks are pinned to (``reducer/2``, registered at the end of this module).
-CURRENT = "reducer/2"
+#: The version new tasks are pinned to (``reducer/3``, registered at the end of this module).
+CURRENT = "reducer/3"
 
 #: Explicit migrations: old version -> (target version, function mapping the old ``(type, payload)``
 #: event list to the target version's events). Empty while only ``reducer/1`` exists.
@@ -402,9 +402,14 @@ def migrate_events(version: str, events: list[tuple[str, dict]]) -> tuple[str, l
 
 
 def _register_v2() -> None:
-    from apps.tasks import reducer_v2
+    from apps.tasks import reducer_v2, reducer_v3
 
     REDUCERS[reducer_v2.VERSION] = reducer_v2.reduce
+    REDUCERS[reducer_v3.VERSION] = reducer_v3.reduce
+
+
+#: versions with ``reducer/2``'s plan (comments, conflicts, compensation) — ``reducer/3`` adds the ledger
+V2_PLAN = ("reducer/2", "reducer/3")
 
 
 _register_v2()

@@ -20,13 +20,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.accounts.api import Conflict, Forbidden, NotFound, Unprocessable
+from apps.accounts.api import Conflict, Forbidden, NotFound, QuotaExceeded, Unprocessable
 from apps.accounts.principal import Principal
 from apps.actions.digest import sha256_json
 from apps.actions.registry import TOOLS
 from apps.devices.selectors import device_get
 from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
-from apps.llm.drafter import LOCAL_MODEL_ID, PROMPT_TEMPLATE_VERSION
+from apps.llm.drafter import PROMPT_TEMPLATE_VERSION
 from apps.llm.parser import PARSER_VERSION
 from apps.tasks import reducer
 from apps.tasks.failpoints import failpoint
@@ -48,10 +48,10 @@ def worker_identity() -> str:
 def artifact_bundle_current() -> dict:
     """The artifact bundle pinned on a new task (spec §16.2: model, prompt template, tool
     schemas, controller and parser versions; plus the reducer version replay must use)."""
-    provider = settings.FAULTDESK["MODEL_PROVIDER"]
+    from apps.llm.providers import bundle_entries
+
     return {
-        "model_provider": provider,
-        "model": LOCAL_MODEL_ID if provider == "local" else provider,
+        **bundle_entries(settings.FAULTDESK),
         "prompt_template": PROMPT_TEMPLATE_VERSION,
         "tool_schemas": {name: contract.version for name, contract in TOOLS.items()},
         "controller": CONTROLLER_VERSION,
@@ -139,6 +139,10 @@ def task_append_event(
                     task_id=task.pk, seq=expected + 1, state=new_state, digest=_state_digest(new_state),
                     reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION),
                 )
+            if "limits" in new_state:
+                from apps.tasks.budget import tenant_ledger_apply
+
+                tenant_ledger_apply(task, task.state, new_state)  # BudgetExceeded rolls the event back
             if side_effects is not None:
                 side_effects(task, event)
             if new_state["status"] in reducer.TERMINAL and task.status not in reducer.TERMINAL:
@@ -259,6 +263,7 @@ def task_submit(
     now = timezone.now()
     try:
         with transaction.atomic():
+            _tenant_admits(principal.tenant_id)
             task = Task.objects.create(
                 tenant_id=principal.tenant_id,
                 requester_id=principal.user_id,
@@ -281,6 +286,8 @@ def task_submit(
                     "request": {**body, "asset_tag": device.asset_tag, "requester": principal.username,
                                 "tenant": principal.tenant_slug},
                     "budget_total": task.budget_total,
+                    "limits": {"tokens": conf["TASK_TOKEN_LIMIT"], "tool_calls": conf["TASK_TOOL_CALL_LIMIT"],
+                               "retries": conf["TASK_RETRY_LIMIT"]},
                     "deadline_at": task.deadline_at.isoformat(),
                     "artifact_bundle": task.artifact_bundle,
                 },
@@ -293,6 +300,27 @@ def task_submit(
         existing = Task.objects.visible_to(principal).get(request_key=request_key)
         return _same_key(existing, digest)
     return SubmitResult(task=task, created=True)
+
+
+def _tenant_admits(tenant_id: int) -> None:
+    """Per-tenant admission of a new request (issue 7 item 1): the tenant's row is locked, so
+    concurrent submits of one tenant are counted one after the other. Raises
+    :class:`QuotaExceeded` (429) when the tenant has ``max_active_tasks`` open requests, or has
+    used today's cost units or tokens."""
+    from apps.accounts.models import Tenant
+    from apps.tasks.budget import tenant_usage_today
+
+    tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
+    quota = tenant.quota()
+    active = Task.objects.for_tenant(tenant_id).exclude(status__in=reducer.TERMINAL).count()
+    if active >= quota["active_tasks"]:
+        raise QuotaExceeded(f"this tenant already has {active} open requests (limit {quota['active_tasks']}); "
+                            "wait for some to finish or cancel one", retry_after=60)
+    usage = tenant_usage_today(tenant)
+    for dim, words in (("money", "cost units"), ("tokens", "model tokens")):
+        if usage[dim]["used"] + usage[dim]["reserved"] >= usage[dim]["limit"]:
+            raise QuotaExceeded(f"this tenant has used today's {words} ({usage[dim]['limit']}); "
+                                "new requests are accepted again tomorrow (UTC)", retry_after=3600)
 
 
 def _same_key(existing: Task, digest: str) -> SubmitResult:
@@ -319,7 +347,8 @@ def compensation_due_q() -> Q:
     """Tasks a compensation is due for (``reducer/2``): cancelled, their ticket created anyway
     (a receipt of kind ticket: no ``kind`` key), and no compensation asked for yet. Terminal, yet
     still claimable by the agent, which asks for the compensation."""
-    return (Q(status=reducer.CANCELLED, artifact_bundle__reducer="reducer/2", state__compensation=None)
+    return (Q(status=reducer.CANCELLED, artifact_bundle__reducer__in=reducer.V2_PLAN,
+              state__compensation=None)
             & ~Q(state__receipt=None) & Q(state__receipt__kind__isnull=True))
 
 

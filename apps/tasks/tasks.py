@@ -55,10 +55,18 @@ def sweep_leases() -> int:
     a runnable task nobody has touched for a while (a lost broker message). Returns the count."""
     from django.conf import settings
 
-    from apps.tasks.sweeper import tasks_needing_work
+    from apps.tasks.budget import orphaned_reservations_release
+    from apps.tasks.sweeper import tasks_needing_work, tasks_with_orphaned_reservations
 
+    now = timezone.now()
     idle = timedelta(seconds=settings.FAULTDESK["SWEEPER_IDLE_SECONDS"])
-    ids = tasks_needing_work(now=timezone.now(), idle=idle)
+    ids = tasks_needing_work(now=now, idle=idle)
     for status, task_id in ids:
         (read_context if status == "RETRIEVING" else agent_step).delay(str(task_id))
-    return len(ids)
+    released = 0
+    for task_id in tasks_with_orphaned_reservations(now=now):
+        try:
+            released += orphaned_reservations_release(task_id=uuid.UUID(task_id))
+        except Exception:  # noqa: BLE001 - one task's trouble must not stop the sweep; retried next tick
+            log.exception("could not release the orphaned reservations of %s", task_id)
+    return len(ids) + released

@@ -249,11 +249,11 @@ class ReferenceTicketConnector(_HttpConnector):
             return self._update_receipt(resp.json(), replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
 
-    def get_ticket(self, *, external_id: str) -> dict | None:
+    def get_ticket(self, *, external_id: str, timeout: float | None = None) -> dict | None:
         """GET /tickets/{id} → the ticket JSON (with ``version``) or None when absent. Raises
         ``DefinitelyNotExecuted``/``OutcomeUnknown`` when the call fails, and the table's class for
-        any other status."""
-        resp = self._send("GET", f"/tickets/{quote(external_id, safe='')}", what="read")
+        any other status. ``timeout`` (seconds) is bounded by the caller's deadline."""
+        resp = self._send("GET", f"/tickets/{quote(external_id, safe='')}", what="read", timeout=timeout)
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:
@@ -357,12 +357,12 @@ class HelpdeskConnector(_HttpConnector):
         """The ticket created with ``idempotency_key`` (``ticket.create`` is the only tool here)."""
         return self.lookup_by_key(idempotency_key=idempotency_key)
 
-    def get_ticket(self, *, external_id: str) -> dict | None:
+    def get_ticket(self, *, external_id: str, timeout: float | None = None) -> dict | None:
         """The ticket JSON by id (bridge view), with ``idempotency_key`` set from
-        ``custom_faultdesk_key``; None when absent."""
+        ``custom_faultdesk_key``; None when absent. ``timeout`` as for the reference service."""
         if not external_id.isdigit():
             return None
-        resp = self._send("GET", f"/helpdesk/api/faultdesk/tickets/{external_id}/", what="read")
+        resp = self._send("GET", f"/helpdesk/api/faultdesk/tickets/{external_id}/", what="read", timeout=timeout)
         if resp.status_code == 404:
             return None
         if resp.status_code != 200:

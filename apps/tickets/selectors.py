@@ -11,14 +11,16 @@ from apps.tickets.models import TicketMirror
 OPEN_STATUSES = ("open", "in_progress")
 
 
-def open_ticket_read(*, tenant_id: int, device_id: int, connector: str) -> dict | None:
+def open_ticket_read(*, tenant_id: int, device_id: int, connector: str,
+                     timeout: float | None = None) -> dict | None:
     """The device's newest open ticket that faultdesk created in ``connector``, read again from the
     ticket system itself for its current version: ``{"connector", "external_id", "version",
     "status", "priority", "title"}``, or None when there is none, it is no longer open, or the
     ticket system has no conditional writes (a comment could not be made conditional on it).
 
     Raises the connector's :class:`~apps.actions.errors.ToolError` when the ticket system cannot be
-    read (the caller retries later; it never guesses)."""
+    read (the caller retries later; it never guesses). ``timeout`` (seconds): the caller's
+    deadline-bounded budget for the read (default: the connector's own)."""
     if not CONNECTORS[connector].supports_conditional_writes:
         return None
     # A ticket whose request was cancelled may be about to be closed (its compensation): it takes a
@@ -30,7 +32,7 @@ def open_ticket_read(*, tenant_id: int, device_id: int, connector: str) -> dict 
               .order_by("-updated_at").first())
     if mirror is None:
         return None
-    ticket = connector_for("ticket.comment", connector).get_ticket(external_id=mirror.external_id)
+    ticket = connector_for("ticket.comment", connector).get_ticket(external_id=mirror.external_id, timeout=timeout)
     if ticket is None or ticket.get("status") not in OPEN_STATUSES:
         if ticket is not None and ticket.get("version", 0) > mirror.external_version:
             TicketMirror.objects.for_tenant(tenant_id).filter(

@@ -167,6 +167,19 @@ FAULTDESK = {
     # Task defaults (DESIGN.md §1 step 1, §8)
     "TASK_DEADLINE_SECONDS": env.int("FAULTDESK_TASK_DEADLINE_SECONDS", default=3600),
     "TASK_BUDGET_UNITS": env.int("FAULTDESK_TASK_BUDGET_UNITS", default=100),
+    # The ledger's other limits per task (reducer/3): model tokens, tool calls, retries + re-asks.
+    "TASK_TOKEN_LIMIT": env.int("FAULTDESK_TASK_TOKEN_LIMIT", default=60000),
+    "TASK_TOOL_CALL_LIMIT": env.int("FAULTDESK_TASK_TOOL_CALL_LIMIT", default=40),
+    "TASK_RETRY_LIMIT": env.int("FAULTDESK_TASK_RETRY_LIMIT", default=8),
+    # Per-tenant quotas on top (a tenant may override each on its admin page): cost units and model
+    # tokens per UTC day (charged to the day a task was accepted), and open tasks at a time.
+    "TENANT_DAILY_BUDGET_UNITS": env.int("FAULTDESK_TENANT_DAILY_BUDGET_UNITS", default=200000),
+    "TENANT_DAILY_TOKEN_LIMIT": env.int("FAULTDESK_TENANT_DAILY_TOKEN_LIMIT", default=50000000),
+    "TENANT_MAX_ACTIVE_TASKS": env.int("FAULTDESK_TENANT_MAX_ACTIVE_TASKS", default=2000),
+    # Deadline propagation: an activity gets at most (deadline - now - this), and none below the
+    # minimum — the time to persist its result and clean up.
+    "ACTIVITY_CLEANUP_SECONDS": env.float("FAULTDESK_ACTIVITY_CLEANUP_SECONDS", default=5.0),
+    "ACTIVITY_MIN_SECONDS": env.float("FAULTDESK_ACTIVITY_MIN_SECONDS", default=1.0),
     "RETRIEVAL_TOP_K": env.int("FAULTDESK_RETRIEVAL_TOP_K", default=5),
     "SNAPSHOT_EVERY": env.int("FAULTDESK_SNAPSHOT_EVERY", default=20),
     # Bounds against runaway work (issue 3): each ends in an explicit decision with a reason.
@@ -179,6 +192,19 @@ FAULTDESK = {
     "SWEEPER_IDLE_SECONDS": env.int("FAULTDESK_SWEEPER_IDLE_SECONDS", default=10),
     # Model layer (DESIGN.md §10): the local deterministic drafter needs no network.
     "MODEL_PROVIDER": env("FAULTDESK_MODEL_PROVIDER", default="local"),
+    # openai_compatible: any chat-completions endpoint with JSON-schema structured output. The key
+    # is injected by the provider and never recorded; base URL and model are pinned on each task.
+    "MODEL_BASE_URL": env("FAULTDESK_MODEL_BASE_URL", default="http://127.0.0.1:8767/v1"),
+    "MODEL_API_KEY": env("FAULTDESK_MODEL_API_KEY", default="faultdesk-model-dev-key"),
+    "MODEL_NAME": env("FAULTDESK_MODEL_NAME", default="scripted-model"),
+    "MODEL_TIMEOUT_SECONDS": env.float("FAULTDESK_MODEL_TIMEOUT_SECONDS", default=30.0),
+    "MODEL_MAX_OUTPUT_TOKENS": env.int("FAULTDESK_MODEL_MAX_OUTPUT_TOKENS", default=1200),
+    # cost units per 1,000 tokens (prompt and completion alike; the reservation prices its cap)
+    "MODEL_UNITS_PER_1K_TOKENS": env.float("FAULTDESK_MODEL_UNITS_PER_1K_TOKENS", default=1.0),
+    # malformed output: re-asks of one draft before the task fails with a clear reason
+    "MODEL_MAX_REASKS": env.int("FAULTDESK_MODEL_MAX_REASKS", default=2),
+    # how often a worker waiting on a model call checks whether its task was cancelled
+    "CANCEL_POLL_SECONDS": env.float("FAULTDESK_CANCEL_POLL_SECONDS", default=0.25),
     "EMBEDDING_MODEL": "all-MiniLM-L6-v2",
     # Exponential backoff with full jitter for retries and re-sends: base · 2^attempt, capped at 60 s.
     "RETRY_BACKOFF_BASE_SECONDS": env.float("FAULTDESK_RETRY_BACKOFF_BASE_SECONDS", default=1.0),

@@ -1,0 +1,262 @@
+"""Model providers (issue 7 item 4; DESIGN.md §10; spec §16.5, long-task-runtime.md "预算").
+
+Two providers draft a ticket from the recorded context:
+
+* ``local`` (the default): the deterministic rules-based drafter of :mod:`apps.llm.drafter`. It
+  costs nothing and needs no network.
+* ``openai_compatible``: any chat-completions endpoint (OpenAI, vLLM, Ollama, llama.cpp server) with
+  JSON-schema structured output. The provider makes exactly one HTTP attempt per call; the
+  controller decides retries and re-asks, each as its own reservation in the task's ledger, so no
+  layer retries on its own outside the budget and the deadline.
+
+A call's cost cannot exceed its reservation (``c ≤ r``): the reservation prices an upper bound of
+the prompt's tokens (each token is at least one UTF-8 byte, plus a per-message overhead and the
+schema) plus ``max_tokens``, which caps generation. Usage the server reports above that bound is
+recorded as an overrun and charged at the bound. A call whose usage is unknown (a timeout, a
+cancel, a dropped connection after the request was sent) is charged the whole reservation; one the
+server refused before doing any work (429, 5xx, no connection) is charged nothing.
+
+The model only proposes content (title, description, priority, alert summary, cited evidence ids,
+missing information). Device, tenant, requester and labels come from the task's recorded state;
+the tool, its target and its approval are the controller's and the policy's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import jsonschema
+
+from apps.llm.drafter import LOCAL_MODEL_ID
+
+LOCAL = "local"
+OPENAI_COMPATIBLE = "openai_compatible"
+PROVIDERS = (LOCAL, OPENAI_COMPATIBLE)
+
+#: version of :func:`model_output_parse`, pinned in the artifact bundle
+OUTPUT_PARSER_VERSION = "model-output-parser/1"
+
+#: what the model must return (strict structured output)
+MODEL_OUTPUT_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["title", "description", "priority", "alert_summary", "evidence", "missing_information"],
+    "properties": {
+        "title": {"type": "string", "minLength": 5, "maxLength": 200},
+        "description": {"type": "string", "minLength": 10, "maxLength": 8000},
+        "priority": {"enum": ["P1", "P2", "P3", "P4"]},
+        "alert_summary": {"type": "string", "maxLength": 1000},
+        "evidence": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5},
+        "missing_information": {"type": "array", "items": {"type": "string", "maxLength": 500}, "maxItems": 5},
+    },
+}
+_SCHEMA_TEXT = json.dumps(MODEL_OUTPUT_SCHEMA, separators=(",", ":"))
+_MESSAGE_OVERHEAD_TOKENS = 8
+_REQUEST_OVERHEAD_TOKENS = 32
+
+#: outcomes after which the server did no billable work
+NOT_PROCESSED = ("rate_limited", "unavailable")
+#: outcomes worth another attempt (each a new reservation with one retry)
+TRANSIENT = ("rate_limited", "unavailable", "timeout")
+
+
+def model_output_parse(content: str | None) -> tuple[dict | None, list[str]]:
+    """Parse a reply's content: JSON, then :data:`MODEL_OUTPUT_SCHEMA`. Returns ``(output, [])`` or
+    ``(None, problems)`` with each problem as ``"path: message"``."""
+    if content is None or not content.strip():
+        return None, ["(root): the reply is empty"]
+    try:
+        value = json.loads(content)
+    except json.JSONDecodeError as exc:
+        return None, [f"(root): not JSON ({exc.msg} at character {exc.pos})"]
+    problems = [f"{'/'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}"
+                for err in jsonschema.Draft202012Validator(MODEL_OUTPUT_SCHEMA).iter_errors(value)]
+    return (value, []) if not problems else (None, problems[:10])
+
+
+@dataclass
+class CallResult:
+    """One model call. ``outcome`` is one of ``ok``, ``malformed``, ``rate_limited``,
+    ``unavailable``, ``timeout``, ``cancelled``, ``error``. ``usage`` is
+    ``{"prompt_tokens", "completion_tokens"}`` as the server reported it, or None when unknown.
+    ``output`` is the parsed reply (``ok`` only), ``content`` the raw text."""
+
+    outcome: str
+    content: str | None = None
+    output: dict | None = None
+    problems: list[str] = field(default_factory=list)
+    usage: dict | None = None
+    latency_ms: int = 0
+    http_status: int | None = None
+    retry_after: float | None = None
+    error: str | None = None
+
+
+class OpenAICompatibleProvider:
+    """Chat completions with JSON-schema structured output at ``base_url`` (e.g.
+    ``http://127.0.0.1:8767/v1``). ``api_key`` is injected here and never recorded.
+    ``units_per_1k`` prices tokens in the ledger's cost units."""
+
+    name = OPENAI_COMPATIBLE
+
+    def __init__(self, *, base_url: str, model: str, api_key: str, max_output_tokens: int, units_per_1k: float):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.max_output_tokens = int(max_output_tokens)
+        self.units_per_1k = float(units_per_1k)
+
+    # --- the ledger -----------------------------------------------------------------------------
+    def prompt_token_bound(self, messages: list[dict]) -> int:
+        """An upper bound of the prompt's tokens: UTF-8 bytes of every message and of the schema,
+        plus per-message and per-request overheads (a token covers at least one byte)."""
+        size = sum(len(m["content"].encode()) + _MESSAGE_OVERHEAD_TOKENS for m in messages)
+        return size + len(_SCHEMA_TEXT.encode()) + _REQUEST_OVERHEAD_TOKENS
+
+    def units(self, tokens: int) -> int:
+        """Cost units of ``tokens`` (rounded up)."""
+        return math.ceil(tokens * self.units_per_1k / 1000)
+
+    def reservation(self, messages: list[dict]) -> dict:
+        """``{"tokens", "money"}`` to reserve for one call with ``messages``: the prompt bound
+        plus ``max_tokens``, and its price."""
+        tokens = self.prompt_token_bound(messages) + self.max_output_tokens
+        return {"tokens": tokens, "money": self.units(tokens)}
+
+    def cost(self, result: CallResult, reserved: dict) -> tuple[dict, dict | None]:
+        """``(used, overrun)``: what ``result`` is charged — at most ``reserved`` per dimension —
+        and, when the server reported more tokens than the bound, the overrun it reported."""
+        if result.outcome in NOT_PROCESSED or (result.outcome == "error" and result.http_status is not None):
+            return {"tokens": 0, "money": 0}, None
+        if result.usage is None:
+            return {"tokens": reserved["tokens"], "money": reserved["money"]}, None  # unknown: the worst case
+        reported = int(result.usage.get("prompt_tokens", 0)) + int(result.usage.get("completion_tokens", 0))
+        tokens = min(reported, reserved["tokens"])
+        overrun = {"reported_tokens": reported, "reserved_tokens": reserved["tokens"]} \
+            if reported > reserved["tokens"] else None
+        return {"tokens": tokens, "money": min(self.units(tokens), reserved["money"])}, overrun
+
+    # --- the call -------------------------------------------------------------------------------
+    def request_body(self, messages: list[dict]) -> dict:
+        return {
+            "model": self.model, "messages": messages, "temperature": 0, "max_tokens": self.max_output_tokens,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "ticket_draft", "strict": True,
+                                                "schema": MODEL_OUTPUT_SCHEMA}},
+        }
+
+    def complete(self, messages: list[dict], *, timeout: float,
+                 should_stop: Callable[[], bool] | None = None, poll_seconds: float = 0.25) -> CallResult:
+        """One HTTP attempt, at most ``timeout`` seconds. While it runs, ``should_stop()`` is asked
+        every ``poll_seconds``; when it says True the call is abandoned (``cancelled``; the
+        request may still complete at the server, so its usage is unknown)."""
+        box: dict = {}
+        started = time.monotonic()
+
+        def run() -> None:
+            try:
+                with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0))) as client:
+                    box["response"] = client.post(f"{self.base_url}/chat/completions",
+                                                  json=self.request_body(messages),
+                                                  headers={"Authorization": f"Bearer {self.api_key}"})
+            except Exception as exc:  # noqa: BLE001 - classified below
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name="model-call", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(poll_seconds)
+            if worker.is_alive() and should_stop is not None and should_stop():
+                return CallResult(outcome="cancelled", latency_ms=_ms(started),
+                                  error="the task was cancelled while the model call was in flight")
+        latency = _ms(started)
+        if "error" in box:
+            return _transport_failure(box["error"], latency)
+        return _classify(box["response"], latency)
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def _transport_failure(exc: Exception, latency: int) -> CallResult:
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return CallResult(outcome="unavailable", latency_ms=latency, error=f"no connection: {exc}"[:300])
+    if isinstance(exc, httpx.TimeoutException):
+        return CallResult(outcome="timeout", latency_ms=latency, error=f"timed out: {type(exc).__name__}")
+    # the request may have been sent: usage unknown
+    return CallResult(outcome="timeout", latency_ms=latency, error=f"transport error: {exc}"[:300])
+
+
+def _classify(response: httpx.Response, latency: int) -> CallResult:
+    status = response.status_code
+    retry_after = None
+    if "retry-after" in response.headers:
+        try:
+            retry_after = float(response.headers["retry-after"])
+        except ValueError:
+            retry_after = None
+    if status == 429:
+        return CallResult(outcome="rate_limited", http_status=status, latency_ms=latency, retry_after=retry_after,
+                          error=response.text[:300])
+    if status >= 500:
+        return CallResult(outcome="unavailable", http_status=status, latency_ms=latency, retry_after=retry_after,
+                          error=response.text[:300])
+    if status != 200:
+        return CallResult(outcome="error", http_status=status, latency_ms=latency,
+                          error=f"HTTP {status}: {response.text[:300]}")
+    try:
+        body = response.json()
+        choice = body["choices"][0]
+        message = choice["message"]
+        usage = body.get("usage")
+        usage = {"prompt_tokens": int(usage.get("prompt_tokens", 0)),
+                 "completion_tokens": int(usage.get("completion_tokens", 0))} if isinstance(usage, dict) else None
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        return CallResult(outcome="malformed", http_status=status, latency_ms=latency,
+                          problems=[f"(response): not a chat completion ({type(exc).__name__})"])
+    content = message.get("content")
+    if message.get("refusal"):
+        return CallResult(outcome="malformed", http_status=status, latency_ms=latency, usage=usage,
+                          content=content, problems=[f"(root): the model refused: {message['refusal'][:200]}"])
+    if choice.get("finish_reason") == "length":
+        return CallResult(outcome="malformed", http_status=status, latency_ms=latency, usage=usage, content=content,
+                          problems=["(root): the reply was cut off at max_tokens"])
+    output, problems = model_output_parse(content)
+    return CallResult(outcome="ok" if output is not None else "malformed", http_status=status, latency_ms=latency,
+                      usage=usage, content=content, output=output, problems=problems)
+
+
+def provider_for(bundle: dict, conf: dict) -> OpenAICompatibleProvider | None:
+    """The provider pinned in a task's artifact ``bundle``: None for ``local``; the
+    OpenAI-compatible provider at the pinned base URL and model otherwise (the API key and price
+    come from ``conf``, settings.FAULTDESK). Raises ValueError for an unknown provider."""
+    name = bundle.get("model_provider", LOCAL)
+    if name == LOCAL:
+        return None
+    if name != OPENAI_COMPATIBLE:
+        raise ValueError(f"unknown model provider {name!r}")
+    return OpenAICompatibleProvider(
+        base_url=bundle["model_base_url"], model=bundle["model"], api_key=conf["MODEL_API_KEY"],
+        max_output_tokens=bundle.get("max_output_tokens", conf["MODEL_MAX_OUTPUT_TOKENS"]),
+        units_per_1k=bundle.get("units_per_1k_tokens", conf["MODEL_UNITS_PER_1K_TOKENS"]),
+    )
+
+
+def bundle_entries(conf: dict) -> dict:
+    """The model part of a new task's artifact bundle (provider, model, base URL, output cap,
+    price, output parser). Raises ValueError for an unknown provider."""
+    name = conf["MODEL_PROVIDER"]
+    if name == LOCAL:
+        return {"model_provider": LOCAL, "model": LOCAL_MODEL_ID}
+    if name != OPENAI_COMPATIBLE:
+        raise ValueError(f"FAULTDESK_MODEL_PROVIDER must be one of {PROVIDERS}, not {name!r}")
+    return {"model_provider": OPENAI_COMPATIBLE, "model": conf["MODEL_NAME"],
+            "model_base_url": conf["MODEL_BASE_URL"], "max_output_tokens": conf["MODEL_MAX_OUTPUT_TOKENS"],
+            "units_per_1k_tokens": conf["MODEL_UNITS_PER_1K_TOKENS"], "output_parser": OUTPUT_PARSER_VERSION}

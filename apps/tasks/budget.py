@@ -1,0 +1,213 @@
+"""The budget ledger's writes and deadline propagation (issue 7 items 1–2; DESIGN.md §8; spec §16.5
+"预留避免并行超支", runtime-invariants.md §1.2).
+
+A task's ledger lives in its event-sourced state (``reducer/3``): ``budget`` (cost units ``B, U,
+R``) and ``limits`` (tokens, tool calls, retries). Every change is an event, so the ledger always
+equals the replay of the log, and the trace shows the budget over time.
+
+Writers here lock the task row (``SELECT … FOR UPDATE``) and append with the usual CAS, so
+reservations from many processes against one task serialize on that row and none is lost to a
+CAS retry. The check ``U + R + r ≤ B`` is made three times: here (to name the limit), by δ (the
+event is refused), and by the task row's ``CHECK`` constraint. The tenant's day row moves in the
+same transaction (:func:`tenant_ledger_apply`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.tasks import reducer, reducer_v3
+from apps.tasks.models import Task, TenantUsage
+
+
+class BudgetExceeded(Exception):
+    """A reservation was not admitted: ``dimension`` (``money``, ``tokens``, ``tool_calls``,
+    ``retries``) would pass its limit. ``scope`` is ``"task"`` or ``"tenant"``."""
+
+    def __init__(self, dimension: str, requested: int, available: int, scope: str = "task"):
+        super().__init__(f"{scope} {dimension}: requested {requested}, {max(available, 0)} left")
+        self.dimension, self.requested, self.available, self.scope = dimension, requested, available, scope
+
+    @property
+    def reason(self) -> str:
+        """The termination reason of a task stopped by this limit."""
+        what = "tenant_quota_exhausted" if self.scope == "tenant" else "budget_exhausted"
+        return f"{what}: {self}"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """An admitted reservation: its id, the amounts reserved, the activity's timeout (seconds)."""
+
+    id: str
+    amounts: dict
+    timeout_s: float | None
+
+
+def _locked(task_id: uuid.UUID) -> Task:
+    return Task.objects.select_for_update().select_related("tenant").get(pk=task_id)
+
+
+def _append(task: Task, event_type: str, payload: dict, actor: str, lease_generation: int | None) -> Task:
+    from apps.tasks.services import task_append_event
+
+    return task_append_event(task=task, event_type=event_type, payload=payload, actor=actor,
+                             lease_generation=lease_generation)
+
+
+def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: str,
+                   lease_generation: int | None = None, timeout_s: float | None = None) -> tuple[Task, Reservation]:
+    """Admit an activity by reserving ``amounts`` (``{"money", "tokens", "tool_calls", "retries"}``,
+    non-negative ints; missing ones are 0) on task ``task_id``: one ``budget.reserved`` event,
+    atomic with the tenant's day row.
+
+    Returns ``(task, reservation)``. Raises :class:`BudgetExceeded` (nothing written) when any
+    dimension of the task or of its tenant's daily quota would pass its limit;
+    :class:`~apps.tasks.reducer.IllegalTransition` when the task may not start activities now
+    (e.g. cancelled); :class:`~apps.tasks.services.StaleWrite` when ``lease_generation`` is no
+    longer the task's fencing token.
+    """
+    amounts = {d: int(amounts.get(d, 0)) for d in reducer_v3.DIMENSIONS}
+    rid = str(uuid.uuid4())
+    with transaction.atomic():
+        task = _locked(task_id)
+        if task.status in (reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING):
+            room = reducer_v3.headroom(task.state)
+            for dim in reducer_v3.DIMENSIONS:
+                if amounts[dim] > room[dim]:
+                    raise BudgetExceeded(dim, amounts[dim], room[dim])
+        payload = {"reservation_id": rid, "activity": activity, "amounts": amounts,
+                   "generation": lease_generation, "timeout_s": timeout_s,
+                   "reserved_at": timezone.now().isoformat()}
+        task = _append(task, "budget.reserved", payload, actor, lease_generation)
+    return task, Reservation(id=rid, amounts=amounts, timeout_s=timeout_s)
+
+
+def budget_settle(*, task_id: uuid.UUID, reservation_id: str, used: dict, actor: str,
+                  lease_generation: int | None = None, event_type: str = "budget.settled",
+                  extra: dict | None = None) -> Task:
+    """Settle a reservation at its real cost ``used`` (per dimension ``0 ≤ c ≤ r``): ``U += c,
+    R -= r``. ``event_type`` is ``budget.settled`` or ``model.called`` (whose ``extra`` payload
+    records the call). Legal after a cancel too: the cost happened.
+
+    Raises :class:`~apps.tasks.reducer.IllegalTransition` (recorded as refused) when the
+    reservation is no longer open — a late result whose reservation was released — or ``c > r``;
+    :class:`~apps.tasks.services.StaleWrite` when the fencing token moved on.
+    """
+    payload = {**(extra or {}), "reservation_id": reservation_id,
+               "used": {d: int(used.get(d, 0)) for d in reducer_v3.DIMENSIONS},
+               "settled_at": timezone.now().isoformat()}
+    with transaction.atomic():
+        return _append(_locked(task_id), event_type, payload, actor, lease_generation)
+
+
+def budget_release(*, task_id: uuid.UUID, reservation_ids: list[str], reason: str, actor: str,
+                   lease_generation: int | None = None) -> Task:
+    """Release unused reservations (``R -= r``): one ``budget.released`` event. Ids no longer
+    open are skipped; with none left, nothing is written. Returns the task."""
+    with transaction.atomic():
+        task = _locked(task_id)
+        open_ids = [rid for rid in reservation_ids if rid in (task.state.get("reservations") or {})]
+        if not open_ids:
+            return task
+        return _append(task, "budget.released", {"reservation_ids": open_ids, "reason": reason[:300]},
+                       actor, lease_generation)
+
+
+def stale_reservations(task: Task, generation: int) -> list[str]:
+    """Open reservations made under an older lease than ``generation``: their worker lost the
+    lease (it died or was fenced), so nobody will settle them."""
+    return [rid for rid, r in (task.state.get("reservations") or {}).items()
+            if r.get("generation") is not None and r["generation"] < generation]
+
+
+def orphaned_reservations_release(*, task_id: uuid.UUID) -> bool:
+    """The sweeper's release for a task nobody holds a lease on (free or expired) that still has
+    open reservations — e.g. cancelled while a worker that then died was calling the model.
+    Returns True when it released something."""
+    now = timezone.now()
+    with transaction.atomic():
+        task = _locked(task_id)
+        held = task.lease_owner is not None and task.lease_expires_at is not None and task.lease_expires_at >= now
+        ids = list((task.state or {}).get("reservations") or {})
+        if held or not ids:
+            return False
+        _append(task, "budget.released", {"reservation_ids": ids,
+                                          "reason": "the activity's worker lost its lease without settling"},
+                "sweeper", None)
+    return True
+
+
+# --- the tenant's day ledger ------------------------------------------------------------------------
+
+def _day(task: Task) -> datetime.date:
+    created = task.created_at or timezone.now()
+    return created.astimezone(UTC).date()
+
+
+def tenant_ledger_apply(task: Task, old: dict, new: dict) -> None:
+    """Move the tenant's day row (:class:`~apps.tasks.models.TenantUsage`) by the change from
+    ``old`` to ``new`` in the task's money and token ledgers. Called inside the event's
+    transaction. Raises :class:`BudgetExceeded` (scope ``tenant``) when ``used + reserved``
+    would grow past the tenant's daily quota; the event's transaction then rolls back."""
+    if "limits" not in new:
+        return
+    def acct(state: dict, dim: str) -> dict:
+        if dim == "money":
+            return state["budget"]
+        return (state.get("limits") or {}).get(dim) or {"used": 0, "reserved": 0}
+
+    deltas = {dim: (acct(new, dim)["used"] - acct(old, dim)["used"],
+                    acct(new, dim)["reserved"] - acct(old, dim)["reserved"]) for dim in ("money", "tokens")}
+    if not any(any(pair) for pair in deltas.values()):
+        return
+    day = _day(task)
+    TenantUsage.objects.bulk_create([TenantUsage(tenant_id=task.tenant_id, day=day)], ignore_conflicts=True)
+    rows = TenantUsage.objects.for_tenant(task.tenant_id).filter(day=day)
+    quota = task.tenant.quota()
+    for dim, (d_used, d_reserved) in deltas.items():
+        growth = d_used + d_reserved
+        if growth > 0:
+            rows = rows.filter(**{f"{dim}_used__lte": quota[dim] - growth - F(f"{dim}_reserved")})
+    updated = rows.update(money_used=F("money_used") + deltas["money"][0],
+                          money_reserved=F("money_reserved") + deltas["money"][1],
+                          tokens_used=F("tokens_used") + deltas["tokens"][0],
+                          tokens_reserved=F("tokens_reserved") + deltas["tokens"][1],
+                          updated_at=timezone.now())
+    if updated != 1:
+        row = TenantUsage.objects.for_tenant(task.tenant_id).get(day=day)
+        for dim, (d_used, d_reserved) in deltas.items():
+            left = quota[dim] - getattr(row, f"{dim}_used") - getattr(row, f"{dim}_reserved")
+            if d_used + d_reserved > left:
+                raise BudgetExceeded(dim, d_used + d_reserved, left, scope="tenant")
+        raise BudgetExceeded("money", deltas["money"][0] + deltas["money"][1], 0, scope="tenant")
+
+
+def tenant_usage_today(tenant) -> dict:
+    """``{"day", "money": {"limit", "used", "reserved"}, "tokens": {...}}`` for ``tenant`` today."""
+    day = timezone.now().astimezone(UTC).date()
+    row = TenantUsage.objects.for_tenant(tenant.pk).filter(day=day).first()
+    quota = tenant.quota()
+    return {"day": day.isoformat(), **{dim: {"limit": quota[dim], "used": getattr(row, f"{dim}_used", 0),
+                                             "reserved": getattr(row, f"{dim}_reserved", 0)}
+                                       for dim in ("money", "tokens")}}
+
+
+# --- deadline propagation -----------------------------------------------------------------------------
+
+def activity_timeout(task: Task, *, wanted: float, now: datetime | None = None) -> float | None:
+    """The timeout (seconds) a child activity of ``task`` may have: at most ``wanted`` and at most
+    the task's remaining time minus ``ACTIVITY_CLEANUP_SECONDS`` (to persist the result and clean
+    up). None when less than ``ACTIVITY_MIN_SECONDS`` would be left: the activity must not start."""
+    conf = settings.FAULTDESK
+    now = now or timezone.now()
+    remaining = (task.deadline_at - now).total_seconds() - conf["ACTIVITY_CLEANUP_SECONDS"]
+    timeout = min(float(wanted), remaining)
+    return round(timeout, 3) if timeout >= conf["ACTIVITY_MIN_SECONDS"] else None
