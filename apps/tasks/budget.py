@@ -62,6 +62,18 @@ def _append(task: Task, event_type: str, payload: dict, actor: str, lease_genera
                              lease_generation=lease_generation)
 
 
+def _recorded_if_refused(task_id: uuid.UUID, event_type: str, payload: dict, actor: str,
+                         lease_generation: int | None, exc: reducer.IllegalTransition) -> None:
+    """δ refused the event inside this module's transaction (or savepoint), whose rollback took
+    the refusal's record with it: record it again now."""
+    from apps.tasks.services import refused_event_record
+
+    task = Task.objects.filter(pk=task_id).first()
+    if task is not None:
+        refused_event_record(task=task, event_type=event_type, payload=payload, reason=exc.reason, actor=actor,
+                             lease_generation=lease_generation)
+
+
 def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: str,
                    lease_generation: int | None = None, timeout_s: float | None = None) -> tuple[Task, Reservation]:
     """Admit an activity by reserving ``amounts`` (``{"money", "tokens", "tool_calls", "retries"}``,
@@ -86,7 +98,16 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
         payload = {"reservation_id": rid, "activity": activity, "amounts": amounts,
                    "generation": lease_generation, "timeout_s": timeout_s,
                    "reserved_at": timezone.now().isoformat()}
-        task = _append(task, "budget.reserved", payload, actor, lease_generation)
+        try:
+            task = _append(task, "budget.reserved", payload, actor, lease_generation)
+        except reducer.IllegalTransition as exc:
+            transaction.set_rollback(True)
+            refused = exc
+        else:
+            refused = None
+    if refused is not None:
+        _recorded_if_refused(task_id, "budget.reserved", payload, actor, lease_generation, refused)
+        raise refused
     return task, Reservation(id=rid, amounts=amounts, timeout_s=timeout_s)
 
 
@@ -104,8 +125,12 @@ def budget_settle(*, task_id: uuid.UUID, reservation_id: str, used: dict, actor:
     payload = {**(extra or {}), "reservation_id": reservation_id,
                "used": {d: int(used.get(d, 0)) for d in reducer_v3.DIMENSIONS},
                "settled_at": timezone.now().isoformat()}
-    with transaction.atomic():
-        return _append(_locked(task_id), event_type, payload, actor, lease_generation)
+    try:
+        with transaction.atomic():
+            return _append(_locked(task_id), event_type, payload, actor, lease_generation)
+    except reducer.IllegalTransition as exc:
+        _recorded_if_refused(task_id, event_type, payload, actor, lease_generation, exc)
+        raise
 
 
 def budget_release(*, task_id: uuid.UUID, reservation_ids: list[str], reason: str, actor: str,
