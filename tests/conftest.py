@@ -93,6 +93,20 @@ def refservice(tmp_path, settings):
     server.shutdown()
 
 
+@pytest.fixture
+def model_server(settings):
+    """The scripted model server as a real HTTP server on loopback, with new tasks pinned to the
+    ``openai_compatible`` provider pointing at it. ``model_server.set_script([...])`` scripts it."""
+    from apps.llm.scripted_server import serve_in_thread
+
+    server = serve_in_thread("127.0.0.1", 0, api_key="test-model-key")
+    settings.FAULTDESK = {**settings.FAULTDESK, "MODEL_PROVIDER": "openai_compatible", "MODEL_BASE_URL": server.url,
+                          "MODEL_API_KEY": "test-model-key", "MODEL_NAME": "scripted-model",
+                          "MODEL_TIMEOUT_SECONDS": 5.0, "CANCEL_POLL_SECONDS": 0.05}
+    yield server
+    server.shutdown()
+
+
 class RefAdmin:
     """Test-side client of the reference service's admin endpoints."""
 
