@@ -49,6 +49,10 @@ def helpdesk_port() -> int:
     return int(os.environ.get("HELPDESK_PORT", "8766"))
 
 
+def model_port() -> int:
+    return int(os.environ.get("MODEL_PORT", "8767"))
+
+
 HELPDESK_VAR = VAR_DIR / "helpdesk"
 
 
@@ -63,6 +67,8 @@ def _env() -> dict[str, str]:
     env.setdefault("REFSERVICE_WEBHOOK_URL", f"http://127.0.0.1:{web_port()}/webhooks/reference/")
     env.setdefault("HELPDESK_URL", f"http://127.0.0.1:{helpdesk_port()}")
     env.setdefault("HELPDESK_API_TOKEN", "faultdeskhelpdeskdevtoken000000000000000")
+    # The scripted model server (make up runs it) for FAULTDESK_MODEL_PROVIDER=openai_compatible.
+    env.setdefault("FAULTDESK_MODEL_BASE_URL", f"http://127.0.0.1:{model_port()}/v1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -79,6 +85,8 @@ def programs() -> dict[str, str]:
         "beat": f"{celery} beat --loglevel INFO -s {RUN / 'celerybeat-schedule'} --pidfile=",
         "refservice": f"{sys.executable} -m apps.tickets.refservice --host 127.0.0.1 --port {refservice_port()} "
                       f"--db {VAR_DIR / 'refservice' / 'tickets.sqlite3'}",
+        # the scripted OpenAI-compatible model server (there is no hosted model here)
+        "model": f"{sys.executable} -m apps.llm.scripted_server --host 127.0.0.1 --port {model_port()}",
         # django-helpdesk, the second ticket system: its own project, settings and SQLite file.
         "helpdesk": " ".join(helpdesk_site.gunicorn_command(helpdesk_port())),
     }
@@ -89,7 +97,8 @@ def write_supervisor_conf() -> None:
     keep = ("DJANGO_SETTINGS_MODULE", "REFSERVICE_URL", "REFSERVICE_API_KEY", "FAULTDESK_PUBLIC_BASE_URL",
             "REFSERVICE_WEBHOOK_SECRET", "REFSERVICE_WEBHOOK_URL",
             "PYTHONUNBUFFERED", "DATABASE_URL", "REDIS_URL", "PATH", "HOME", "DJANGO_SECRET_KEY",
-            "FAULTDESK_MODEL_PROVIDER", "HELPDESK_URL", "HELPDESK_API_TOKEN")
+            "FAULTDESK_MODEL_PROVIDER", "FAULTDESK_MODEL_BASE_URL", "FAULTDESK_MODEL_API_KEY", "FAULTDESK_MODEL_NAME",
+            "HELPDESK_URL", "HELPDESK_API_TOKEN")
     env_line = ",".join(f'{k}="{env[k]}"' for k in keep if k in env)
     # The helpdesk is another Django project: its own settings module and var directory.
     helpdesk_env = helpdesk_site.helpdesk_env(HELPDESK_VAR)

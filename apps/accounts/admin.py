@@ -9,12 +9,20 @@ from apps.accounts.models import Membership, Tenant
 @admin.register(Tenant)
 class TenantAdmin(TenantScopedAdmin):
     tenant_path = "pk"
-    list_display = ("slug", "name", "ticket_system", "created_at")
+    list_display = ("slug", "name", "ticket_system", "daily_budget_units", "daily_token_limit", "max_active_tasks",
+                    "created_at")
     search_fields = ("slug", "name")
 
     def has_add_permission(self, request):
         """Only a platform superuser (a member of no tenant) creates tenants."""
         return admin_tenant_ids(request) is None and super().has_add_permission(request)
+
+    def get_readonly_fields(self, request, obj=None):
+        """A tenant's quotas protect the whole service: only a platform superuser changes them."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if admin_tenant_ids(request) is not None:
+            fields += ("daily_budget_units", "daily_token_limit", "max_active_tasks")
+        return fields
 
 
 @admin.register(Membership)

@@ -18,7 +18,9 @@ Admin endpoints (same bearer key): ``GET /_script/requests`` lists what was rece
 messages, ``max_tokens``, ``response_format``, time); ``POST /_script`` replaces the script with
 ``{"steps": [...], "default": {...}}`` and clears the request log.
 
-``python manage.py model_server --port 8767 --script steps.json`` runs it standalone.
+``python -m apps.llm.scripted_server --port 8767 [--script steps.json] [--api-key KEY]`` runs it
+standalone (``make up`` does, on ``MODEL_PORT``, so ``FAULTDESK_MODEL_PROVIDER=openai_compatible``
+works out of the box).
 """
 
 from __future__ import annotations
@@ -197,3 +199,33 @@ def serve_in_thread(host: str = "127.0.0.1", port: int = 0, *, steps: list[dict]
     server = ScriptedModelServer((host, port), steps=steps, default=default, api_key=api_key)
     threading.Thread(target=server.serve_forever, name="scripted-model-server", daemon=True).start()
     return server
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: serve until interrupted. ``--script`` is a JSON file with a list of steps
+    (or ``{"steps": [...], "default": {...}}``)."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description="faultdesk's scripted OpenAI-compatible model server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8767)
+    parser.add_argument("--script", help="JSON file: a list of steps, or {steps, default}")
+    parser.add_argument("--api-key", default=os.environ.get("FAULTDESK_MODEL_API_KEY", "faultdesk-model-dev-key"))
+    args = parser.parse_args(argv)
+    steps, default = [], None
+    if args.script:
+        with open(args.script, encoding="utf-8") as fh:
+            loaded = json.load(fh)
+        steps, default = (loaded, None) if isinstance(loaded, list) else (loaded.get("steps") or [],
+                                                                           loaded.get("default"))
+    server = ScriptedModelServer((args.host, args.port), steps=steps, default=default, api_key=args.api_key)
+    print(f"scripted model server on {server.url} ({len(steps)} scripted steps)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

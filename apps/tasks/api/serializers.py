@@ -22,6 +22,7 @@ class TaskSerializer(serializers.ModelSerializer):
     approval = serializers.SerializerMethodField()
     waiting_for = serializers.SerializerMethodField()
     questions = serializers.SerializerMethodField()
+    limits = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
 
     class Meta:
@@ -29,7 +30,7 @@ class TaskSerializer(serializers.ModelSerializer):
         fields = [
             "id", "status", "version", "device", "requester", "symptom", "urgency", "termination_reason",
             "waiting_for", "questions", "answer", "proposal", "approval", "receipt", "budget_total", "budget_used",
-            "budget_reserved", "deadline_at", "artifact_bundle", "created_at", "updated_at", "links",
+            "budget_reserved", "limits", "deadline_at", "artifact_bundle", "created_at", "updated_at", "links",
         ]
 
     def get_answer(self, obj: Task) -> dict | None:
@@ -46,6 +47,14 @@ class TaskSerializer(serializers.ModelSerializer):
 
     def get_questions(self, obj: Task) -> list[str] | None:
         return obj.state.get("questions")
+
+    def get_limits(self, obj: Task) -> dict | None:
+        """``reducer/3``: ``{"tokens"|"tool_calls"|"retries": {"total", "used", "reserved"},
+        "open_reservations": n}``; None for older tasks."""
+        limits = obj.state.get("limits")
+        if limits is None:
+            return None
+        return {**limits, "open_reservations": len(obj.state.get("reservations") or {})}
 
     def get_waiting_for(self, obj: Task) -> str | None:
         return {
