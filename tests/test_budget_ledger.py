@@ -13,10 +13,12 @@ import time
 
 import pytest
 from django.db import connection
+from hypothesis import given
+from hypothesis import strategies as st
 
 from apps.accounts.api import QuotaExceeded
 from apps.events.models import RefusedEvent, TaskEvent
-from apps.tasks import reducer
+from apps.tasks import reducer, reducer_v3
 from apps.tasks.budget import (
     BudgetExceeded,
     activity_timeout,
@@ -236,3 +238,63 @@ def test_many_processes_reserving_against_one_task_never_pass_b(requester, devic
     assert (row.money_used, row.money_reserved, row.tokens_used, row.tokens_reserved) == (
         task.budget_used, 0, task.state["limits"]["tokens"]["used"], 0)
     connection.close()
+
+
+# --- δ-level property: any sequence of reservations, settlements, releases, cancel and failure ---------
+
+_AMOUNTS = st.fixed_dictionaries({"money": st.integers(0, 40), "tokens": st.integers(0, 500),
+                                  "tool_calls": st.integers(0, 3), "retries": st.integers(0, 2)})
+_OPS = st.one_of(
+    st.tuples(st.just("reserve"), st.integers(0, 5), _AMOUNTS),
+    st.tuples(st.just("settle"), st.integers(0, 5), st.fixed_dictionaries(
+        {d: st.floats(0, 1.2) for d in reducer_v3.DIMENSIONS})),
+    st.tuples(st.just("release"), st.integers(0, 5), st.none()),
+    st.tuples(st.just("cancel"), st.none(), st.none()),
+    st.tuples(st.just("fail"), st.none(), st.none()),
+)
+
+
+@pytest.mark.property
+@given(ops=st.lists(_OPS, max_size=25))
+def test_the_ledger_invariants_hold_for_any_sequence(ops):
+    """For any sequence: every account keeps ``0 ≤ reserved`` and ``used + reserved ≤ total``;
+    ``reserved`` equals the sum of the open reservations; ``used`` equals the sum of what was
+    settled; a refused event changes nothing; nothing is reserved after a cancel or an end."""
+    reduce = reducer_v3.reduce
+    state = reduce(reducer.initial_state(), "task.accepted", {
+        "request": {"device_id": 1, "symptom": "x", "urgency": "normal"}, "budget_total": 100,
+        "limits": {"tokens": 1000, "tool_calls": 6, "retries": 3}})
+    state = reduce(state, "retrieval.started", {})
+    settled = dict.fromkeys(reducer_v3.DIMENSIONS, 0)
+    for op, idx, arg in ops:
+        rid = f"r{idx}"
+        if op == "reserve":
+            etype, payload = "budget.reserved", {"reservation_id": rid, "activity": "p", "amounts": arg}
+        elif op == "settle":
+            amounts = (state["reservations"].get(rid) or {}).get("amounts") or dict.fromkeys(reducer_v3.DIMENSIONS, 1)
+            used = {d: int(amounts[d] * arg[d]) for d in reducer_v3.DIMENSIONS}
+            etype, payload = "budget.settled", {"reservation_id": rid, "used": used}
+        elif op == "release":
+            etype, payload = "budget.released", {"reservation_ids": [rid], "reason": "p"}
+        elif op == "cancel":
+            etype, payload = "cancel.requested", {}
+        else:
+            etype, payload = "task.failed", {"reason": "p"}
+        try:
+            nxt = reduce(state, etype, payload)
+        except reducer.IllegalTransition:
+            continue  # refused: the state stays as it was (δ is pure)
+        if etype == "budget.reserved":
+            assert state["status"] not in reducer.TERMINAL
+        if etype == "budget.settled":
+            for d in reducer_v3.DIMENSIONS:
+                assert payload["used"][d] <= state["reservations"][rid]["amounts"][d]
+                settled[d] += payload["used"][d]
+        state = nxt
+        for d in reducer_v3.DIMENSIONS:
+            acct = state["budget"] if d == "money" else state["limits"][d]
+            assert 0 <= acct["reserved"] and acct["used"] + acct["reserved"] <= acct["total"]
+            assert acct["reserved"] == sum(r["amounts"][d] for r in state["reservations"].values())
+            assert acct["used"] == settled[d]
+        if state["status"] == reducer.FAILED:
+            assert state["reservations"] == {}
