@@ -124,3 +124,55 @@ def test_main_job_end_to_end_with_real_processes(stack):
         time.sleep(0.2)
     hook = InboundWebhook.objects.get(outcome="APPLIED")
     assert hook.verified and hook.action.task_id == task.pk
+
+
+def test_main_job_with_the_openai_compatible_provider_in_real_processes(transactional_db, tmp_path):
+    """Issue 7 acceptance: the main job through web, a Celery worker, beat and the reference
+    service, drafting with the OpenAI-compatible provider against the scripted model server (its
+    own process), which first answers 503 and then a malformed reply: the task still completes,
+    within its budget, with each call recorded."""
+    import json
+    import sys
+
+    from apps.events.models import TaskEvent
+    from tests.procs import free_port
+
+    model_port = free_port()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"status": 503}, {"content": "{\"title\": \"cut off"}, {"reply": "draft"}]))
+    s = Stack(tmp_path, FAULTDESK_MODEL_PROVIDER="openai_compatible",
+              FAULTDESK_MODEL_BASE_URL=f"http://127.0.0.1:{model_port}/v1", FAULTDESK_MODEL_API_KEY="e2e-model-key",
+              FAULTDESK_RETRY_BACKOFF_BASE_SECONDS="0.05")
+    try:
+        s.start("model", [sys.executable, "-m", "apps.llm.scripted_server", "--port", str(model_port),
+                          "--script", str(script), "--api-key", "e2e-model-key"])
+        s.start_refservice()
+        s.start_web()
+        s.start_worker("worker")
+        s.start_beat()
+        s.wait_http(f"http://127.0.0.1:{model_port}/healthz", 30)
+        tenant, requester, device = seed_acme()
+        riley = httpx.Client(base_url=s.web, auth=("riley", "pw-for-tests"), timeout=30)
+        avery = httpx.Client(base_url=s.web, auth=("avery", "pw-for-tests"), timeout=30)
+        created = riley.post("/api/tasks/", json={"device_id": device.pk, "urgency": "high",
+                                                  "symptom": "Fuser error after warm-up; pages smeared."})
+        assert created.status_code == 201, created.text
+        task_id = created.json()["id"]
+        assert created.json()["artifact_bundle"]["model_provider"] == "openai_compatible"
+        poll(riley, task_id, {"WAITING_APPROVAL"}, 120, s)
+        [approval] = avery.get("/api/approvals/", params={"status": "PENDING", "task": task_id}).json()
+        assert avery.post(f"/api/approvals/{approval['id']}/decision/", json={"decision": "approve"}).status_code == 200
+        done = poll(riley, task_id, {"COMPLETED", "FAILED", "CANCELLED"}, 120, s)
+        assert done["status"] == "COMPLETED", done["termination_reason"]
+        assert done["limits"]["retries"]["used"] == 2 and done["limits"]["open_reservations"] == 0
+        assert done["budget_reserved"] == 0 and done["budget_used"] <= done["budget_total"]
+        task = Task.objects.get(pk=task_id)
+        outcomes = list(TaskEvent.objects.filter(task=task, type="model.called").order_by("seq")
+                        .values_list("payload__outcome", flat=True))
+        assert outcomes == ["unavailable", "malformed", "ok"]
+        received = httpx.get(f"http://127.0.0.1:{model_port}/_script/requests",
+                             headers={"Authorization": "Bearer e2e-model-key"}).json()
+        assert len(received["requests"]) == 3 and received["remaining"] == 0
+        assert task_replay(task).ok
+    finally:
+        s.stop_all()

@@ -14,9 +14,9 @@ out, each further request gets ``default`` (a valid draft built from the prompt)
 * Any step may add ``"delay_seconds": 2.5`` (wait before answering), ``"usage": {"prompt_tokens",
   "completion_tokens"}`` (report this usage), ``"finish_reason": "length"``, ``"refusal": "..."``.
 
-Admin endpoints (same bearer key): ``GET /_script/requests`` lists what was received (model, the
-messages, ``max_tokens``, ``response_format``, time); ``POST /_script`` replaces the script with
-``{"steps": [...], "default": {...}}`` and clears the request log.
+``GET /healthz`` needs no key. Admin endpoints (same bearer key): ``GET /_script/requests`` lists
+what was received (model, the messages, ``max_tokens``, ``response_format``, time); ``POST /_script``
+replaces the script with ``{"steps": [...], "default": {...}}`` and clears the request log.
 
 ``python -m apps.llm.scripted_server --port 8767 [--script steps.json] [--api-key KEY]`` runs it
 standalone (``make up`` does, on ``MODEL_PORT``, so ``FAULTDESK_MODEL_PROVIDER=openai_compatible``
@@ -131,6 +131,9 @@ class _Handler(BaseHTTPRequestHandler):
         return body if isinstance(body, dict) else {}
 
     def do_GET(self):  # noqa: N802
+        if self.path == "/healthz":
+            self._send(200, {"ok": True})
+            return
         if not self._authorized():
             return
         if self.path == "/v1/models":
