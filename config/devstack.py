@@ -169,13 +169,15 @@ def up() -> None:
     ok_web = _wait_http(f"http://127.0.0.1:{web_port()}/healthz", 60)
     ok_ref = _wait_http(f"http://127.0.0.1:{refservice_port()}/healthz", 30)
     ok_hd = _wait_http(f"http://127.0.0.1:{helpdesk_port()}/helpdesk/login/", 30)
+    ok_model = _wait_http(f"http://127.0.0.1:{model_port()}/healthz", 30)
     print(_supervisorctl("status").stdout, flush=True)
-    if not (ok_web and ok_ref and ok_hd):
-        raise SystemExit(f"services did not come up (web={ok_web}, refservice={ok_ref}, helpdesk={ok_hd}); "
-                         "see var/log/")
+    if not (ok_web and ok_ref and ok_hd and ok_model):
+        raise SystemExit(f"services did not come up (web={ok_web}, refservice={ok_ref}, helpdesk={ok_hd}, "
+                         f"model={ok_model}); see var/log/")
     print(f"• web on http://127.0.0.1:{web_port()}/ · reference ticket service on "
           f"http://127.0.0.1:{refservice_port()}/ · django-helpdesk on http://127.0.0.1:{helpdesk_port()}/helpdesk/ "
-          "· logs in var/log/", flush=True)
+          f"· scripted model server on http://127.0.0.1:{model_port()}/v1 "
+          f"(used when FAULTDESK_MODEL_PROVIDER=openai_compatible) · logs in var/log/", flush=True)
 
 
 def down() -> None:
