@@ -25,7 +25,7 @@ from apps.tasks.budget import (
     budget_release,
     budget_reserve,
     budget_settle,
-    orphaned_reservations_release,
+    orphaned_reservations_settle,
 )
 from apps.tasks.models import Task, TenantUsage
 from apps.tasks.reducer_v3 import headroom
@@ -121,16 +121,18 @@ def test_an_ending_task_releases_what_is_reserved_and_a_cancel_waits_for_the_act
     assert other.state["reservations"] == {} and other.state["limits"]["tool_calls"]["reserved"] == 0
 
 
-def test_the_sweeper_releases_a_cancelled_tasks_orphaned_reservation(requester, device):
+def test_the_sweeper_charges_a_cancelled_tasks_orphaned_reservation_in_full(requester, device):
     task = _running(requester, device)
-    budget_reserve(task_id=task.pk, activity="model_call", amounts={"money": 9}, actor="t")
+    budget_reserve(task_id=task.pk, activity="model_call", amounts={"money": 9, "tokens": 700}, actor="t")
     task_cancel(principal=p(requester), task_id=task.pk)
-    assert orphaned_reservations_release(task_id=task.pk) is True
+    assert orphaned_reservations_settle(task_id=task.pk) is True
     task = Task.objects.get(pk=task.pk)
-    assert (task.budget_reserved, task.state["reservations"]) == (0, {})
-    released = TaskEvent.objects.filter(task=task, type="budget.released").get()
-    assert released.payload["reason"].startswith("the activity's worker lost its lease")
-    assert orphaned_reservations_release(task_id=task.pk) is False
+    assert (task.budget_used, task.budget_reserved, task.state["reservations"]) == (9, 0, {})
+    assert task.state["limits"]["tokens"]["used"] == 700, "unknown outcome: charged at the reservation"
+    settled = TaskEvent.objects.filter(task=task, type="budget.settled").get()
+    assert settled.payload["unknown_outcome"] is True
+    assert settled.payload["reason"].startswith("the activity's worker lost its lease")
+    assert orphaned_reservations_settle(task_id=task.pk) is False
 
 
 def test_tenant_quota_stops_one_tenant_not_the_other(requester, device, other_tenant_user, settings):

@@ -66,7 +66,7 @@ def _assert_completed_once(stack, task_id) -> Task:
     assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "ticket.read", "device.read",
                      "draft.proposed",
                      "intent.committed", "receipt.recorded", "task.completed"], types
-    # A worker killed inside an activity left its reservation open: the next lease released it.
+    # A worker killed inside an activity left its reservation open: the next lease charged it in full.
     assert task.state["reservations"] == {} and task.budget_reserved == 0
     assert all(acct["reserved"] == 0 for acct in task.state["limits"].values())
     key = task.state["action"]["idempotency_key"]

@@ -69,15 +69,23 @@ TRANSIENT = ("rate_limited", "unavailable", "timeout")
 def model_output_parse(content: str | None) -> tuple[dict | None, list[str]]:
     """Parse a reply's content: JSON, then :data:`MODEL_OUTPUT_SCHEMA`. Returns ``(output, [])`` or
     ``(None, problems)`` with each problem as ``"path: message"``."""
+    if content is not None and not isinstance(content, str):
+        return None, [f"(root): the reply's content is {type(content).__name__}, not text"]
     if content is None or not content.strip():
         return None, ["(root): the reply is empty"]
     try:
         value = json.loads(content)
     except json.JSONDecodeError as exc:
         return None, [f"(root): not JSON ({exc.msg} at character {exc.pos})"]
-    problems = [f"{'/'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}"
+    problems = [_short(f"{'/'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}")
                 for err in jsonschema.Draft202012Validator(MODEL_OUTPUT_SCHEMA).iter_errors(value)]
     return (value, []) if not problems else (None, problems[:10])
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """A problem as recorded and shown back to the model: at most ``limit`` characters (a schema
+    error quotes the offending value, which may be the whole reply)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -136,8 +144,8 @@ class OpenAICompatibleProvider:
             return {"tokens": 0, "money": 0}, None
         if result.usage is None:
             return {"tokens": reserved["tokens"], "money": reserved["money"]}, None  # unknown: the worst case
-        reported = int(result.usage.get("prompt_tokens", 0)) + int(result.usage.get("completion_tokens", 0))
-        tokens = min(reported, reserved["tokens"])
+        reported = result.usage["prompt_tokens"] + result.usage["completion_tokens"]  # sanitized: ints ≥ 0
+        tokens = max(0, min(reported, reserved["tokens"]))
         overrun = {"reported_tokens": reported, "reserved_tokens": reserved["tokens"]} \
             if reported > reserved["tokens"] else None
         return {"tokens": tokens, "money": min(self.units(tokens), reserved["money"])}, overrun
@@ -172,13 +180,31 @@ class OpenAICompatibleProvider:
         worker.start()
         while worker.is_alive():
             worker.join(poll_seconds)
-            if worker.is_alive() and should_stop is not None and should_stop():
+            if not worker.is_alive():
+                break
+            if should_stop is not None and should_stop():
                 return CallResult(outcome="cancelled", latency_ms=_ms(started),
                                   error="the task was cancelled while the model call was in flight")
+            if time.monotonic() - started > timeout:
+                # httpx's timeout bounds each read, not the whole call: a trickling body is cut here.
+                return CallResult(outcome="timeout", latency_ms=_ms(started),
+                                  error=f"no complete answer within {timeout:.1f} s")
         latency = _ms(started)
-        if "error" in box:
-            return _transport_failure(box["error"], latency)
-        return _classify(box["response"], latency)
+        result = _transport_failure(box["error"], latency) if "error" in box else _classify(box["response"], latency)
+        return self._redacted(result)
+
+    def _redacted(self, result: CallResult) -> CallResult:
+        """The result with the API key removed from every text that is recorded (an upstream may
+        echo the request's Authorization header in an error or a reply)."""
+        if not self.api_key:
+            return result
+
+        def clean(text):
+            return text.replace(self.api_key, "[redacted]") if isinstance(text, str) else text
+
+        result.content, result.error = clean(result.content), clean(result.error)
+        result.problems = [clean(pr) for pr in result.problems]
+        return result
 
 
 def _ms(started: float) -> int:
@@ -202,6 +228,8 @@ def _classify(response: httpx.Response, latency: int) -> CallResult:
             retry_after = float(response.headers["retry-after"])
         except ValueError:
             retry_after = None
+        if retry_after is not None and not (math.isfinite(retry_after) and retry_after >= 0):
+            retry_after = None
     if status == 429:
         return CallResult(outcome="rate_limited", http_status=status, latency_ms=latency, retry_after=retry_after,
                           error=response.text[:300])
@@ -211,26 +239,51 @@ def _classify(response: httpx.Response, latency: int) -> CallResult:
     if status != 200:
         return CallResult(outcome="error", http_status=status, latency_ms=latency,
                           error=f"HTTP {status}: {response.text[:300]}")
+
+    def malformed(problem: str, **extra) -> CallResult:
+        return CallResult(outcome="malformed", http_status=status, latency_ms=latency, problems=[_short(problem)],
+                          **extra)
+
     try:
         body = response.json()
-        choice = body["choices"][0]
-        message = choice["message"]
-        usage = body.get("usage")
-        usage = {"prompt_tokens": int(usage.get("prompt_tokens", 0)),
-                 "completion_tokens": int(usage.get("completion_tokens", 0))} if isinstance(usage, dict) else None
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        return CallResult(outcome="malformed", http_status=status, latency_ms=latency,
-                          problems=[f"(response): not a chat completion ({type(exc).__name__})"])
+    except ValueError:
+        return malformed("(response): the body is not JSON")
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return malformed("(response): not a chat completion (no choices)")
+    choice = choices[0]
+    usage = _usage(body.get("usage"))
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        return malformed("(response): the choice has no message object", usage=usage)
     content = message.get("content")
     if message.get("refusal"):
-        return CallResult(outcome="malformed", http_status=status, latency_ms=latency, usage=usage,
-                          content=content, problems=[f"(root): the model refused: {message['refusal'][:200]}"])
+        return malformed(f"(root): the model refused: {str(message['refusal'])[:200]}", usage=usage,
+                         content=content if isinstance(content, str) else None)
     if choice.get("finish_reason") == "length":
-        return CallResult(outcome="malformed", http_status=status, latency_ms=latency, usage=usage, content=content,
-                          problems=["(root): the reply was cut off at max_tokens"])
+        return malformed("(root): the reply was cut off at max_tokens", usage=usage,
+                         content=content if isinstance(content, str) else None)
     output, problems = model_output_parse(content)
     return CallResult(outcome="ok" if output is not None else "malformed", http_status=status, latency_ms=latency,
-                      usage=usage, content=content, output=output, problems=problems)
+                      usage=usage, content=content if isinstance(content, str) else None, output=output,
+                      problems=problems)
+
+
+def _usage(raw) -> dict | None:
+    """``{"prompt_tokens", "completion_tokens"}`` as non-negative ints, or None when the server's
+    usage is missing or not believable (negative, not a finite number): then it is unknown and the
+    call is charged its whole reservation."""
+    if not isinstance(raw, dict):
+        return None
+    out = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = raw.get(key, 0)
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            return None
+        out[key] = int(value)
+    return out
 
 
 def provider_for(bundle: dict, conf: dict) -> OpenAICompatibleProvider | None:

@@ -151,7 +151,12 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         if self.path == "/_script":
-            self.server.set_script(body.get("steps") or [], body.get("default"))
+            steps, default = body.get("steps") or [], body.get("default")
+            if not isinstance(steps, list) or not all(isinstance(x, dict) for x in steps) \
+                    or not (default is None or isinstance(default, dict)):
+                self._send(400, {"error": {"message": "steps must be a list of objects, default an object or null"}})
+                return
+            self.server.set_script(steps, default)
             self._send(200, {"steps": len(self.server.steps)})
             return
         if self.path != "/v1/chat/completions":
@@ -160,7 +165,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body.get("messages"), list):
             self._send(400, {"error": {"message": "messages is required", "type": "invalid_request_error"}})
             return
-        self._complete(body, self.server.next_step(body))
+        step = self.server.next_step(body)
+        try:
+            self._complete(body, step)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout or a cancel on its side)
+        except Exception as exc:  # noqa: BLE001 - a bad step answers 500, never a dropped connection
+            self._send(500, {"error": {"message": f"scripted step failed: {type(exc).__name__}: {exc}",
+                                       "type": "server_error"}})
 
     def _complete(self, body: dict, step: dict) -> None:
         if step.get("delay_seconds"):
@@ -181,9 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
             content = step["content"]
         else:
             content = json.dumps({**draft_from_prompt(messages), **(step.get("overrides") or {})})
-        prompt_chars = sum(len(str(m.get("content") or "")) for m in messages)
+        prompt_chars = sum(len(str(m.get("content") or "")) for m in messages if isinstance(m, dict))
         usage = step.get("usage") or {"prompt_tokens": max(1, prompt_chars // 4),
-                                      "completion_tokens": max(1, len(content or "") // 4)}
+                                      "completion_tokens": max(1, len(str(content or "")) // 4)}
         message = {"role": "assistant", "content": content}
         if step.get("refusal"):
             message = {"role": "assistant", "content": None, "refusal": step["refusal"]}
@@ -191,7 +203,8 @@ class _Handler(BaseHTTPRequestHandler):
             "id": f"chatcmpl-scripted-{len(self.server.requests)}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model", "scripted-model"),
             "choices": [{"index": 0, "message": message, "finish_reason": step.get("finish_reason", "stop")}],
-            "usage": {**usage, "total_tokens": int(usage["prompt_tokens"]) + int(usage["completion_tokens"])},
+            "usage": usage if "usage" in step else {**usage, "total_tokens": usage["prompt_tokens"]
+                                                    + usage["completion_tokens"]},
         })
 
 

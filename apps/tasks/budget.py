@@ -153,19 +153,22 @@ def stale_reservations(task: Task, generation: int) -> list[str]:
             if r.get("generation") is not None and r["generation"] < generation]
 
 
-def orphaned_reservations_release(*, task_id: uuid.UUID) -> bool:
-    """The sweeper's release for a task nobody holds a lease on (free or expired) that still has
-    open reservations — e.g. cancelled while a worker that then died was calling the model.
-    Returns True when it released something."""
+def orphaned_reservations_settle(*, task_id: uuid.UUID) -> bool:
+    """The sweeper's close-out for a task nobody holds a lease on (free or expired) that still
+    has open reservations — e.g. cancelled while a worker that then died was calling the model.
+    What the activity did is unknown, so each is charged at its reservation (``c = r``). Returns
+    True when it settled something."""
     now = timezone.now()
     with transaction.atomic():
         task = _locked(task_id)
         held = task.lease_owner is not None and task.lease_expires_at is not None and task.lease_expires_at >= now
-        ids = list((task.state or {}).get("reservations") or {})
-        if held or not ids:
+        open_ = dict((task.state or {}).get("reservations") or {})
+        if held or not open_:
             return False
-        _append(task, "budget.released", {"reservation_ids": ids,
-                                          "reason": "the activity's worker lost its lease without settling"},
+        for rid, r in open_.items():
+            task = _append(task, "budget.settled", {
+                "reservation_id": rid, "used": r["amounts"], "unknown_outcome": True, "settled_at": now.isoformat(),
+                "reason": "the activity's worker lost its lease without settling: charged at its reservation"},
                 "sweeper", None)
     return True
 

@@ -29,14 +29,13 @@ from apps.evidence.guard import refs_flags
 from apps.evidence.selectors import evidence_retrieve
 from apps.llm.drafter import local_draft, render_prompt
 from apps.llm.parser import draft_validate
-from apps.llm.providers import TRANSIENT, provider_for
+from apps.llm.providers import TRANSIENT, CallResult, provider_for
 from apps.outbox.models import OutboxMessage
 from apps.tasks import reducer, reducer_v2, reducer_v3
 from apps.tasks.answer import answer_compose
 from apps.tasks.budget import (
     BudgetExceeded,
     activity_timeout,
-    budget_release,
     budget_reserve,
     budget_settle,
     stale_reservations,
@@ -49,6 +48,7 @@ from apps.tasks.services import (
     refused_event_record,
     task_append_event,
     task_claim,
+    task_lease_renew,
     task_release,
 )
 from apps.tickets.connectors import CONNECTORS, connector_for
@@ -181,14 +181,18 @@ def _deadline_reason(task: Task) -> str:
 
 
 def _release_stale(task: Task, lease: Lease) -> Task:
-    """Release the open reservations of earlier leases (their workers died or were fenced and
-    will never settle them) before this lease starts new activities (``reducer/3``)."""
-    stale = stale_reservations(task, lease.generation)
-    if not stale:
-        return task
-    return budget_release(task_id=task.pk, reservation_ids=stale, actor=_actor(lease),
-                          lease_generation=lease.generation,
-                          reason=f"made under an earlier lease (fencing token < {lease.generation}) and never settled")
+    """Close the open reservations of earlier leases before this lease starts new activities
+    (``reducer/3``): their workers died or were fenced and will never settle them. What they did
+    is unknown — a model call may have been answered and billed — so each is charged at its
+    reservation (``c = r``), which also bounds an activity that keeps crashing."""
+    for rid in stale_reservations(task, lease.generation):
+        task = budget_settle(task_id=task.pk, reservation_id=rid, actor=_actor(lease),
+                             lease_generation=lease.generation,
+                             used=task.state["reservations"][rid]["amounts"],
+                             extra={"unknown_outcome": True,
+                                    "reason": f"made under an earlier lease (fencing token < {lease.generation}) "
+                                              "and never settled: charged at its reservation"})
+    return task
 
 
 def agent_run(*, task_id: uuid.UUID) -> None:
@@ -337,7 +341,11 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
         messages = render_prompt(request=state["request"], device=state["device"], evidence=state["evidence"] or [],
                                  answers=state.get("answers") or [], feedback=feedback or ())
         amounts.update(provider.reservation(messages))
-    timeout = activity_timeout(task, wanted=conf["MODEL_TIMEOUT_SECONDS"])
+    # The call must end (and be recorded) while this worker still holds the lease: renew it, and
+    # bound the call by the lease as well as by the task's deadline.
+    task_lease_renew(lease=lease)
+    lease_room = max(conf["LEASE_SECONDS"] - conf["ACTIVITY_CLEANUP_SECONDS"], conf["LEASE_SECONDS"] / 2)
+    timeout = activity_timeout(task, wanted=min(conf["MODEL_TIMEOUT_SECONDS"], lease_room))
     if timeout is None:
         return _fail(task, lease, _deadline_reason(task)), None, False
     try:
@@ -356,8 +364,12 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
                              actor=actor, lease_generation=gen, event_type="model.called",
                              extra={**call, "outcome": "ok", "usage": None, "latency_ms": latency})
         return task, draft, True
-    result = provider.complete(messages, timeout=timeout, should_stop=lambda: _cancel_requested(task.pk),
-                               poll_seconds=conf["CANCEL_POLL_SECONDS"])
+    try:
+        result = provider.complete(messages, timeout=timeout, should_stop=lambda: _cancel_requested(task.pk),
+                                   poll_seconds=conf["CANCEL_POLL_SECONDS"])
+    except Exception as exc:  # noqa: BLE001 - recorded (charged in full) and ends in a decision, never re-sent blind
+        log.exception("model call for %s failed inside the provider", task.pk)
+        result = CallResult(outcome="error", error=f"provider failed: {type(exc).__name__}: {exc}"[:300])
     failpoint("model_call")
     used, overrun = provider.cost(result, res.amounts)
     task = budget_settle(
@@ -391,8 +403,11 @@ def _backoff(task: Task, lease: Lease, result, *, attempt: int) -> None:
         wait = max(wait, result.retry_after)
     left = (task.deadline_at - timezone.now()).total_seconds() - conf["ACTIVITY_CLEANUP_SECONDS"]
     wait = min(wait, 60.0, conf["LEASE_SECONDS"] / 3, max(left, 0))
-    if wait > 0:
-        time.sleep(wait)
+    until = time.monotonic() + wait
+    while time.monotonic() < until:
+        if _cancel_requested(task.pk):
+            return  # the next step sees the cancel and stops
+        time.sleep(min(conf["CANCEL_POLL_SECONDS"], max(until - time.monotonic(), 0)))
 
 
 def _draft_from_output(task: Task, output: dict, model: str) -> dict:
@@ -405,6 +420,19 @@ def _draft_from_output(task: Task, output: dict, model: str) -> dict:
               "labels": labels, "evidence": list(output["evidence"])}
     return {"ticket": ticket, "alert_summary": output["alert_summary"],
             "missing_information": list(output["missing_information"]), "model": model}
+
+
+def _write_short(task: Task, tool) -> str | None:
+    """``reducer/3``: why the task's ledger has no room left for ``tool``'s write (its cost units
+    and one tool call), as a termination reason; None when it fits. Checked before an approval is
+    asked for and before the intent, so a write the budget cannot pay ends in a decision."""
+    if not _v3(task):
+        return None
+    room = reducer_v3.headroom(task.state)
+    for dim, need in (("money", tool.cost_units), ("tool_calls", 1)):
+        if need > room[dim]:
+            return f"budget_exhausted: task {dim}: the {tool.name} write needs {need}, {max(room[dim], 0)} left"
+    return None
 
 
 def _bounds_exceeded(task: Task) -> str | None:
@@ -456,6 +484,9 @@ def _validate_and_authorize(task: Task, lease: Lease) -> bool:
         return False
     proposal = _plan(state, draft)
     tool = tool_get(proposal["tool"])
+    if short := _write_short(task, tool):
+        _fail(task, lease, short)
+        return False
     params, digest = proposal["params"], proposal["digest"]
     ticket = state.get("ticket") if tool.object_scope == "ticket" else None
     object_version = ticket["version"] if ticket else device["version"]
@@ -638,6 +669,10 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
     from apps.outbox.tasks import enqueue_dispatch
 
     tool = tool_get(proposal["tool"])
+    if short := _write_short(task, tool):
+        task_append_event(task=task, event_type="compensation.failed" if compensates is not None else "task.failed",
+                          actor=_actor(lease), lease_generation=lease.generation, payload={"reason": short})
+        return
     try:
         params_validate(tool.name, proposal["params"])
     except ParamsInvalid as exc:

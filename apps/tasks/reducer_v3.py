@@ -186,7 +186,7 @@ _T2 = r2.TRANSITIONS
 _ACTIVE = frozenset({RETRIEVING, PROPOSING, VALIDATING})
 #: a result may settle its reservation whenever one can be open: while the task runs, and after a
 #: cancel (the activity in flight reports what it cost; its output is not used)
-_SETTLEABLE = frozenset(NON_TERMINAL) | {CANCELLED, FAILED}
+_SETTLEABLE = frozenset(NON_TERMINAL) | {CANCELLED, FAILED, r1.COMPENSATING, r1.WAITING_COMPENSATION}
 
 #: The state table of ``reducer/3``: event type -> (statuses in which it is legal, handler).
 TRANSITIONS = {

@@ -198,17 +198,26 @@ def task_append_with_retry(
     *, task_id: uuid.UUID, event_type: str, payload_fn: Callable[[Task], dict], actor: str, attempts: int = 5,
     side_effects: Callable[[Task, TaskEvent], None] | None = None,
 ) -> Task:
-    """Append an event that does not need the lease (a person's decision, a receipt): re-read
-    the task and retry the CAS up to ``attempts`` times. ``payload_fn(task)`` builds the payload
-    from the freshly read task. Raises :class:`StaleWrite` if every attempt lost."""
+    """Append an event that does not need the lease (a person's decision, a cancel, a receipt).
+    The task row is locked (``SELECT … FOR UPDATE``) and read fresh, so the CAS cannot lose to
+    the ledger's writers, which lock the same row; ``attempts`` only guards against the
+    unexpected. ``payload_fn(task)`` builds the payload from the freshly read task.
+
+    Raises :class:`reducer.IllegalTransition` (recorded as refused, also when this function's
+    savepoint rolled the first record back) and :class:`StaleWrite` if every attempt lost."""
     for _ in range(attempts):
-        task = Task.objects.get(pk=task_id)
         try:
-            return task_append_event(
-                task=task, event_type=event_type, payload=payload_fn(task), actor=actor, side_effects=side_effects
-            )
+            with transaction.atomic():
+                task = Task.objects.select_for_update().get(pk=task_id)
+                payload = payload_fn(task)
+                return task_append_event(task=task, event_type=event_type, payload=payload, actor=actor,
+                                         side_effects=side_effects)
         except StaleWrite:
             continue
+        except reducer.IllegalTransition as exc:
+            task = Task.objects.get(pk=task_id)
+            refused_event_record(task=task, event_type=event_type, payload=payload, reason=exc.reason, actor=actor)
+            raise
     raise StaleWrite(f"task {task_id}: {attempts} CAS attempts lost")
 
 
@@ -377,6 +386,17 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
         task.lease_generation += 1
         task.save(update_fields=["lease_owner", "lease_expires_at", "lease_generation"])
     return Lease(task_id=task.pk, owner=owner, generation=task.lease_generation)
+
+
+def task_lease_renew(*, lease: Lease, seconds: int | None = None) -> None:
+    """Extend a lease we still hold (same fencing token) by ``seconds`` (default
+    ``LEASE_SECONDS``) from now, before a long activity. Raises :class:`StaleWrite` when the lease
+    passed to another worker."""
+    seconds = seconds or settings.FAULTDESK["LEASE_SECONDS"]
+    renewed = Task.objects.filter(pk=lease.task_id, lease_generation=lease.generation).update(
+        lease_owner=lease.owner, lease_expires_at=timezone.now() + timedelta(seconds=seconds))
+    if not renewed:
+        raise StaleWrite(f"task {lease.task_id}: lease {lease.generation} passed on; not renewed")
 
 
 def task_release(*, lease: Lease) -> bool:

@@ -55,7 +55,7 @@ def sweep_leases() -> int:
     a runnable task nobody has touched for a while (a lost broker message). Returns the count."""
     from django.conf import settings
 
-    from apps.tasks.budget import orphaned_reservations_release
+    from apps.tasks.budget import orphaned_reservations_settle
     from apps.tasks.sweeper import tasks_needing_work, tasks_with_orphaned_reservations
 
     now = timezone.now()
@@ -63,10 +63,10 @@ def sweep_leases() -> int:
     ids = tasks_needing_work(now=now, idle=idle)
     for status, task_id in ids:
         (read_context if status == "RETRIEVING" else agent_step).delay(str(task_id))
-    released = 0
+    settled = 0
     for task_id in tasks_with_orphaned_reservations(now=now):
         try:
-            released += orphaned_reservations_release(task_id=uuid.UUID(task_id))
+            settled += orphaned_reservations_settle(task_id=uuid.UUID(task_id))
         except Exception:  # noqa: BLE001 - one task's trouble must not stop the sweep; retried next tick
-            log.exception("could not release the orphaned reservations of %s", task_id)
-    return len(ids) + released
+            log.exception("could not settle the orphaned reservations of %s", task_id)
+    return len(ids) + settled

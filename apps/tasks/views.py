@@ -57,6 +57,7 @@ def request_new(request):
         raise PermissionDenied("only requesters and admins file fault requests")
     devices = list(device_list(principal=p))
     form = FaultRequestForm(request.POST or None, devices=devices)
+    status = 200
     if request.method == "POST" and form.is_valid():
         try:
             result = task_submit(
@@ -65,9 +66,12 @@ def request_new(request):
             )
         except DomainError as exc:
             form.add_error(None, exc.detail)
+            status = 429 if exc.http_status == 429 else 422  # a spent quota is "too many", not "invalid"
         else:
             return redirect("task-detail", task_id=result.task.pk)
-    return render(request, "tasks/request_new.html", {"form": form}, status=422 if form.errors else 200)
+    if form.errors and status == 200:
+        status = 422
+    return render(request, "tasks/request_new.html", {"form": form}, status=status)
 
 
 def _task_context(request, task_id):
