@@ -219,6 +219,9 @@ def test_many_processes_reserving_against_one_task_never_pass_b(requester, devic
     assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outs]
     summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
+    print(f"ledger concurrency: {len(samples)} samples, max U+R {max(u + r for _, u, r in samples)} of B 300, "
+          f"admitted {sum(s['admitted'] for s in summaries)}, refused {sum(s['refused'] for s in summaries)}, "
+          f"released {sum(s['released'] for s in summaries)}, U {sum(s['settled_money'] for s in summaries)}")
     assert len(samples) > 50 and all(u + r <= b for b, u, r in samples)
     assert max(u + r for _, u, r in samples) > 200, "the run pressed against the budget"
     admitted = sum(s["admitted"] for s in summaries)
