@@ -102,6 +102,20 @@ def test_each_limit_is_its_own_dimension(requester, device, settings):
     assert headroom(task.state) == {"money": 100, "tokens": 1000, "tool_calls": 3, "retries": 2}
 
 
+def test_a_request_is_refused_when_todays_quota_left_is_less_than_its_budget(requester, device):
+    tenant = device.tenant
+    tenant.daily_budget_units = 158
+    tenant.save()
+    a = _running(requester, device)
+    _, res = budget_reserve(task_id=a.pk, activity="x", amounts={"money": 55}, actor="t")
+    task_submit(principal=p(requester), device_id=device.pk, symptom="Second request: 103 units left")
+    budget_settle(task_id=a.pk, reservation_id=res.id, used={"money": 55}, actor="t")
+    b = _running(requester, device)
+    budget_reserve(task_id=b.pk, activity="x", amounts={"money": 4}, actor="t")
+    with pytest.raises(QuotaExceeded, match="has 99 of today's 158 cost units left, less than one request's budget"):
+        task_submit(principal=p(requester), device_id=device.pk, symptom="Third request: 99 units left")
+
+
 def test_an_ending_task_releases_what_is_reserved_and_a_cancel_waits_for_the_activity(requester, device):
     task = _running(requester, device)
     _, res = budget_reserve(task_id=task.pk, activity="model_call", amounts={"money": 7, "tokens": 500}, actor="t")
@@ -149,9 +163,14 @@ def test_tenant_quota_stops_one_tenant_not_the_other(requester, device, other_te
     assert refused.value.scope == "tenant" and refused.value.reason.startswith("tenant_quota_exhausted: tenant money")
     assert Task.objects.get(pk=b.pk).budget_reserved == 0, "nothing written for the refused reservation"
     budget_reserve(task_id=b.pk, activity="x", amounts={"money": 5}, actor="t")  # exactly to the quota
-    # Today's quota is used: a new request of this tenant is refused with 429 …
-    with pytest.raises(QuotaExceeded, match="today's cost units"):
+    # Today's quota is used: a new request of this tenant is refused with 429, until midnight UTC …
+    with pytest.raises(QuotaExceeded, match="has 0 of today's 30 cost units left") as refused:
         task_submit(principal=p(requester), device_id=device.pk, symptom="Another jam in tray 2")
+    from django.utils import timezone
+
+    now = timezone.now()
+    to_midnight = 86400 - (now.hour * 3600 + now.minute * 60 + now.second)
+    assert abs(refused.value.extra["retry_after"] - to_midnight) <= 2
     # … while another tenant files and reserves as usual.
     gus_device = DeviceFactory(tenant=other_tenant_user.memberships.get().tenant, asset_tag="PRN-9000")
     other = task_submit(principal=p(other_tenant_user), device_id=gus_device.pk, symptom="Paper jam in tray 1").task

@@ -134,3 +134,17 @@ def test_cancel_during_a_model_call_abandons_it_and_takes_no_further_step(
         assert etype not in types
     assert not ApprovalRequest.objects.filter(task=task).exists() and not Action.objects.filter(task=task).exists()
     assert len(model_server.requests) == 1, "no further model call"
+
+
+def test_a_cancel_while_waiting_for_approval_shows_the_approval_closed_everywhere(client, requester, device, kb,
+                                                                                 refservice):
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    client.force_login(requester)
+    body = client.post(f"/api/tasks/{task.pk}/cancel/", {}, content_type="application/json").json()
+    assert body["status"] == reducer.CANCELLED
+    assert body["approval"]["status"] == "INVALIDATED" and body["approval"]["reason"] == "the task was cancelled"
+    assert ApprovalRequest.objects.get(task=task).status == ApprovalStatus.INVALIDATED
+    page = client.get(f"/tasks/{task.pk}/").content.decode()
+    assert 'Approval: <span class="status">INVALIDATED</span> — the task was cancelled' in page
+    assert 'Approval: <span class="status">PENDING</span>' not in page

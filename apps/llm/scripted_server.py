@@ -121,14 +121,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(401, {"error": {"message": "invalid API key", "type": "invalid_request_error"}})
         return False
 
-    def _body(self) -> dict | None:
+    def _body(self) -> dict | list | None:
         length = int(self.headers.get("Content-Length") or 0)
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
         except json.JSONDecodeError:
             self._send(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
             return None
-        return body if isinstance(body, dict) else {}
+        return body if isinstance(body, dict) else []  # not an object: each endpoint refuses it
 
     def do_GET(self):  # noqa: N802
         if self.path == "/healthz":
@@ -151,6 +151,9 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         if self.path == "/_script":
+            if not isinstance(body, dict):
+                self._send(400, {"error": {"message": "the body must be an object: {steps, default}"}})
+                return
             steps, default = body.get("steps") or [], body.get("default")
             if not isinstance(steps, list) or not all(isinstance(x, dict) for x in steps) \
                     or not (default is None or isinstance(default, dict)):
@@ -162,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != "/v1/chat/completions":
             self._send(404, {"error": {"message": "not found"}})
             return
-        if not isinstance(body.get("messages"), list):
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             self._send(400, {"error": {"message": "messages is required", "type": "invalid_request_error"}})
             return
         step = self.server.next_step(body)

@@ -386,8 +386,8 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
         return task, None, False
     if result.outcome == "error":
         return _fail(task, lease, f"model_error: {result.error}"[:300]), None, False
-    if result.outcome in TRANSIENT:
-        _backoff(task, lease, result, attempt=m["calls"])
+    if result.outcome in TRANSIENT and reducer_v3.headroom(task.state)["retries"] >= 1:
+        _backoff(task, lease, result, attempt=m["calls"])  # no wait when no retry is left: the next step ends it
     return task, None, True  # a re-ask (malformed) or a retry (transient), each admitted by the ledger
 
 

@@ -174,7 +174,21 @@ def _releasing(handler):
     def apply(s: dict, p: dict) -> None:
         handler(s, p)
         _release_all(s, list(s["reservations"]))
+        _close_pending_approval(s, "the task ended")
     return apply
+
+
+def _close_pending_approval(s: dict, why: str) -> None:
+    """The state shows what the approval row says: a task that ends or is cancelled leaves no
+    approval pending (the row is invalidated in the same transaction)."""
+    a = s.get("approval")
+    if a is not None and a.get("status") == "PENDING":
+        s["approval"] = {**a, "status": "INVALIDATED", "reason": why}
+
+
+def _cancel_requested(s: dict, p: dict) -> None:
+    r1._cancel_requested(s, p)
+    _close_pending_approval(s, "the task was cancelled")
 
 
 def _input_provided(s: dict, p: dict) -> None:
@@ -202,6 +216,7 @@ TRANSITIONS = {
     "intent.committed": (_T2["intent.committed"][0], _intent_committed),
     "task.completed": (_T2["task.completed"][0], _releasing(_T2["task.completed"][1])),
     "task.failed": (_T2["task.failed"][0], _releasing(_T2["task.failed"][1])),
+    "cancel.requested": (_T2["cancel.requested"][0], _cancel_requested),
 }
 EVENT_TYPES = tuple(TRANSITIONS)
 

@@ -65,13 +65,19 @@ def _state_digest(state: dict) -> str:
     return sha256_json(state)
 
 
+def _cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, marked with "…" when cut (the full text stays in
+    the event)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _apply_row(task: Task, new_state: dict) -> dict:
     """Columns of the materialized state derived from the reducer state."""
     b = new_state["budget"]
     return {
         "status": new_state["status"],
         "state": new_state,
-        "termination_reason": (new_state.get("termination_reason") or "")[:300],
+        "termination_reason": _cut(new_state.get("termination_reason") or "", 300),
         "budget_total": b["total"],
         "budget_used": b["used"],
         "budget_reserved": b["reserved"],
@@ -314,22 +320,33 @@ def task_submit(
 def _tenant_admits(tenant_id: int) -> None:
     """Per-tenant admission of a new request (issue 7 item 1): the tenant's row is locked, so
     concurrent submits of one tenant are counted one after the other. Raises
-    :class:`QuotaExceeded` (429) when the tenant has ``max_active_tasks`` open requests, or has
-    used today's cost units or tokens."""
+    :class:`QuotaExceeded` (429, with ``retry_after`` seconds) when the tenant has
+    ``max_active_tasks`` requests in progress (cancelled ones whose compensation is pending do not
+    count), or when what is left of today's cost units (or, for a hosted model, tokens) is less
+    than one request's budget: such a request could not run to its end."""
     from apps.accounts.models import Tenant
     from apps.tasks.budget import tenant_usage_today
 
+    conf = settings.FAULTDESK
     tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
     quota = tenant.quota()
-    active = Task.objects.for_tenant(tenant_id).exclude(status__in=reducer.TERMINAL).count()
+    active = Task.objects.for_tenant(tenant_id).filter(status__in=reducer.NON_TERMINAL).count()
     if active >= quota["active_tasks"]:
-        raise QuotaExceeded(f"this tenant already has {active} open requests (limit {quota['active_tasks']}); "
-                            "wait for some to finish or cancel one", retry_after=60)
+        noun = "request" if active == 1 else "requests"
+        raise QuotaExceeded(f"this tenant already has {active} open {noun} (limit {quota['active_tasks']}); "
+                            "wait for one to finish, or cancel one", retry_after=60)
     usage = tenant_usage_today(tenant)
+    needs = {"money": conf["TASK_BUDGET_UNITS"],
+             "tokens": conf["TASK_TOKEN_LIMIT"] if conf["MODEL_PROVIDER"] != "local" else 0}
+    now = timezone.now()
+    tomorrow = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     for dim, words in (("money", "cost units"), ("tokens", "model tokens")):
-        if usage[dim]["used"] + usage[dim]["reserved"] >= usage[dim]["limit"]:
-            raise QuotaExceeded(f"this tenant has used today's {words} ({usage[dim]['limit']}); "
-                                "new requests are accepted again tomorrow (UTC)", retry_after=3600)
+        u = usage[dim]
+        left = u["limit"] - u["used"] - u["reserved"]
+        if needs[dim] and left < min(needs[dim], u["limit"]):
+            raise QuotaExceeded(f"this tenant has {max(left, 0)} of today's {u['limit']} {words} left, less than one "
+                                f"request's budget ({min(needs[dim], u['limit'])}); new requests are accepted again "
+                                "after midnight UTC", retry_after=max(1, int((tomorrow - now).total_seconds())))
 
 
 def _same_key(existing: Task, digest: str) -> SubmitResult:
