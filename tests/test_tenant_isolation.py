@@ -57,7 +57,10 @@ ACCESS: dict[str, set[str] | str] = {
     "task-cancel": {REQ, ADMIN},
     "task-input": {REQ},
     "task-trace": {ADMIN},
+    "task-trace-export": {ADMIN},
     "admin-tasks": {ADMIN},
+    "metrics-page": {ADMIN},  # the admin's own tenant only
+    "metrics": EVERYONE,  # Prometheus: service-wide counts, no tenant label or identifier (a token when set)
     "reconciliation": {ADMIN},
     "reconciliation-resolve": {ADMIN},
     "compensation-settle": {ADMIN},

@@ -1,10 +1,14 @@
-"""Admin pages: the task list and a task's trace (its events in seq order with payloads,
-actors and lease generations, plus refused events and actions with attempts)."""
+"""Admin pages: the task list, a task's trace (its events in seq order with payloads, actors
+and lease generations, plus refused events and actions with attempts), the metrics page; and the
+Prometheus ``/metrics`` endpoint."""
 
 from __future__ import annotations
 
+import hmac
+
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
@@ -28,18 +32,114 @@ def admin_tasks(request):
     return render(request, "traces/tasks.html", {"tasks": task_list(principal=p)[:100]})
 
 
-@login_required
-@require_GET
-def task_trace(request, task_id):
+def _trace(request, task_id) -> dict:
     p = _admin(request)
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
-    ctx = {
+    events = task_events_for_viewer(principal=p, task=task)
+    return {
         "task": task,
-        "events": task_events_for_viewer(principal=p, task=task),
-        "refused": RefusedEvent.objects.visible_to(p).filter(task_id=task.pk).order_by("recorded_at"),
-        "actions": Action.objects.visible_to(p).filter(task_id=task.pk).prefetch_related("attempts",
-                                                                                                  "webhooks"),
+        "events": events,
+        "refused": list(RefusedEvent.objects.visible_to(p).filter(task_id=task.pk).order_by("recorded_at")),
+        "actions": list(Action.objects.visible_to(p).filter(task_id=task.pk).prefetch_related("attempts", "webhooks")),
     }
+
+
+def budget_series(task, events) -> list[tuple[int, int, int]]:
+    """``[(seq, used, used + reserved)]`` of the task's cost units after each event, folded with
+    the task's pinned reducer over the recorded events (no I/O). Empty when the log cannot be
+    folded (e.g. a reducer version this build does not carry)."""
+    from apps.tasks import reducer
+
+    try:
+        reduce = reducer.reducer_for((task.artifact_bundle or {}).get("reducer"))
+        state, out = reducer.initial_state(), []
+        for e in events:
+            state = reduce(state, e.type, e.payload)
+            b = state["budget"]
+            out.append((e.seq, b["used"], b["used"] + b["reserved"]))
+        return out
+    except (reducer.IllegalTransition, reducer.UnknownReducer, KeyError, TypeError):
+        return []
+
+
+@login_required
+@require_GET
+def task_trace(request, task_id):
+    from apps.traces.charts import line_chart
+
+    ctx = _trace(request, task_id)
+    # Folding the viewer's copy is exact: redaction replaces only evidence excerpts, which δ stores
+    # and never reads.
+    ctx["budget_chart"] = line_chart(budget_series(ctx["task"], ctx["events"]), total=ctx["task"].budget_total,
+                                     title="Cost units over the events: used, and used + reserved")
     return render(request, "traces/trace.html", ctx)
+
+
+@login_required
+@require_GET
+def task_trace_export(request, task_id):
+    """The whole trace as one JSON document (``trace.json``): the task, every event as the viewer
+    may see it, refused events, actions with their attempts and webhooks."""
+    from django.http import JsonResponse
+
+    ctx = _trace(request, task_id)
+    task = ctx["task"]
+    doc = {
+        "format": "faultdesk-trace/1",
+        "task": {"id": str(task.pk), "tenant": task.tenant_id, "status": task.status, "version": task.version,
+                 "termination_reason": task.termination_reason, "artifact_bundle": task.artifact_bundle,
+                 "budget": {"total": task.budget_total, "used": task.budget_used, "reserved": task.budget_reserved},
+                 "limits": task.state.get("limits"), "deadline_at": task.deadline_at.isoformat(),
+                 "created_at": task.created_at.isoformat(), "lease_generation": task.lease_generation},
+        "events": [{"seq": e.seq, "type": e.type, "occurred_at": e.occurred_at.isoformat(),
+                    "recorded_at": e.recorded_at.isoformat(), "actor": e.actor, "lease_generation": e.lease_generation,
+                    "causation_id": str(e.causation_id) if e.causation_id else None,
+                    "payload_digest": e.payload_digest, "payload": e.payload} for e in ctx["events"]],
+        "refused_events": [{"at_version": r.at_version, "type": r.type, "reason": r.reason, "actor": r.actor,
+                            "lease_generation": r.lease_generation, "recorded_at": r.recorded_at.isoformat()}
+                           for r in ctx["refused"]],
+        "actions": [{"id": str(a.pk), "tool": a.tool, "connector": a.connector, "status": a.status,
+                     "idempotency_key": a.idempotency_key, "params_digest": a.params_digest,
+                     "external_id": a.external_id,
+                     "attempts": [{"number": t.number, "fencing_token": t.fencing_token, "outcome": t.outcome,
+                                   "error": t.error, "started_at": t.started_at.isoformat(),
+                                   "finished_at": t.finished_at.isoformat() if t.finished_at else None}
+                                  for t in a.attempts.all()]} for a in ctx["actions"]],
+    }
+    response = JsonResponse(doc, json_dumps_params={"indent": 1})
+    response["Content-Disposition"] = f'attachment; filename="trace-{task.pk}.json"'
+    return response
+
+
+@require_GET
+def prometheus_metrics(request):
+    """``GET /metrics``: the Prometheus text exposition (no tenant labels, bounded label sets). When
+    ``FAULTDESK_METRICS_TOKEN`` is set, the scraper must send ``Authorization: Bearer <token>``."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from apps.traces.metrics import prometheus_text
+
+    token = settings.FAULTDESK.get("METRICS_TOKEN") or ""
+    if token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"):
+        return HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+    return HttpResponse(prometheus_text(), content_type=CONTENT_TYPE_LATEST)
+
+
+@login_required
+@require_GET
+def metrics_page(request):
+    """The admin's metrics for their tenant: rates, duplicates, interventions, cost and latency
+    percentiles by artifact version, and per day (a fixed number of queries)."""
+    from apps.traces.charts import bar_chart
+    from apps.traces.metrics import tenant_metrics
+
+    p = _admin(request)
+    m = tenant_metrics(tenant_id=p.tenant_id)
+    charts = {
+        "tasks": bar_chart([(str(d["day"])[5:], d["completed"], d["failed"] + d["cancelled"]) for d in m["by_day"]],
+                           title="Requests per day: completed, and failed or cancelled"),
+        "cost": bar_chart([(str(d["day"])[5:], d["cost"], 0) for d in m["by_day"]], title="Cost units per day"),
+    }
+    return render(request, "traces/metrics.html", {"m": m, "charts": charts})

@@ -216,6 +216,8 @@ FAULTDESK = {
     "RECONCILE_WINDOW_DAYS": env.int("FAULTDESK_RECONCILE_WINDOW_DAYS", default=3),
     "RESTORE_WINDOW_DAYS": env.int("FAULTDESK_RESTORE_WINDOW_DAYS", default=30),
     "PUBLIC_BASE_URL": env("FAULTDESK_PUBLIC_BASE_URL", default="http://127.0.0.1:8000"),
+    # /metrics (Prometheus): when set, scrapers must send "Authorization: Bearer <token>".
+    "METRICS_TOKEN": env("FAULTDESK_METRICS_TOKEN", default=""),
 }
 
 LOGGING = {

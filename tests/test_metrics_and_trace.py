@@ -1,0 +1,159 @@
+"""Metrics and the trace (issue 8 items 1, 3 and acceptance): ``/metrics`` is valid Prometheus text
+with task and dispatch counters; the trace and metrics pages cost the same number of queries for a
+task with 10 events as for one with 2,000; the trace exports as JSON and charts the budget."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from prometheus_client.parser import text_string_to_metric_families
+
+from apps.approvals.models import ApprovalRequest
+from apps.approvals.services import approval_decide
+from apps.events.models import TaskEvent
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.services import task_append_event, task_submit
+from tests.conftest import drive, p
+
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+
+
+@pytest.fixture
+def completed(requester, approver, device, kb, refservice):
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve", reason="ok")
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED
+    return task
+
+
+def _task_with_events(requester, device, n: int) -> Task:
+    """A running task with exactly ``n`` events: accepted, retrieval started, then reservations and
+    their settlements (a real, replayable log)."""
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=f"{n} events").task
+    task = task_append_event(task=task, event_type="retrieval.started", payload={}, actor="test")
+    while task.version < n:
+        rid = str(uuid.uuid4())
+        task = task_append_event(task=task, event_type="budget.reserved", actor="test", payload={
+            "reservation_id": rid, "activity": "probe", "amounts": {"tool_calls": 0, "money": 0}})
+        if task.version < n:
+            task = task_append_event(task=task, event_type="budget.settled", actor="test",
+                                     payload={"reservation_id": rid, "used": {}})
+    assert TaskEvent.objects.filter(task=task).count() == n
+    return task
+
+
+def _metrics(client) -> dict:
+    resp = client.get("/metrics")
+    assert resp.status_code == 200 and resp["Content-Type"].startswith("text/plain; version=")
+    samples = {}
+    for family in text_string_to_metric_families(resp.content.decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def test_metrics_is_valid_prometheus_text_with_task_and_dispatch_counters(client, completed, requester, device):
+    task_submit(principal=p(requester), device_id=device.pk, symptom="A second request, still accepted")
+    m = _metrics(client)
+    assert m[("faultdesk_tasks", (("status", "COMPLETED"),))] == 1
+    assert m[("faultdesk_tasks", (("status", "ACCEPTED"),))] == 1
+    assert m[("faultdesk_tasks_accepted_total", ())] == 2
+    assert m[("faultdesk_dispatch_attempts_total", (("outcome", "RECEIPT"), ("tool", "ticket.create")))] == 1
+    assert m[("faultdesk_actions", (("status", "SUCCEEDED"), ("tool", "ticket.create")))] == 1
+    assert m[("faultdesk_outbox_messages", (("status", "DELIVERED"),))] == 1
+    assert m[("faultdesk_approvals", (("status", "APPROVED"),))] == 1
+    assert m[("faultdesk_model_calls_total", (("outcome", "ok"),))] == 1
+    assert m[("faultdesk_cost_units_used_total", ())] == completed.budget_used == 5
+    # bounded label sets: every status is a known one, no task or tenant identifiers
+    labels = {v for (_, lbl) in m for _, v in lbl}
+    assert not any(str(completed.pk) in v or "acme" in v for v in labels)
+
+
+def test_metrics_requires_the_token_when_one_is_set(client, settings, db):
+    settings.FAULTDESK = {**settings.FAULTDESK, "METRICS_TOKEN": "scrape-secret"}
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-secret").status_code == 200
+
+
+def _queries(client, url: str) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        resp = client.get(url)
+    assert resp.status_code == 200, resp.content[:500]
+    return len(ctx.captured_queries)
+
+
+def test_trace_and_metrics_pages_cost_the_same_queries_for_10_and_2000_events(client, admin_user, requester,
+                                                                              device):
+    small = _task_with_events(requester, device, 10)
+    client.force_login(admin_user)
+    trace_small = _queries(client, f"/tasks/{small.pk}/trace/")
+    metrics_small = _queries(client, "/ops/metrics/")
+    export_small = _queries(client, f"/tasks/{small.pk}/trace.json")
+    large = _task_with_events(requester, device, 2000)
+    assert _queries(client, f"/tasks/{large.pk}/trace/") == trace_small
+    assert _queries(client, "/ops/metrics/") == metrics_small
+    assert _queries(client, f"/tasks/{large.pk}/trace.json") == export_small
+    page = client.get(f"/tasks/{large.pk}/trace/").content.decode()
+    assert page.count("<code>budget.reserved</code>") == 999 and "<polyline" in page
+
+
+def test_the_trace_exports_as_json_and_only_to_its_tenants_admin(client, completed, admin_user, requester,
+                                                                 other_tenant_user):
+    client.force_login(admin_user)
+    resp = client.get(f"/tasks/{completed.pk}/trace.json")
+    assert resp.status_code == 200 and "attachment" in resp["Content-Disposition"]
+    doc = json.loads(resp.content)
+    assert doc["format"] == "faultdesk-trace/1" and doc["task"]["status"] == reducer.COMPLETED
+    assert [e["seq"] for e in doc["events"]] == list(range(1, completed.version + 1))
+    assert doc["events"][-1]["type"] == "task.completed"
+    [action] = doc["actions"]
+    assert action["status"] == "SUCCEEDED" and action["attempts"][0]["outcome"] == "RECEIPT"
+    assert doc["task"]["budget"] == {"total": 100, "used": 5, "reserved": 0}
+    for user in (requester, other_tenant_user):
+        client.force_login(user)
+        assert client.get(f"/tasks/{completed.pk}/trace.json").status_code == 404
+
+
+def test_the_trace_charts_the_budget_over_the_events(client, completed, admin_user):
+    client.force_login(admin_user)
+    page = client.get(f"/tasks/{completed.pk}/trace/").content.decode()
+    assert 'aria-label="Cost units over the events: used, and used + reserved"' in page
+    from apps.traces.views import budget_series
+
+    series = budget_series(completed, list(TaskEvent.objects.filter(task=completed).order_by("seq")))
+    assert len(series) == completed.version
+    intent = TaskEvent.objects.get(task=completed, type="intent.committed").seq
+    receipt = TaskEvent.objects.get(task=completed, type="receipt.recorded").seq
+    assert series[intent - 1][1:] == (0, 5) and series[receipt - 1][1:] == (5, 5)
+
+
+def test_the_metrics_page_shows_the_tenants_figures(client, completed, admin_user, requester, device, approver,
+                                                    other_tenant_user):
+    failed = task_submit(principal=p(requester), device_id=device.pk, symptom="Will fail").task
+    task_append_event(task=failed, event_type="task.failed", payload={"reason": "test"}, actor="test")
+    client.force_login(admin_user)
+    page = client.get("/ops/metrics/").content.decode()
+    assert "2 (0 open, 1 completed, 1 failed, 0 cancelled)" in page
+    assert "50 % of ended requests" in page
+    assert "approval.granted 1" in page  # avery's decision is a human intervention
+    assert "reducer/3" in page and "local-drafter/1" in page
+    from apps.traces.metrics import tenant_metrics
+
+    m = tenant_metrics(tenant_id=completed.tenant_id)
+    assert m["rates"]["completion"] == 0.5 and m["totals"]["duplicate_actions"] == 0
+    assert m["by_version"][0].tasks == 2 and m["by_version"][0].cost_p50 == 2.5
+    # another tenant's admin sees its own (empty) figures, none of acme's
+    client.force_login(other_tenant_user)
+    other = client.get("/ops/metrics/").content.decode()
+    assert "0 (0 open, 0 completed, 0 failed, 0 cancelled)" in other
+    # a requester may not open it
+    client.force_login(requester)
+    assert client.get("/ops/metrics/").status_code == 404
