@@ -3,9 +3,21 @@
 import os
 
 from celery import Celery
+from celery.signals import task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
 app = Celery("faultdesk")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+
+@task_prerun.connect
+def _log_context(task_id=None, task=None, **_):
+    """Each Celery task starts with a clean log context naming the Celery task; the runtime binds
+    the tenant, task, action and attempt ids once it has read them."""
+    from config.logs import bind, clear
+
+    clear()
+    bind(celery_task=getattr(task, "name", None), celery_task_id=task_id)

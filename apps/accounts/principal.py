@@ -73,6 +73,9 @@ def principal_for_user(user) -> Principal:
     )
     if membership is None:
         raise NoMembership(f"user {user.pk} has no active membership")
+    from config.logs import bind
+
+    bind(tenant_id=membership.tenant_id)  # every later log line of this request names the tenant
     return principal_from_membership(membership)
 
 

@@ -43,6 +43,7 @@ from apps.tasks.models import Task
 from apps.tasks.services import StaleWrite, task_append_with_retry, worker_identity
 from apps.tickets.connectors import Receipt, connector_for
 from apps.tickets.models import TicketMirror
+from config.logs import bind
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     action = message.action
     task = Task.objects.select_related("tenant").get(pk=action.task_id)
     now = timezone.now()
+    bind(tenant_id=action.tenant_id, task_id=action.task_id, action_id=action.pk, outbox_id=message.pk,
+         fencing_token=fencing_token, step="dispatch")
 
     # 2. re-authorize at the moment of dispatch (a compensation runs on a cancelled task: it is
     #    what the cancel asked for, under its own approval)
@@ -172,6 +175,7 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
             action=action, number=number, fencing_token=fencing_token, started_at=timezone.now(), worker=owner,
         )
         OutboxMessage.objects.filter(pk=message.pk).update(attempts=number)
+    bind(attempt=number)
 
     # 4. send with the stable idempotency key; the timeout is bounded by the task's deadline
     contract = tool_get(action.tool)
@@ -481,6 +485,7 @@ def _reconcile_one(action: Action) -> None:
     (same key) with backoff — unless the task was cancelled, its deadline passed or the row used up
     its attempts: then the action is settled without sending again (:func:`action_settle_unknown`),
     which ends the wait with an explicit decision."""
+    bind(tenant_id=action.tenant_id, task_id=action.task_id, action_id=action.pk, step="reconcile")
     try:
         found = connector_for(action.tool, action.connector).lookup(
             tool=action.tool, idempotency_key=action.idempotency_key, params=action.params)

@@ -53,6 +53,7 @@ from apps.tasks.services import (
 )
 from apps.tickets.connectors import CONNECTORS, connector_for
 from apps.tickets.selectors import open_ticket_read, ticket_snapshot
+from config.logs import bind
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def context_read(*, task_id: uuid.UUID) -> None:
     device_gone = False
     try:
         task = Task.objects.select_related("device", "tenant").get(pk=task_id)
+        bind(tenant_id=task.tenant_id, task_id=task.pk, lease_generation=lease.generation, step="context_read")
         if task.status != reducer.RETRIEVING:
             return
         gen = lease.generation
@@ -205,6 +207,7 @@ def agent_run(*, task_id: uuid.UUID) -> None:
         return
     try:
         task = Task.objects.get(pk=task_id)
+        bind(tenant_id=task.tenant_id, task_id=task.pk, lease_generation=lease.generation, step="agent_run")
         if _v3(task):
             _release_stale(task, lease)
         for _ in range(MAX_STEPS_PER_RUN):

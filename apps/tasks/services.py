@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+import structlog
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -33,6 +34,9 @@ from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task, Urgency
 
 CONTROLLER_VERSION = "controller/1"
+
+#: one structured line per committed event (config.logs): tenant, task, seq, type, actor, fencing token
+events_log = structlog.get_logger("faultdesk.events")
 
 
 class StaleWrite(Exception):
@@ -158,6 +162,8 @@ def task_append_event(
                              reason=_stale_reason(task.pk, expected, lease_generation), actor=actor,
                              lease_generation=lease_generation)
         raise
+    events_log.info("event.appended", tenant_id=str(task.tenant_id), task_id=str(task.pk), event_seq=expected + 1,
+                    event_type=event_type, actor=actor, lease_generation=lease_generation, status=new_state["status"])
     # The in-memory task follows the row only once the transaction committed.
     for field, value in columns.items():
         setattr(task, field, value)

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from config import embedded
 from config.env import BASE_DIR, VAR_DIR, env
+from config.logs import configure_structlog, logging_config
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="faultdesk-insecure-dev-key-change-me")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -47,6 +48,7 @@ MIDDLEWARE = [
     "apps.accounts.middleware.RejectNulBytesMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "apps.accounts.middleware.RequestLogContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -220,11 +222,6 @@ FAULTDESK = {
     "METRICS_TOKEN": env("FAULTDESK_METRICS_TOKEN", default=""),
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# Structured logs (config/logs.py): JSON lines by default, LOG_FORMAT=console for a terminal.
+LOGGING = logging_config(fmt=env("LOG_FORMAT", default="json"), level=env("LOG_LEVEL", default="INFO"))
+configure_structlog()
