@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import task_prerun
+from celery.signals import task_prerun, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
@@ -21,3 +21,12 @@ def _log_context(task_id=None, task=None, **_):
 
     clear()
     bind(celery_task=getattr(task, "name", None), celery_task_id=task_id)
+
+
+@worker_process_init.connect
+def _tracing(**_):
+    """Spans of Celery tasks and their outbound calls, per worker process (after the fork); a
+    no-op without an OTLP endpoint."""
+    from config.tracing import setup_tracing
+
+    setup_tracing("worker")

@@ -1,0 +1,70 @@
+"""OpenTelemetry spans (issue 8 item 4): a span for every web request, every Celery task and every
+outbound HTTP call (ticket systems, the model endpoint), exported over OTLP/HTTP — only when an
+endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT``, or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``).
+With none, nothing is instrumented and nothing is exported: tracing costs nothing by default.
+
+The web process calls :func:`setup_tracing` from ``config/wsgi.py``; each Celery worker process
+calls it on ``worker_process_init`` (after the fork, as the SDK requires). The service name is
+``OTEL_SERVICE_NAME`` or ``faultdesk-<role>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+_DONE = False
+
+
+def endpoint_configured() -> bool:
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def setup_tracing(role: str, *, exporter=None) -> bool:
+    """Instrument Django, Celery and httpx and export their spans. ``exporter``: a span exporter
+    to use instead of OTLP (tests pass an in-memory one). Returns True when tracing is on; False
+    (and does nothing) without an exporter or a configured endpoint. Idempotent per process."""
+    global _DONE
+    if _DONE:
+        return True
+    if exporter is None and not endpoint_configured():
+        return False
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create(
+        {"service.name": os.environ.get("OTEL_SERVICE_NAME") or f"faultdesk-{role}"}))
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if exporter is None:
+        trace.set_tracer_provider(provider)  # once per process; tests pass their provider explicitly
+    DjangoInstrumentor().instrument(tracer_provider=provider)
+    CeleryInstrumentor().instrument(tracer_provider=provider)
+    HTTPXClientInstrumentor().instrument(tracer_provider=provider)
+    _DONE = True
+    log.info("tracing on: spans of %s exported", role)
+    return True
+
+
+def teardown_tracing() -> None:
+    """Undo :func:`setup_tracing` (tests)."""
+    global _DONE
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    for inst in (DjangoInstrumentor(), CeleryInstrumentor(), HTTPXClientInstrumentor()):
+        if inst.is_instrumented_by_opentelemetry:
+            inst.uninstrument()
+    _DONE = False
