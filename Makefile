@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo up down status test proptest chaos lint clean
+.PHONY: install demo up down status test browser proptest chaos lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,18 @@ status: $(STAMP)
 
 ## make test — the whole test suite (starts the embedded PostgreSQL/Redis it needs)
 test: $(STAMP)
+	@$(MAKE) -s browser || echo "warning: Debian's chromium could not be installed; the browser tests will fail"
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## make browser — Debian's chromium for the browser tests (apt-get, as root or with passwordless sudo);
+## Playwright drives it, never a browser of its own
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi; \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }; }
 
 ## make proptest — the property tests at 10,000 examples each (CI runs them at 1,000)
 proptest: $(STAMP)

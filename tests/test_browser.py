@@ -1,0 +1,163 @@
+"""The three people's pages in a real browser (issue 8 acceptance): Playwright drives Debian's
+Chromium (``/usr/bin/chromium``, installed by ``make browser``) against the live Django server,
+while an agent thread runs the agent, tools, outbox and reconciler steps and the reference ticket
+service answers over HTTP. Each test saves a screenshot under ``var/test-artifacts/screenshots/``.
+
+* a requester files a request and watches it progress, live, to the answer and the ticket;
+* an approver approves the proposal from the queue;
+* an admin opens the task's trace and the metrics page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from apps.approvals.models import ApprovalPolicy, ApprovalRequest
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.services import task_submit
+from tests.conftest import drive, p
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("FAULTDESK_CHROMIUM", "/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parent.parent / "var" / "test-artifacts" / "screenshots"
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        pytest.fail(f"Debian's chromium is not installed at {CHROMIUM}: run `make browser` (as root) first")
+    # Playwright's sync API keeps an asyncio loop on this thread; the tests' ORM calls are still
+    # synchronous, which Django's async-safety check cannot tell (its documented switch).
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM,
+                                         args=["--headless", "--no-sandbox", "--disable-gpu"])
+            yield browser
+            browser.close()
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.fixture
+def agent():
+    """Runs every open task's next steps in the background (what the Celery workers do)."""
+    from django.db import connections
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                for task_id in Task.objects.exclude(status__in=reducer.TERMINAL).values_list("id", flat=True):
+                    drive(task_id, rounds=3)
+                time.sleep(0.2)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join(30)
+
+
+def _page(chromium, live_server, username: str):
+    page = chromium.new_page(viewport={"width": 1280, "height": 1000})
+    page.set_default_timeout(30_000)
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", "pw-for-tests")
+    page.click("button[type=submit], input[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+    return page
+
+
+def _shot(page, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000, "the screenshot holds a rendered page"
+    return path
+
+
+def test_a_requester_files_a_request_and_watches_it_reach_the_answer(chromium, live_server, agent, requester,
+                                                                     device, kb, refservice):
+    ApprovalPolicy.objects.create(tenant=device.tenant, version=2, rules={
+        "tools": {"ticket.create": {"requires_approval": False, "ttl_minutes": 60}}})
+    page = _page(chromium, live_server, "riley")
+    page.click("text=New request")
+    page.select_option("#id_device", str(device.pk))
+    page.fill("#id_symptom", SYMPTOM)
+    page.select_option("#id_urgency", "high")
+    page.click("button:has-text('File request')")
+    page.wait_for_url("**/tasks/*/")
+    # The status section polls (htmx, every 2 s): the page moves on by itself to the answer.
+    page.wait_for_selector(".status.s-COMPLETED", timeout=60_000)
+    task = Task.objects.get(requester=requester)
+    assert task.status == reducer.COMPLETED
+    text = page.inner_text("#task-status")
+    assert f"Ticket {task.state['receipt']['external_id']} created" in text
+    assert "Laser Printer Fuser Error" in text  # a citation of the answer
+    _shot(page, "requester-answer")
+
+
+def test_an_approver_approves_the_proposal_from_the_queue(chromium, live_server, agent, requester, approver, device,
+                                                          kb, refservice):
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
+    deadline = time.monotonic() + 60
+    while Task.objects.get(pk=task.pk).status != reducer.WAITING_APPROVAL:
+        assert time.monotonic() < deadline, Task.objects.get(pk=task.pk).status
+        time.sleep(0.2)
+    approval = ApprovalRequest.objects.get(task=task)
+    page = _page(chromium, live_server, "avery")
+    page.click("text=Approvals")
+    row = page.locator(f"#approval-{approval.pk}")
+    assert device.asset_tag in row.inner_text() and "Creates one ticket" in row.inner_text()
+    row.locator("input[name=reason]").fill("matches the fuser procedure")
+    row.locator("button[value=approve]").click()
+    # htmx swaps the row in place with its decision
+    page.wait_for_selector(f"#approval-{approval.pk} .status.s-APPROVED")
+    _shot(page, "approver-queue")
+    approval.refresh_from_db()
+    assert approval.status == "APPROVED" and approval.decided_by.username == "avery"
+    deadline = time.monotonic() + 60
+    while Task.objects.get(pk=task.pk).status != reducer.COMPLETED:
+        assert time.monotonic() < deadline, Task.objects.get(pk=task.pk).status
+        time.sleep(0.2)
+
+
+def test_an_admin_opens_the_trace_and_the_metrics_page(chromium, live_server, requester, approver, admin_user,
+                                                       device, kb, refservice):
+    from apps.approvals.services import approval_decide
+
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve", reason="ok")
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED
+    page = _page(chromium, live_server, "adele")
+    page.click("text=Traces")
+    page.click(f"a[href='/tasks/{task.pk}/trace/']")
+    page.wait_for_selector("svg.chart polyline")
+    trace = page.inner_text("main")
+    for etype in ("task.accepted", "evidence.retrieved", "model.called", "approval.granted", "intent.committed",
+                  "receipt.recorded", "task.completed"):
+        assert etype in trace
+    _shot(page, "admin-trace")
+    page.click("text=Metrics")
+    page.wait_for_selector("h1:has-text('Metrics')")
+    metrics = page.inner_text("main")
+    assert "1 (0 open, 1 completed, 0 failed, 0 cancelled)" in metrics and "100 % of ended requests" in metrics
+    _shot(page, "admin-metrics")
