@@ -28,6 +28,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/input/", task_views.task_input_view, name="task-input"),
     path("tasks/<uuid:task_id>/trace/", trace_views.task_trace, name="task-trace"),
     path("tasks/<uuid:task_id>/trace.json", trace_views.task_trace_export, name="task-trace-export"),
+    path("tasks/<uuid:task_id>/events/<int:seq>/", trace_views.task_event_payload, name="task-event"),
     path("admin-tasks/", trace_views.admin_tasks, name="admin-tasks"),
     path("ops/metrics/", trace_views.metrics_page, name="metrics-page"),
     path("metrics", trace_views.prometheus_metrics, name="metrics"),

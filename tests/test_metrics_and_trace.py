@@ -157,3 +157,20 @@ def test_the_metrics_page_shows_the_tenants_figures(client, completed, admin_use
     # a requester may not open it
     client.force_login(requester)
     assert client.get("/ops/metrics/").status_code == 404
+
+
+def test_sensitive_payloads_show_as_digests_with_an_access_checked_view(client, completed, admin_user, requester,
+                                                                        other_tenant_user):
+    client.force_login(admin_user)
+    page = client.get(f"/tasks/{completed.pk}/trace/").content.decode()
+    retrieved = TaskEvent.objects.get(task=completed, type="evidence.retrieved")
+    excerpt = retrieved.payload["refs"][0]["excerpt"][:60]
+    assert excerpt not in page, "document text is not printed on the trace"
+    assert f"/tasks/{completed.pk}/events/{retrieved.seq}/" in page and retrieved.payload_digest[:15] in page
+    assert '"reservation_id"' in page or "reservation_id" in page  # ledger payloads stay inline
+    view = client.get(f"/tasks/{completed.pk}/events/{retrieved.seq}/")
+    assert view.status_code == 200 and retrieved.payload_digest in view.content.decode()
+    assert client.get(f"/tasks/{completed.pk}/events/999/").status_code == 404
+    for user in (requester, other_tenant_user):
+        client.force_login(user)
+        assert client.get(f"/tasks/{completed.pk}/events/{retrieved.seq}/").status_code == 404

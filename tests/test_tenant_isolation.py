@@ -58,6 +58,7 @@ ACCESS: dict[str, set[str] | str] = {
     "task-input": {REQ},
     "task-trace": {ADMIN},
     "task-trace-export": {ADMIN},
+    "task-event": {ADMIN},
     "admin-tasks": {ADMIN},
     "metrics-page": {ADMIN},  # the admin's own tenant only
     "metrics": EVERYONE,  # Prometheus: service-wide counts, no tenant label or identifier (a token when set)
@@ -144,7 +145,7 @@ def _urls(acme):
     """Every URL pattern outside the Django admin with ``acme``'s ids filled in, then the Django
     admin's URLs for every registered model: ``(name, path)``."""
     ids = {"task_id": acme["done"].pk, "approval_id": acme["approval"].pk, "action_id": acme["action"].pk,
-           "chunk_id": acme["chunk"]}
+           "chunk_id": acme["chunk"], "seq": 4}  # seq 4: evidence.retrieved, excerpts and all
     out = []
     for route, pat in _all_patterns():
         if route.startswith("django-admin/"):

@@ -32,12 +32,21 @@ def admin_tasks(request):
     return render(request, "traces/tasks.html", {"tasks": task_list(principal=p)[:100]})
 
 
+#: events whose payload carries people's words, document text or model output: the trace shows
+#: their digest and links to the access-checked view of the payload (issue 8 item 1)
+SENSITIVE_EVENTS = frozenset({"task.accepted", "evidence.retrieved", "model.called", "draft.proposed",
+                              "input.provided", "input.requested", "approval.requested", "intent.committed",
+                              "task.completed"})
+
+
 def _trace(request, task_id) -> dict:
     p = _admin(request)
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
     events = task_events_for_viewer(principal=p, task=task)
+    for e in events:
+        e.sensitive = e.type in SENSITIVE_EVENTS
     return {
         "task": task,
         "events": events,
@@ -143,3 +152,23 @@ def metrics_page(request):
         "cost": bar_chart([(str(d["day"])[5:], d["cost"], 0) for d in m["by_day"]], title="Cost units per day"),
     }
     return render(request, "traces/metrics.html", {"m": m, "charts": charts})
+
+
+@login_required
+@require_GET
+def task_event_payload(request, task_id, seq: int):
+    """One event's payload, for an admin of the task's tenant, as that admin may see it now
+    (evidence excerpts of scopes they cannot read are replaced). The trace links here instead of
+    printing sensitive payloads inline."""
+    from apps.evidence.selectors import payload_for_viewer, readable_chunk_ids
+    from apps.tasks.selectors import task_events
+
+    p = _admin(request)
+    task = task_get(principal=p, task_id=task_id)
+    event = task_events(principal=p, task=task).filter(seq=seq).first() if task is not None else None
+    if event is None:
+        raise Http404("event not found")
+    cited = {r.get("chunk_id") for r in event.payload.get("refs", [])} if event.type == "evidence.retrieved" else set()
+    readable = readable_chunk_ids(tenant_id=p.tenant_id, scopes=p.scopes, chunk_ids=cited) if cited else set()
+    payload = payload_for_viewer(event.type, event.payload, readable)
+    return render(request, "traces/event.html", {"task": task, "event": event, "payload": payload})
