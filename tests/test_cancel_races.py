@@ -148,3 +148,13 @@ def test_a_cancel_while_waiting_for_approval_shows_the_approval_closed_everywher
     page = client.get(f"/tasks/{task.pk}/").content.decode()
     assert 'Approval: <span class="status">INVALIDATED</span> — the task was cancelled' in page
     assert 'Approval: <span class="status">PENDING</span>' not in page
+
+
+def test_the_request_page_names_what_the_task_is_doing_now(client, requester, device, kb, refservice):
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
+    client.force_login(requester)
+    assert "<strong>Now:</strong> Queued: the agent starts in a moment." in client.get(f"/tasks/{task.pk}/").content.decode()
+    drive(task.pk)
+    fragment = client.get(f"/tasks/{task.pk}/", HTTP_HX_REQUEST="true")
+    assert "Waiting for an approver to review the proposal." in fragment.content.decode()
+    assert "<html" not in fragment.content.decode() and "HX-Request" in fragment["Vary"]

@@ -40,3 +40,29 @@ def task_events_for_viewer(*, principal: Principal, task: Task) -> list:
     for e in events:
         e.payload = payload_for_viewer(e.type, e.payload, readable)
     return events
+
+
+def task_now(task: Task) -> str:
+    """What the task is doing or waiting for right now, in the requester's words (the live
+    progress line of the request page)."""
+    state = task.state or {}
+    model = state.get("model") or {}
+    last = (model.get("last") or {}).get("outcome")
+    steps = {
+        "ACCEPTED": "Queued: the agent starts in a moment.",
+        "RETRIEVING": "Searching the knowledge base and reading the device's current state.",
+        "PROPOSING": ("Drafting the ticket: the model's last reply could not be used, asking again."
+                      if last == "malformed" else
+                      "Drafting the ticket: the model did not answer, trying again shortly."
+                      if last in ("unavailable", "rate_limited", "timeout") else "Drafting the ticket."),
+        "VALIDATING": "Checking the draft against the rules.",
+        "WAITING_INPUT": "Waiting for your answer to the agent's questions below.",
+        "WAITING_APPROVAL": "Waiting for an approver to review the proposal.",
+        "DISPATCHING": ("Writing the answer." if state.get("receipt") else "Sending the change to the ticket system."),
+        "WAITING_RECONCILIATION": "Confirming with the ticket system whether the change was made.",
+        "COMPENSATING": "Cancelled; handling the ticket that was created before the cancel.",
+        "WAITING_COMPENSATION": "Cancelled; an admin decides about the ticket that was created.",
+    }
+    if task.is_terminal:
+        return "Still confirming the last change with the ticket system." if task.outcome_pending else "Done."
+    return steps.get(task.status, task.status)

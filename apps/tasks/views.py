@@ -15,7 +15,7 @@ from apps.accounts.api import DomainError
 from apps.accounts.principal import NoMembership, principal_for_user
 from apps.devices.selectors import device_list
 from apps.tasks.forms import FaultRequestForm, InputForm
-from apps.tasks.selectors import task_get, task_list
+from apps.tasks.selectors import task_get, task_list, task_now
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
 
 
@@ -79,7 +79,7 @@ def _task_context(request, task_id):
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
-    return {"task": task, "state": task.state, "principal": p, "input_form": InputForm()}
+    return {"task": task, "state": task.state, "principal": p, "input_form": InputForm(), "now": task_now(task)}
 
 
 @login_required
