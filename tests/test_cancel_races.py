@@ -153,7 +153,8 @@ def test_a_cancel_while_waiting_for_approval_shows_the_approval_closed_everywher
 def test_the_request_page_names_what_the_task_is_doing_now(client, requester, device, kb, refservice):
     task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
     client.force_login(requester)
-    assert "<strong>Now:</strong> Queued: the agent starts in a moment." in client.get(f"/tasks/{task.pk}/").content.decode()
+    page = client.get(f"/tasks/{task.pk}/").content.decode()
+    assert "<strong>Now:</strong> Queued: the agent starts in a moment." in page
     drive(task.pk)
     fragment = client.get(f"/tasks/{task.pk}/", HTTP_HX_REQUEST="true")
     assert "Waiting for an approver to review the proposal." in fragment.content.decode()
