@@ -115,6 +115,17 @@ def test_main_job_end_to_end_with_real_processes(stack):
     result = task_replay(task)
     assert result.ok, result.detail
 
+    # What `curl /metrics` gets from the web process: valid Prometheus text with the task and
+    # dispatch counters of this run.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scraped = httpx.get(f"{stack.web}/metrics", timeout=10)
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(scraped.text) for s in family.samples}
+    assert samples[("faultdesk_tasks", (("status", "COMPLETED"),))] == 1
+    assert samples[("faultdesk_dispatch_attempts_total", (("outcome", "RECEIPT"), ("tool", "ticket.create")))] == 1
+
     # A person resolves the ticket in the ticket system: its signed webhook reaches the web
     # process, which verifies it and updates our mirror of the ticket.
     assert ref.patch(f"/tickets/{ticket_id}", json={"status": "resolved"}, headers={"If-Match": '"1"'}).is_success
