@@ -174,3 +174,13 @@ def test_sensitive_payloads_show_as_digests_with_an_access_checked_view(client, 
     for user in (requester, other_tenant_user):
         client.force_login(user)
         assert client.get(f"/tasks/{completed.pk}/events/{retrieved.seq}/").status_code == 404
+
+
+def test_the_trace_reads_as_the_causal_chain_of_the_main_job(client, completed, admin_user):
+    import re
+
+    client.force_login(admin_user)
+    page = client.get(f"/tasks/{completed.pk}/trace/").content.decode()
+    phases = re.findall(r'class="phase-start"><td>\d+</td><td><strong>([^<]+)</strong>', page)
+    assert phases == ["request", "evidence and device", "model call", "proposal", "approval", "intent", "receipt",
+                      "answer"]

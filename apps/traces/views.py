@@ -39,14 +39,37 @@ SENSITIVE_EVENTS = frozenset({"task.accepted", "evidence.retrieved", "model.call
                               "task.completed"})
 
 
+#: the causal chain of a task (issue 8 item 1): the phase each event belongs to, in the order the
+#: main job goes through them
+PHASES = {
+    "task.accepted": "request", "cancel.requested": "request", "input.requested": "request",
+    "input.provided": "request",
+    "retrieval.started": "evidence and device", "evidence.retrieved": "evidence and device",
+    "ticket.read": "evidence and device", "device.read": "evidence and device",
+    "budget.reserved": "budget", "budget.settled": "budget", "budget.released": "budget",
+    "model.called": "model call", "draft.proposed": "proposal", "draft.invalid": "proposal",
+    "approval.requested": "approval", "approval.granted": "approval", "approval.rejected": "approval",
+    "approval.invalidated": "approval",
+    "intent.committed": "intent", "outcome.unknown": "reconciliation", "reconciliation.retry": "reconciliation",
+    "dispatch.failed": "attempts", "dispatch.conflict": "attempts", "receipt.recorded": "receipt",
+    "compensation.requested": "compensation", "compensation.failed": "compensation",
+    "compensation.retry": "compensation", "compensation.resolved": "compensation",
+    "task.completed": "answer", "task.failed": "end",
+}
+
+
 def _trace(request, task_id) -> dict:
     p = _admin(request)
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
     events = task_events_for_viewer(principal=p, task=task)
+    previous = None
     for e in events:
         e.sensitive = e.type in SENSITIVE_EVENTS
+        e.phase = PHASES.get(e.type, "other")
+        e.new_phase = e.phase != previous and e.phase != "budget"
+        previous = e.phase if e.phase != "budget" else previous
     return {
         "task": task,
         "events": events,
