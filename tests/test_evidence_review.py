@@ -9,6 +9,7 @@ import numpy as np
 from django.urls import reverse
 
 from apps.accounts.models import AccessScope, Role
+from apps.events.models import TaskEvent
 from apps.evidence.guard import injection_flags
 from apps.evidence.models import Chunk, Document
 from apps.evidence.services import document_ingest, path_ingest
@@ -38,8 +39,14 @@ def test_the_trace_hides_excerpts_an_admin_may_not_read(client, tenant, requeste
                                scopes=[AccessScope.PUBLIC]).user
     client.force_login(narrow)
     html = client.get(reverse("task-trace", args=[task.pk])).content.decode()
-    assert "[not shown: scope tier2]" in html
-    assert tier2[0]["excerpt"][:60] not in html
+    assert tier2[0]["excerpt"][:60] not in html  # the trace shows the digest and links to the payload
+    seq = TaskEvent.objects.get(task_id=task.pk, type="evidence.retrieved").seq
+    payload = client.get(reverse("task-event", args=[task.pk, seq])).content.decode()
+    assert "[not shown: scope tier2]" in payload and tier2[0]["excerpt"][:60] not in payload
+    export = client.get(reverse("task-trace-export", args=[task.pk])).json()
+    exported = [r for e in export["events"] if e["type"] == "evidence.retrieved" for r in e["payload"]["refs"]
+                if r["scope"] == "tier2"]
+    assert exported and all(r["excerpt"] == "[not shown: scope tier2]" for r in exported)
     events = client.get(reverse("api-task-events", args=[task.pk])).json()
     shown = [r for e in events if e["type"] == "evidence.retrieved" for r in e["payload"]["refs"]
              if r["scope"] == "tier2"]
