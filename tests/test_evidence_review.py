@@ -43,11 +43,14 @@ def test_the_trace_hides_excerpts_an_admin_may_not_read(client, tenant, requeste
     seq = TaskEvent.objects.get(task_id=task.pk, type="evidence.retrieved").seq
     payload = client.get(reverse("task-event", args=[task.pk, seq])).content.decode()
     assert "[not shown: scope tier2]" in payload and tier2[0]["excerpt"][:60] not in payload
-    export = client.get(reverse("task-trace-export", args=[task.pk])).json()
+    export = client.get(reverse("task-trace-export", args=[task.pk]), {"include": "payloads"}).json()
     exported = [r for e in export["events"] if e["type"] == "evidence.retrieved" for r in e["payload"]["refs"]
                 if r["scope"] == "tier2"]
     assert exported and all(r["excerpt"] == "[not shown: scope tier2]" for r in exported)
-    events = client.get(reverse("api-task-events", args=[task.pk])).json()
+    listed = client.get(reverse("api-task-events", args=[task.pk])).json()
+    digests = [e["payload"] for e in listed if e["type"] == "evidence.retrieved"]
+    assert digests and digests[0]["sensitive"] is True and "refs" not in digests[0]  # by default: a digest
+    events = client.get(reverse("api-task-events", args=[task.pk]), {"include": "payloads"}).json()
     shown = [r for e in events if e["type"] == "evidence.retrieved" for r in e["payload"]["refs"]
              if r["scope"] == "tier2"]
     assert shown and all(r["excerpt"].startswith("[not shown") for r in shown)

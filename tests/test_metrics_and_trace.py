@@ -117,6 +117,13 @@ def test_the_trace_exports_as_json_and_only_to_its_tenants_admin(client, complet
     [action] = doc["actions"]
     assert action["status"] == "SUCCEEDED" and action["attempts"][0]["outcome"] == "RECEIPT"
     assert doc["task"]["budget"] == {"total": 100, "used": 5, "reserved": 0}
+    assert action["webhooks"] == []
+    # sensitive payloads are digests with their view, unless asked for
+    accepted = doc["events"][0]
+    assert accepted["type"] == "task.accepted" and accepted["payload"]["sensitive"] is True
+    assert accepted["payload"]["view"] == f"/tasks/{completed.pk}/events/1/" and SYMPTOM not in resp.content.decode()
+    full = client.get(f"/tasks/{completed.pk}/trace.json", {"include": "payloads"}).json()
+    assert full["events"][0]["payload"]["request"]["symptom"] == SYMPTOM
     for user in (requester, other_tenant_user):
         client.force_login(user)
         assert client.get(f"/tasks/{completed.pk}/trace.json").status_code == 404
@@ -184,3 +191,17 @@ def test_the_trace_reads_as_the_causal_chain_of_the_main_job(client, completed, 
     phases = re.findall(r'class="phase-start"><td>\d+</td><td><strong>([^<]+)</strong>', page)
     assert phases == ["request", "evidence and device", "model call", "proposal", "approval", "intent", "receipt",
                       "answer"]
+
+
+@pytest.mark.parametrize("url", ["/ops/metrics/", "/admin-tasks/", "/reconciliation/", "TRACE", "EVENT"])
+def test_admin_pages_are_full_pages_or_htmx_fragments_and_vary_on_hx_request(client, completed, admin_user, url):
+    url = {"TRACE": f"/tasks/{completed.pk}/trace/", "EVENT": f"/tasks/{completed.pk}/events/1/"}.get(url, url)
+    client.force_login(admin_user)
+    full = client.get(url)
+    fragment = client.get(url, HTTP_HX_REQUEST="true")
+    restore = client.get(url, HTTP_HX_REQUEST="true", HTTP_HX_HISTORY_RESTORE_REQUEST="true")
+    for resp in (full, fragment, restore):
+        assert resp.status_code == 200 and "HX-Request" in resp["Vary"]
+    assert "<html" in full.content.decode() and "<html" in restore.content.decode()
+    body = fragment.content.decode()
+    assert "<html" not in body and "<h1>" in body

@@ -37,9 +37,10 @@ class RejectNulBytesMiddleware:
 
 
 class RequestLogContextMiddleware:
-    """Bind a request id, the method, the path and the user to every log line of the request
-    (``config.logs``); the tenant is bound when the principal is resolved. The id comes from an
-    ``X-Request-ID`` header (at most 64 safe characters) or is new, and is echoed in the response."""
+    """Bind a request id, the method and the path to every log line of the request
+    (``config.logs``); the tenant and the user are bound when the principal is resolved. First in
+    the chain, so every answer carries it, a refusal by a later middleware too. The id comes from
+    an ``X-Request-ID`` header (at most 64 safe characters) or is new, and is echoed back."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -53,9 +54,7 @@ class RequestLogContextMiddleware:
         clear()
         given = request.headers.get("X-Request-ID", "")
         request_id = given if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", given) else uuid.uuid4().hex
-        user = getattr(request, "user", None)
-        bind(request_id=request_id, method=request.method, path=request.path[:200],
-             user_id=user.pk if user is not None and user.is_authenticated else None)
+        bind(request_id=request_id, method=request.method, path=request.path[:200])
         response = self.get_response(request)
         response["X-Request-ID"] = request_id
         clear()

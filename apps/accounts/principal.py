@@ -75,7 +75,7 @@ def principal_for_user(user) -> Principal:
         raise NoMembership(f"user {user.pk} has no active membership")
     from config.logs import bind
 
-    bind(tenant_id=membership.tenant_id)  # every later log line of this request names the tenant
+    bind(tenant_id=membership.tenant_id, user_id=user.pk)  # every later log line names tenant and user
     return principal_from_membership(membership)
 
 

@@ -11,6 +11,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts.api import DomainError
+from apps.accounts.pages import render_page
 from apps.actions.models import Action
 from apps.outbox.reconciliation import UnknownAction, reconciliation_list, reconciliation_resolve
 from apps.tasks.compensation import compensation_settle, compensations_waiting
@@ -24,10 +25,8 @@ def reconciliation_page(request):
     p = _principal(request)
     if not p.is_admin:
         raise Http404("admins only")
-    response = render(request, "reconciliation/page.html", {"rows": reconciliation_list(principal=p),
-                                                             "compensations": compensations_waiting(principal=p)})
-    patch_vary_headers(response, ("HX-Request",))
-    return response
+    return render_page(request, "reconciliation/page.html", {"rows": reconciliation_list(principal=p),
+                                                              "compensations": compensations_waiting(principal=p)})
 
 
 @login_required

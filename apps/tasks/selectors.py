@@ -64,5 +64,27 @@ def task_now(task: Task) -> str:
         "WAITING_COMPENSATION": "Cancelled; an admin decides about the ticket that was created.",
     }
     if task.is_terminal:
-        return "Still confirming the last change with the ticket system." if task.outcome_pending else "Done."
+        if task.outcome_pending:
+            return "Still confirming the last change with the ticket system."
+        return {"COMPLETED": "Done.", "FAILED": "Stopped: the request failed, for the reason above.",
+                "CANCELLED": "Stopped: the request was cancelled."}.get(task.status, "Stopped.")
     return steps.get(task.status, task.status)
+
+
+#: events whose payload carries people's words, document text or model output (issue 8 item 1):
+#: traces show their digest and link to the access-checked view of the payload
+SENSITIVE_EVENTS = frozenset({"task.accepted", "evidence.retrieved", "model.called", "draft.proposed",
+                              "input.provided", "input.requested", "approval.requested", "intent.committed",
+                              "task.completed"})
+
+
+def payload_shown(event, *, task_id, include_sensitive: bool) -> dict:
+    """An event's payload for a listing (trace export, events API): as the viewer may see it when
+    it is not sensitive or when ``include_sensitive``; otherwise ``{"sensitive": True, "digest",
+    "view"}`` pointing at the access-checked payload view."""
+    from django.urls import reverse
+
+    if include_sensitive or event.type not in SENSITIVE_EVENTS:
+        return event.payload
+    return {"sensitive": True, "digest": event.payload_digest,
+            "view": reverse("task-event", args=[task_id, event.seq])}

@@ -31,12 +31,25 @@ from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.reducer_v3 import MODEL_OUTCOMES
 
+#: the time a task ended: its terminal event (a later update of the row does not move it)
+ENDED_AT = ("LEFT JOIN LATERAL (SELECT min(e.occurred_at) AS at FROM events_taskevent e WHERE e.task_id = t.id "
+            "AND e.type IN ('task.completed', 'task.failed', 'cancel.requested')) ended ON true")
+
 #: events that show a task met a fault and recovered from it (or tried to)
 RECOVERY_EVENTS = ("outcome.unknown", "reconciliation.retry", "dispatch.conflict", "approval.invalidated")
 
 
 def _bounded(value: str | None, allowed) -> str:
     return value if value in allowed else "other"
+
+
+def _merged(rows) -> list[tuple[tuple, int]]:
+    """``(labels, value)`` rows with equal labels added up (values outside a closed set all become
+    ``other``, and a scrape must not carry one series twice)."""
+    out: dict[tuple, int] = {}
+    for labels, value in rows:
+        out[labels] = out.get(labels, 0) + value
+    return sorted(out.items())
 
 
 class _DatabaseCollector:
@@ -74,13 +87,15 @@ class _DatabaseCollector:
         tools = set(TOOLS)
         a = GaugeMetricFamily("faultdesk_actions", "Actions (logical external writes) by tool and status.",
                               labels=["tool", "status"])
-        for tool, status, n in actions:
-            a.add_metric([_bounded(tool, tools), _bounded(status, ActionStatus.values)], n)
+        for labels, n in _merged(((_bounded(t, tools), _bounded(st, ActionStatus.values)), n)
+                                 for t, st, n in actions):
+            a.add_metric(list(labels), n)
         yield a
         d = CounterMetricFamily("faultdesk_dispatch_attempts", "Dispatch attempts to ticket systems by tool and "
                                 "outcome.", labels=["tool", "outcome"])
-        for tool, outcome, n in attempts:
-            d.add_metric([_bounded(tool, tools), _bounded(outcome, AttemptOutcome.values)], n)
+        for labels, n in _merged(((_bounded(t, tools), _bounded(o, AttemptOutcome.values)), n)
+                                 for t, o, n in attempts):
+            d.add_metric(list(labels), n)
         yield d
         o = GaugeMetricFamily("faultdesk_outbox_messages", "Outbox rows by status.", labels=["status"])
         for s in OutboxStatus.values:
@@ -92,10 +107,9 @@ class _DatabaseCollector:
         yield ap
         calls = CounterMetricFamily("faultdesk_model_calls", "Model calls by outcome.", labels=["outcome"])
         tokens = CounterMetricFamily("faultdesk_model_tokens", "Model tokens charged to task ledgers.")
-        total_tokens = 0
-        for outcome, n, tok, _money in model:
-            calls.add_metric([_bounded(outcome, MODEL_OUTCOMES)], n)
-            total_tokens += tok
+        total_tokens = sum(tok for _, _, tok, _ in model)
+        for labels, n in _merged(((_bounded(o, MODEL_OUTCOMES),), n) for o, n, _, _ in model):
+            calls.add_metric(list(labels), n)
         tokens.add_metric([], total_tokens)
         yield calls
         yield tokens
@@ -163,28 +177,34 @@ def tenant_metrics(*, tenant_id: int, days: int = 14) -> dict:
             [reducer.COMPLETED, tenant_id, list(RECOVERY_EVENTS)])
         faulted, recovered = cur.fetchone()
         cur.execute(
-            "SELECT coalesce(t.artifact_bundle->>'reducer', 'reducer/1'), coalesce(t.artifact_bundle->>'model', ''), "
+            "SELECT coalesce(t.artifact_bundle->>'reducer', 'reducer/1'), "  # noqa: S608 - ENDED_AT is a constant
+            "coalesce(t.artifact_bundle->>'model', ''), "
             "coalesce(t.artifact_bundle->>'prompt_template', ''), count(*), "
             "count(*) FILTER (WHERE status = 'COMPLETED'), count(*) FILTER (WHERE status = 'FAILED'), "
             "count(*) FILTER (WHERE status = 'CANCELLED'), "
             "percentile_cont(0.5) WITHIN GROUP (ORDER BY budget_used) FILTER (WHERE status = ANY(%s)), "
             "percentile_cont(0.95) WITHIN GROUP (ORDER BY budget_used) FILTER (WHERE status = ANY(%s)), "
-            "percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)) "
+            "percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM ended.at - t.created_at)) "
             "FILTER (WHERE status = ANY(%s)), "
-            "percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)) "
+            "percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM ended.at - t.created_at)) "
             "FILTER (WHERE status = ANY(%s)) "
-            "FROM tasks_task t WHERE t.tenant_id = %s GROUP BY 1, 2, 3 ORDER BY 4 DESC LIMIT 20",
+            f"FROM tasks_task t {ENDED_AT} WHERE t.tenant_id = %s GROUP BY 1, 2, 3 ORDER BY 4 DESC LIMIT 20",
             [terminal, terminal, terminal, terminal, tenant_id])
         by_version = [VersionRow(*row[:7], *(round(float(v), 3) if v is not None else None for v in row[7:]))
                       for row in cur.fetchall()]
         since = timezone.now() - timedelta(days=days)
         cur.execute(
-            "SELECT date_trunc('day', created_at)::date, count(*), count(*) FILTER (WHERE status = 'COMPLETED'), "
+            "SELECT date_trunc('day', t.created_at)::date, count(*), "  # noqa: S608 - ENDED_AT is a constant
+            "count(*) FILTER (WHERE status = 'COMPLETED'), "
             "count(*) FILTER (WHERE status = 'FAILED'), count(*) FILTER (WHERE status = 'CANCELLED'), "
-            "coalesce(sum(budget_used), 0) FROM tasks_task WHERE tenant_id = %s AND created_at >= %s "
-            "GROUP BY 1 ORDER BY 1", [tenant_id, since])
-        by_day = [{"day": d, "tasks": n, "completed": c, "failed": f, "cancelled": x, "cost": int(cost)}
-                  for d, n, c, f, x, cost in cur.fetchall()]
+            "coalesce(sum(budget_used), 0), "
+            "percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM ended.at - t.created_at)) "
+            f"FILTER (WHERE ended.at IS NOT NULL) FROM tasks_task t {ENDED_AT} "
+            "WHERE t.tenant_id = %s AND t.created_at >= %s GROUP BY 1 ORDER BY 1", [tenant_id, since])
+        by_day = [{"day": d, "tasks": n, "completed": c, "failed": f, "cancelled": x, "cost": int(cost),
+                   "completion": _rate(c, c + f + x),
+                   "latency_p95_s": round(float(p95), 3) if p95 is not None else None}
+                  for d, n, c, f, x, cost, p95 in cur.fetchall()]
         # people stepping in: approval decisions (not carried over), reconciliation resolutions,
         # compensation decisions — each recorded as an event with a person as its actor
         cur.execute(

@@ -9,12 +9,12 @@ import hmac
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
-from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from apps.accounts.pages import render_page
 from apps.actions.models import Action
 from apps.events.models import RefusedEvent
-from apps.tasks.selectors import task_events_for_viewer, task_get, task_list
+from apps.tasks.selectors import SENSITIVE_EVENTS, payload_shown, task_events_for_viewer, task_get, task_list
 from apps.tasks.views import _principal
 
 
@@ -29,14 +29,7 @@ def _admin(request):
 @require_GET
 def admin_tasks(request):
     p = _admin(request)
-    return render(request, "traces/tasks.html", {"tasks": task_list(principal=p)[:100]})
-
-
-#: events whose payload carries people's words, document text or model output: the trace shows
-#: their digest and links to the access-checked view of the payload (issue 8 item 1)
-SENSITIVE_EVENTS = frozenset({"task.accepted", "evidence.retrieved", "model.called", "draft.proposed",
-                              "input.provided", "input.requested", "approval.requested", "intent.committed",
-                              "task.completed"})
+    return render_page(request, "traces/tasks.html", {"tasks": task_list(principal=p)[:100]})
 
 
 #: the causal chain of a task (issue 8 item 1): the phase each event belongs to, in the order the
@@ -106,18 +99,20 @@ def task_trace(request, task_id):
     # and never reads.
     ctx["budget_chart"] = line_chart(budget_series(ctx["task"], ctx["events"]), total=ctx["task"].budget_total,
                                      title="Cost units over the events: used, and used + reserved")
-    return render(request, "traces/trace.html", ctx)
+    return render_page(request, "traces/trace.html", ctx)
 
 
 @login_required
 @require_GET
 def task_trace_export(request, task_id):
-    """The whole trace as one JSON document (``trace.json``): the task, every event as the viewer
-    may see it, refused events, actions with their attempts and webhooks."""
+    """The whole trace as one JSON document (``trace.json``): the task, every event, refused
+    events, actions with their attempts and webhooks. Sensitive payloads are their digest and the
+    link to their view, unless ``?include=payloads`` asks for them (as the viewer may see them)."""
     from django.http import JsonResponse
 
     ctx = _trace(request, task_id)
     task = ctx["task"]
+    include = request.GET.get("include") == "payloads"
     doc = {
         "format": "faultdesk-trace/1",
         "task": {"id": str(task.pk), "tenant": task.tenant_id, "status": task.status, "version": task.version,
@@ -128,7 +123,8 @@ def task_trace_export(request, task_id):
         "events": [{"seq": e.seq, "type": e.type, "occurred_at": e.occurred_at.isoformat(),
                     "recorded_at": e.recorded_at.isoformat(), "actor": e.actor, "lease_generation": e.lease_generation,
                     "causation_id": str(e.causation_id) if e.causation_id else None,
-                    "payload_digest": e.payload_digest, "payload": e.payload} for e in ctx["events"]],
+                    "payload_digest": e.payload_digest,
+                    "payload": payload_shown(e, task_id=task.pk, include_sensitive=include)} for e in ctx["events"]],
         "refused_events": [{"at_version": r.at_version, "type": r.type, "reason": r.reason, "actor": r.actor,
                             "lease_generation": r.lease_generation, "recorded_at": r.recorded_at.isoformat()}
                            for r in ctx["refused"]],
@@ -138,7 +134,10 @@ def task_trace_export(request, task_id):
                      "attempts": [{"number": t.number, "fencing_token": t.fencing_token, "outcome": t.outcome,
                                    "error": t.error, "started_at": t.started_at.isoformat(),
                                    "finished_at": t.finished_at.isoformat() if t.finished_at else None}
-                                  for t in a.attempts.all()]} for a in ctx["actions"]],
+                                  for t in a.attempts.all()],
+                     "webhooks": [{"event_id": h.event_id, "outcome": h.outcome, "reason": h.reason,
+                                   "received_at": h.received_at.isoformat(), "body": h.body}
+                                  for h in a.webhooks.all()]} for a in ctx["actions"]],
     }
     response = JsonResponse(doc, json_dumps_params={"indent": 1})
     response["Content-Disposition"] = f'attachment; filename="trace-{task.pk}.json"'
@@ -154,7 +153,8 @@ def prometheus_metrics(request):
     from apps.traces.metrics import prometheus_text
 
     token = settings.FAULTDESK.get("METRICS_TOKEN") or ""
-    if token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"):
+    given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+    if token and not hmac.compare_digest(given, f"Bearer {token}".encode()):
         return HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
     return HttpResponse(prometheus_text(), content_type=CONTENT_TYPE_LATEST)
 
@@ -174,7 +174,7 @@ def metrics_page(request):
                            title="Requests per day: completed, and failed or cancelled"),
         "cost": bar_chart([(str(d["day"])[5:], d["cost"], 0) for d in m["by_day"]], title="Cost units per day"),
     }
-    return render(request, "traces/metrics.html", {"m": m, "charts": charts})
+    return render_page(request, "traces/metrics.html", {"m": m, "charts": charts})
 
 
 @login_required
@@ -194,4 +194,4 @@ def task_event_payload(request, task_id, seq: int):
     cited = {r.get("chunk_id") for r in event.payload.get("refs", [])} if event.type == "evidence.retrieved" else set()
     readable = readable_chunk_ids(tenant_id=p.tenant_id, scopes=p.scopes, chunk_ids=cited) if cited else set()
     payload = payload_for_viewer(event.type, event.payload, readable)
-    return render(request, "traces/event.html", {"task": task, "event": event, "payload": payload})
+    return render_page(request, "traces/event.html", {"task": task, "event": event, "payload": payload})

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "apps.accounts.middleware.RequestLogContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -48,7 +49,6 @@ MIDDLEWARE = [
     "apps.accounts.middleware.RejectNulBytesMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "apps.accounts.middleware.RequestLogContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -120,6 +120,8 @@ SPECTACULAR_SETTINGS = {
 # --- Celery (DESIGN.md §2): Redis is a hint to run, PostgreSQL is the truth -------------------
 CELERY_BROKER_URL = env("REDIS_URL", default=embedded.redis_url())
 CELERY_TASK_IGNORE_RESULT = True
+# Workers log through Django's LOGGING (structured JSON), not Celery's own plain-text root handler.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -19,7 +19,7 @@ from apps.tasks.api.serializers import (
     TaskCreateSerializer,
     TaskSerializer,
 )
-from apps.tasks.selectors import task_events_for_viewer, task_get, task_list
+from apps.tasks.selectors import payload_shown, task_events_for_viewer, task_get, task_list
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
 
 
@@ -99,4 +99,9 @@ class TaskEventsApi(APIView):
         task = task_get(principal=principal, task_id=task_id)
         if task is None:
             raise NotFound("task not found")
-        return Response(EventSerializer(task_events_for_viewer(principal=principal, task=task), many=True).data)
+        # Sensitive payloads: their digest and view link, unless ?include=payloads asks for them.
+        include = request.GET.get("include") == "payloads"
+        events = task_events_for_viewer(principal=principal, task=task)
+        for e in events:
+            e.payload = payload_shown(e, task_id=task.pk, include_sensitive=include)
+        return Response(EventSerializer(events, many=True).data)
