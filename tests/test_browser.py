@@ -5,7 +5,8 @@ service answers over HTTP. Each test saves a screenshot under ``var/test-artifac
 
 * a requester files a request and watches it progress, live, to the answer and the ticket;
 * an approver approves the proposal from the queue;
-* an admin opens the task's trace and the metrics page.
+* an admin opens the task's trace and the metrics page;
+* a requester answers the agent's question inline while the page polls (kept from the issue 8 review).
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ SHOTS = Path(__file__).resolve().parent.parent / "var" / "test-artifacts" / "scr
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium():
     from playwright.sync_api import sync_playwright
 
     if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
         pytest.fail(f"Debian's chromium is not installed at {CHROMIUM}: run `make browser` (as root) first")
-    # Playwright's sync API keeps an asyncio loop on this thread; the tests' ORM calls are still
-    # synchronous, which Django's async-safety check cannot tell (its documented switch).
+    # Playwright's sync API keeps an asyncio loop on this thread while it runs; the tests' ORM calls
+    # are still synchronous, which Django's async-safety check cannot tell (its documented switch).
+    # Module scope: the loop ends, and the switch is put back, before the next module's tests.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:
         with sync_playwright() as pw:
@@ -161,3 +163,21 @@ def test_an_admin_opens_the_trace_and_the_metrics_page(chromium, live_server, re
     metrics = page.inner_text("main")
     assert "1 (0 open, 1 completed, 0 failed, 0 cancelled)" in metrics and "100 % of ended requests" in metrics
     _shot(page, "admin-metrics")
+
+
+def test_a_typed_answer_survives_the_live_polling(chromium, live_server, requester, device, kb):
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom="broken").task.pk)
+    assert task.status == reducer.WAITING_INPUT
+    page = _page(chromium, live_server, "riley")
+    page.goto(f"{live_server.url}/tasks/{task.pk}/")
+    page.fill("#id_text", "Since Monday, after the firmware update; power-cycling did not help")
+    page.focus("#id_text")
+    page.wait_for_timeout(5000)  # two or three polls
+    _shot(page, "review8-waiting-input")
+    value = page.input_value("#id_text")
+    assert value.startswith("Since Monday"), f"the typed answer was wiped by the 2 s poll: {value!r}"
+    page.click("button:has-text('Send answer')")
+    page.wait_for_selector("p.now")
+    task = Task.objects.get(pk=task.pk)
+    assert task.state["answers"] == ["Since Monday, after the firmware update; power-cycling did not help"]
+    assert task.status == reducer.RETRIEVING  # re-planning with the answer; the live progress resumes

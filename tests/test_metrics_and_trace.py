@@ -157,6 +157,10 @@ def test_the_metrics_page_shows_the_tenants_figures(client, completed, admin_use
     m = tenant_metrics(tenant_id=completed.tenant_id)
     assert m["rates"]["completion"] == 0.5 and m["totals"]["duplicate_actions"] == 0
     assert m["by_version"][0].tasks == 2 and m["by_version"][0].cost_p50 == 2.5
+    [today] = m["by_day"]
+    assert (today["tasks"], today["completed"], today["failed"], today["completion"]) == (2, 1, 1, 0.5)
+    assert today["latency_p95_s"] is not None and today["latency_p95_s"] >= 0
+    assert f"<td>{today['day']:%Y-%m-%d}</td><td>2</td><td>1</td><td>1</td><td>0</td>" in page
     # another tenant's admin sees its own (empty) figures, none of acme's
     client.force_login(other_tenant_user)
     other = client.get("/ops/metrics/").content.decode()
