@@ -203,3 +203,27 @@ def _replay_every_task(request):
     assert not diverged, f"tasks diverge from their event log: {diverged}"
     disagreeing = {str(t.pk): problems for t in tasks if (problems := task_actions_audit(t))}
     assert not disagreeing, f"action rows disagree with the task state: {disagreeing}"
+
+
+@pytest.fixture
+def json_lines():
+    """Every log record of the test rendered by the production formatter (``config.logs``) into a
+    buffer; calling the fixture's value returns the lines parsed as JSON."""
+    import io
+    import json
+    import logging
+    import logging.config
+
+    from config.logs import clear, logging_config
+
+    buffer = io.StringIO()
+    config = logging_config(fmt="json")
+    formatter = logging.config.DictConfigurator(config).configure_formatter(config["formatters"]["structured"])
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    clear()
+    yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines() if line.strip()]
+    root.removeHandler(handler)
+    clear()

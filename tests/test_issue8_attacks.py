@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import logging
-import logging.config
 import os
 import subprocess
 import sys
@@ -24,7 +21,7 @@ from apps.events.models import TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_append_event, task_cancel, task_submit
-from config.logs import clear, logging_config
+from config.logs import clear
 from tests.conftest import drive, p
 from tests.factories import DeviceFactory
 
@@ -261,19 +258,6 @@ def test_now_line_per_status(requester, device, kb):
 
 # --- 4. logs ----------------------------------------------------------------------------------------
 
-@pytest.fixture
-def json_lines():
-    buffer = io.StringIO()
-    config = logging_config(fmt="json")
-    formatter = logging.config.DictConfigurator(config).configure_formatter(config["formatters"]["structured"])
-    handler = logging.StreamHandler(buffer)
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    clear()
-    yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines() if line.strip()]
-    root.removeHandler(handler)
-    clear()
 
 
 def test_dispatch_log_lines_do_not_carry_the_previous_rows_attempt(json_lines, requester, approver, device, kb,

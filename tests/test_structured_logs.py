@@ -4,34 +4,13 @@ dispatcher (``config.logs``)."""
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import logging.config
-
-import pytest
 
 from apps.approvals.models import ApprovalRequest
 from apps.approvals.services import approval_decide
 from apps.tasks.services import task_submit
-from config.logs import clear, logging_config
 from tests.conftest import drive, p
-
-
-@pytest.fixture
-def json_lines():
-    """Every log record of the test rendered by the production formatter into a buffer."""
-    buffer = io.StringIO()
-    config = logging_config(fmt="json")
-    formatter = logging.config.DictConfigurator(config).configure_formatter(config["formatters"]["structured"])
-    handler = logging.StreamHandler(buffer)
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    clear()
-    yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines() if line.strip()]
-    root.removeHandler(handler)
-    clear()
 
 
 def test_the_main_jobs_lines_carry_tenant_task_action_attempt_and_event_ids(json_lines, requester, approver, device,
