@@ -131,6 +131,12 @@ def rrf_fuse(*rankings: list[int], k: int, rrf_k: int = RRF_K) -> list[tuple[int
     return [(c, scores[c], ranks[c]) for c in best]
 
 
+def vector_literal(values) -> str:
+    """``values`` (a sequence of floats, e.g. an embedding) as a pgvector literal ``"[x,y,...]"``
+    with 7 decimals, for a ``%s::vector`` parameter."""
+    return "[" + ",".join(f"{x:.7f}" for x in values) + "]"
+
+
 def evidence_retrieve(
     *, tenant_id: int, scopes: list[str] | tuple[str, ...], query: str, k: int = 5
 ) -> list[EvidenceRef]:
@@ -141,7 +147,22 @@ def evidence_retrieve(
     """
     if not scopes or not query.strip():
         return []
-    qvec = "[" + ",".join(f"{x:.7f}" for x in embed_query(query)) + "]"
+    return evidence_rank(tenant_id=tenant_id, scopes=scopes, query=query,
+                         qvec=vector_literal(embed_query(query)), k=k)
+
+
+def evidence_rank(
+    *, tenant_id: int, scopes: list[str] | tuple[str, ...], query: str, qvec: str, k: int = 5
+) -> list[EvidenceRef]:
+    """:func:`evidence_retrieve` after the embedding: ``qvec`` is ``query``'s embedding as a
+    pgvector literal (:func:`vector_literal`). Runs the vector and full-text rankings over the
+    permitted chunks in one transaction, fuses them and fetches the chunks.
+
+    Returns at most ``k`` :class:`EvidenceRef`, best first; nothing for an empty ``scopes`` or
+    ``query``. (Split out so that ``make bench`` can time the ranking without the model.)
+    """
+    if not scopes or not query.strip():
+        return []
     with transaction.atomic(), connection.cursor() as cur:
         depth = max(CANDIDATES, k)
         vec, _ = vector_candidates(cur, tenant_id=tenant_id, scopes=scopes, qvec=qvec, limit=depth)
