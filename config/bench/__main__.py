@@ -1,0 +1,150 @@
+"""``python -m config.bench``: see :mod:`config.bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from datetime import UTC, datetime
+
+PHASES = ("ceiling", "floor", "e2e", "outbox", "retrieval", "pages")
+
+
+def _machine() -> dict:
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():  # noqa: SIM115 - tiny file
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem_kb = int(next(line for line in open("/proc/meminfo").read().splitlines()  # noqa: SIM115
+                          if line.startswith("MemTotal")).split()[1])
+    except (OSError, StopIteration):
+        mem_kb = 0
+    return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem_kb / 1024 / 1024, 1),
+            "python": platform.python_version(), "kernel": platform.release()}
+
+
+def _fresh_database(name: str) -> None:
+    import pgserver
+
+    from config import embedded
+
+    server = pgserver.get_server(embedded.PGDATA, cleanup_mode=None)
+    server.psql(f'SET client_min_messages = warning; DROP DATABASE IF EXISTS "{name}" WITH (FORCE);')
+    server.psql(f'CREATE DATABASE "{name}";')
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m config.bench", description=__doc__)
+    parser.add_argument("--only", action="append", choices=PHASES, help="run only this phase (repeatable)")
+    parser.add_argument("--n", type=int, default=500, help="tasks per end-to-end run (default 500)")
+    parser.add_argument("--workers", default="1,2,4", help="worker process counts (default 1,2,4)")
+    parser.add_argument("--outbox-n", type=int, default=500, help="outbox messages to drain (default 500)")
+    parser.add_argument("--chunks", default="10000,100000", help="retrieval corpus sizes (default 10000,100000)")
+    parser.add_argument("--quick", action="store_true", help="shorter runs, for trying the bench out")
+    args = parser.parse_args(argv)
+    phases = args.only or list(PHASES)
+    started = time.monotonic()
+
+    from config import embedded
+    from config.bench import harness
+
+    shutil.rmtree(harness.LOG_DIR, ignore_errors=True)
+    harness.LOG_DIR.mkdir(parents=True, exist_ok=True)
+    embedded.ensure_postgres()
+    embedded.ensure_redis()
+    bench = harness.Bench(quick=args.quick)
+    machine = _machine()
+    print(f"• faultdesk bench on {machine['cpus']} cores ({machine['cpu']}), {machine['memory_gib']} GiB; "
+          f"phases: {', '.join(phases)}", flush=True)
+
+    # The in-process part (seeding, retrieval, direct measurements) uses the bench database too.
+    os.environ.update({k: v for k, v in bench.env.items() if k.startswith(("DATABASE_", "REDIS_", "REFSERVICE_",
+                                                                            "DJANGO_", "FAULTDESK_", "LOG_"))})
+    _fresh_database(harness.DATABASE)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", "--no-input", verbosity=0)
+    try:
+        if "ceiling" in phases:
+            from config.bench import ceiling
+
+            ceiling.run(bench, seconds=5 if args.quick else 20)
+        if "floor" in phases:
+            from config.bench import floor
+
+            floor.run(bench, seconds=5 if args.quick else 15)
+        if "e2e" in phases:
+            from config.bench import e2e
+
+            e2e.run(bench, n=args.n, worker_counts=[int(w) for w in args.workers.split(",")])
+        if "outbox" in phases:
+            from config.bench import outbox
+
+            outbox.run(bench, n=args.outbox_n)
+        if "retrieval" in phases:
+            from config.bench import retrieval
+
+            retrieval.run(bench, sizes=[int(c) for c in args.chunks.split(",")])
+        if "pages" in phases:
+            from config.bench import pages
+
+            pages.run(bench, requests=100)
+    finally:
+        bench.stop_all()
+    for role in ("worker", "web"):
+        if role in bench.peaks:
+            bench.figure(f"memory.{role}_peak_rss", bench.peaks[role], "MiB",
+                         f"largest peak RSS (VmHWM) of one {role} process during the run")
+    elapsed = time.monotonic() - started
+    bench.figure("bench.elapsed", elapsed, "s")
+    _summary(bench)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = {"started_at": stamp, "machine": machine, "args": vars(args), "figures": bench.figures}
+    path = harness.BENCH_DIR / f"bench-{stamp}.json"
+    path.write_text(json.dumps(out, indent=2))
+    (harness.BENCH_DIR / "latest.json").write_text(json.dumps(out, indent=2))
+    print(f"• figures written to {path}", flush=True)
+    return 0
+
+
+def _summary(bench) -> None:
+    v = bench.value
+    lines = ["", "summary"]
+    if v("ceiling.commits_per_s"):
+        lines.append(f"  ceiling   {v('ceiling.commits_per_s'):,.0f} commits/s (pgbench simple-update)")
+    if v("floor.flows_per_s"):
+        lines.append(f"  floor     {v('floor.flows_per_s'):,.1f} flows/s (the work alone, no durability layer)")
+    for w in (1, 2, 4):
+        if v(f"e2e.{w}w.tasks_per_s"):
+            lines.append(
+                f"  e2e {w}w    {v(f'e2e.{w}w.tasks_per_s'):,.2f} tasks/s, p50 {v(f'e2e.{w}w.latency_p50'):.2f} s, "
+                f"p95 {v(f'e2e.{w}w.latency_p95'):.2f} s, {v(f'e2e.{w}w.commits_per_task'):.1f} commits/task, "
+                f"{v(f'e2e.{w}w.ratio_to_floor') or 0:.3f} of floor, {v(f'e2e.{w}w.ratio_to_ceiling') or 0:.3f} "
+                "of ceiling")
+    if v("outbox.messages_per_s"):
+        lines.append(f"  outbox    {v('outbox.messages_per_s'):,.1f} messages/s, "
+                     f"{v('outbox.ratio_to_ceiling') or 0:.3f} of ceiling")
+    for key in sorted(k for k in bench.figures if k.startswith("retrieval.") and k.endswith(".p95_ms")):
+        stem = key.removesuffix(".p95_ms")
+        lines.append(f"  {stem:<28} p50 {v(stem + '.p50_ms'):.1f} ms, p95 {v(key):.1f} ms, "
+                     f"recall@10 {v(stem + '.recall_at_10'):.3f}")
+    for key in sorted(k for k in bench.figures if k.startswith("pages.") and k.endswith(".p95_ms")):
+        lines.append(f"  {key.removesuffix('.p95_ms'):<28} p95 {v(key):.0f} ms")
+    for role in ("worker", "web"):
+        if v(f"memory.{role}_peak_rss"):
+            lines.append(f"  memory    {role} peak RSS {v(f'memory.{role}_peak_rss'):,.0f} MiB")
+    lines.append(f"  elapsed   {v('bench.elapsed'):,.0f} s")
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Phase 3, end to end: N reports through the whole main job — the HTTP API (gunicorn), the agent,
+retrieval with the local embedding model, the local drafter, the auto-approval policy, the outbox
+dispatcher and the reference ticket service — with one Celery worker node of 1, 2 and 4 pool
+processes serving every queue, and beat.
+
+Per worker count: tasks/s (first acceptance to last terminal event), p50/p95 latency from the
+request's acceptance to its receipt, writing commits per task, and the ratios to the floor and to
+the ceiling's share per task (``ceiling ÷ commits per task``)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import psycopg
+
+from config import embedded
+from config.bench.harness import DATABASE, REDIS_DB, Bench, next_xid, percentile, session_client
+from config.bench.seed import SYMPTOMS, tenant_seed
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+_LATENCY_SQL = """
+SELECT t.status,
+       extract(epoch FROM t.created_at),
+       (SELECT extract(epoch FROM min(e.recorded_at)) FROM events_taskevent e
+         WHERE e.task_id = t.id AND e.type = 'receipt.recorded'),
+       (SELECT extract(epoch FROM max(e.recorded_at)) FROM events_taskevent e
+         WHERE e.task_id = t.id AND e.type IN ('task.completed', 'task.failed', 'task.cancelled'))
+FROM tasks_task t WHERE t.id = ANY(%s)
+"""
+
+
+def submit_all(base: str, username: str, devices: list[int], n: int, *, prefix: str, threads: int = 8) -> list[str]:
+    """POST ``n`` reports to ``/api/tasks/`` from ``threads`` logged-in sessions, each with its own
+    Idempotency-Key and device; returns the accepted task ids. SystemExit on a refusal."""
+    clients = [session_client(base, username) for _ in range(threads)]
+
+    def one(i: int) -> str:
+        client = clients[i % threads]
+        body = {"device_id": devices[i], "symptom": SYMPTOMS[i % len(SYMPTOMS)], "urgency": "high"}
+        for _attempt in range(5):
+            resp = client.post("/api/tasks/", json=body, headers={"Idempotency-Key": f"{prefix}-{i}"})
+            if resp.status_code in (200, 201):
+                return resp.json()["id"]
+            time.sleep(0.5)
+        raise SystemExit(f"report {prefix}-{i} refused: HTTP {resp.status_code} {resp.text[:300]}")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+        ids = list(pool.map(one, range(n)))
+    for c in clients:
+        c.close()
+    return ids
+
+
+def wait_terminal(conn, ids: list[str], *, timeout: float) -> int:
+    """Wait until every task in ``ids`` is terminal (or ``timeout`` s); returns how many are."""
+    deadline = time.monotonic() + timeout
+    done = 0
+    while time.monotonic() < deadline:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM tasks_task WHERE id = ANY(%s) AND status = ANY(%s)",
+                        [ids, list(TERMINAL)])
+            done = cur.fetchone()[0]
+        if done == len(ids):
+            return done
+        time.sleep(0.25)
+    return done
+
+
+def run_one(bench: Bench, conn, *, workers: int, n: int) -> dict:
+    """One end-to-end run with a worker node of ``workers`` processes; returns its figures."""
+    import redis
+
+    redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
+    seeded = tenant_seed(f"e2e-{workers}w", devices=n + 2 * workers)
+    base = f"http://127.0.0.1:{bench.ports['web']}"
+    bench.start_web()
+    bench.start_beat()
+    bench.start_worker(workers)
+    try:
+        # Warm-up, not measured: each pool process loads the embedding model on its first retrieval.
+        warm = submit_all(base, seeded.users["requester"], seeded.devices[n:], 2 * workers, prefix=f"warm-{workers}")
+        wait_terminal(conn, warm, timeout=180)
+        xid0 = next_xid(conn)
+        started = time.time()
+        ids = submit_all(base, seeded.users["requester"], seeded.devices[:n], n, prefix=f"e2e-{workers}")
+        submitted = time.time() - started
+        done = wait_terminal(conn, ids, timeout=max(300, n * 2))
+        xid1 = next_xid(conn)
+        bench.note_peak("worker", "worker")
+        bench.note_peak("web", "web")
+    finally:
+        for name in ("worker", "beat", "web"):
+            bench.stop(name)
+    with conn.cursor() as cur:
+        cur.execute(_LATENCY_SQL, [ids])
+        rows = cur.fetchall()
+    completed = [r for r in rows if r[0] == "COMPLETED"]
+    first = min(float(r[1]) for r in rows)
+    last = max(float(r[3]) for r in rows if r[3] is not None) if done else time.time()
+    latencies = [float(r[2]) - float(r[1]) for r in rows if r[2] is not None]
+    return {
+        "tasks": n, "terminal": done, "completed": len(completed), "submit_seconds": submitted,
+        "tasks_per_s": n / (last - first), "wall_seconds": last - first,
+        "p50_s": percentile(latencies, 50), "p95_s": percentile(latencies, 95),
+        "commits_per_task": (xid1 - xid0) / n,
+    }
+
+
+def run(bench: Bench, *, n: int = 500, worker_counts=(1, 2, 4)) -> None:
+    """Figures ``e2e.<W>w.*`` for each worker count ``W``."""
+    conn = psycopg.connect(embedded.postgres_url(DATABASE), autocommit=True)
+    bench.start_refservice()
+    ceiling = bench.value("ceiling.commits_per_s")
+    floor = bench.value("floor.flows_per_s")
+    try:
+        for w in worker_counts:
+            r = run_one(bench, conn, workers=w, n=n)
+            key = f"e2e.{w}w"
+            bench.figure(f"{key}.tasks_per_s", r["tasks_per_s"], "tasks/s",
+                         f"{r['completed']}/{n} completed, {r['terminal']} ended, in {r['wall_seconds']:.1f} s; "
+                         f"submitting took {r['submit_seconds']:.1f} s")
+            bench.figure(f"{key}.latency_p50", r["p50_s"], "s", "accepted → receipt recorded, all submitted at once")
+            bench.figure(f"{key}.latency_p95", r["p95_s"], "s")
+            bench.figure(f"{key}.commits_per_task", r["commits_per_task"], "commits",
+                         "writing transactions (transaction ids) per task, web + workers + beat")
+            if floor:
+                bench.figure(f"{key}.ratio_to_floor", r["tasks_per_s"] / floor, "", "tasks/s ÷ floor flows/s")
+            if ceiling:
+                bound = ceiling / r["commits_per_task"]
+                bench.figure(f"{key}.ratio_to_ceiling", r["tasks_per_s"] / bound, "",
+                             f"tasks/s ÷ (ceiling ÷ commits per task = {bound:.1f} tasks/s)")
+    finally:
+        bench.stop("refservice")
+        conn.close()
