@@ -9,6 +9,7 @@ import threading
 EMBEDDING_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 _lock = threading.Lock()
+_threads_lock = threading.Lock()
 _model = None
 #: Number of texts embedded by this process (tests count re-embedding with it).
 embedded_text_count = 0
@@ -46,5 +47,21 @@ def embed_texts(texts: list[str], *, batch_size: int = 64) -> list[list[float]]:
 
 
 def embed_query(text: str) -> list[float]:
-    """Embed one query string; see :func:`embed_texts`."""
-    return embed_texts([text])[0]
+    """Embed one query string; see :func:`embed_texts`. Runs on
+    ``FAULTDESK["EMBEDDING_QUERY_THREADS"]`` torch threads (default 1; 0 keeps torch's default):
+    a single sentence gains nothing from a thread pool and, on a busy machine, loses a lot to it
+    (issue 9's profile: ~175 ms with two threads against ~18 ms with one, docs/performance.md)."""
+    import torch
+    from django.conf import settings
+
+    wanted = settings.FAULTDESK.get("EMBEDDING_QUERY_THREADS", 1)
+    _load()
+    if wanted <= 0:
+        return embed_texts([text])[0]
+    with _threads_lock:  # torch's thread count is per process: hold it for this call
+        before = torch.get_num_threads()
+        torch.set_num_threads(wanted)
+        try:
+            return embed_texts([text])[0]
+        finally:
+            torch.set_num_threads(before)

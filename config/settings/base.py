@@ -210,6 +210,11 @@ FAULTDESK = {
     # how often a worker waiting on a model call checks whether its task was cancelled
     "CANCEL_POLL_SECONDS": env.float("FAULTDESK_CANCEL_POLL_SECONDS", default=0.25),
     "EMBEDDING_MODEL": "all-MiniLM-L6-v2",
+    # torch intra-op threads for embedding one retrieval query (0 = torch's default, one per core).
+    # One sentence is too small to split: on this 2-core machine, next to the web, PostgreSQL and
+    # the other workers, two threads spin-wait on each other and a query took ~175 ms instead of
+    # ~18 ms (docs/performance.md). Batches (document ingest) keep torch's default.
+    "EMBEDDING_QUERY_THREADS": env.int("FAULTDESK_EMBEDDING_QUERY_THREADS", default=1),
     # Exponential backoff with full jitter for retries and re-sends: base · 2^attempt, capped at 60 s.
     "RETRY_BACKOFF_BASE_SECONDS": env.float("FAULTDESK_RETRY_BACKOFF_BASE_SECONDS", default=1.0),
     # Failed lookups by key before an unknown action is shown as needing a person (DESIGN.md §6).
