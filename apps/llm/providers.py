@@ -34,6 +34,7 @@ import httpx
 import jsonschema
 
 from apps.llm.drafter import LOCAL_MODEL_ID
+from config.tls import tls_context
 
 LOCAL = "local"
 OPENAI_COMPATIBLE = "openai_compatible"
@@ -169,7 +170,8 @@ class OpenAICompatibleProvider:
 
         def run() -> None:
             try:
-                with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0))) as client:
+                with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+                                  verify=tls_context()) as client:
                     box["response"] = client.post(f"{self.base_url}/chat/completions",
                                                   json=self.request_body(messages),
                                                   headers={"Authorization": f"Bearer {self.api_key}"})

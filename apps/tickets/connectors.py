@@ -25,6 +25,7 @@ import httpx
 from django.conf import settings
 
 from apps.actions import errors
+from config.tls import tls_context
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class ReferenceTicketConnector(_HttpConnector):
     def _client(self, timeout: float | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         t = timeout if timeout is not None else self.timeout
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(t, connect=min(t, 3.0)))
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(t, connect=min(t, 3.0)),
+                            verify=tls_context())
 
     def create_ticket(self, *, idempotency_key: str, fencing_token: int, params: dict,
                       timeout: float | None = None) -> Receipt:
@@ -299,7 +301,7 @@ class HelpdeskConnector(_HttpConnector):
     def _client(self, timeout: float | None = None) -> httpx.Client:
         t = timeout if timeout is not None else self.timeout
         return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Token {self.token}"},
-                            timeout=httpx.Timeout(t, connect=min(t, 3.0)))
+                            timeout=httpx.Timeout(t, connect=min(t, 3.0)), verify=tls_context())
 
     def _receipt(self, body: dict, *, replayed: bool) -> Receipt:
         status = HELPDESK_STATUS.get(body.get("status"), str(body.get("status")))
