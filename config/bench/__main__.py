@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", default="1,2,4", help="worker process counts (default 1,2,4)")
     parser.add_argument("--outbox-n", type=int, default=500, help="outbox messages to drain (default 500)")
     parser.add_argument("--chunks", default="10000,100000", help="retrieval corpus sizes (default 10000,100000)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the worker processes with py-spy during the first end-to-end run")
     parser.add_argument("--quick", action="store_true", help="shorter runs, for trying the bench out")
     args = parser.parse_args(argv)
     phases = args.only or list(PHASES)
@@ -85,7 +87,7 @@ def main(argv=None) -> int:
         if "e2e" in phases:
             from config.bench import e2e
 
-            e2e.run(bench, n=args.n, worker_counts=[int(w) for w in args.workers.split(",")])
+            e2e.run(bench, n=args.n, worker_counts=[int(w) for w in args.workers.split(",")], profile=args.profile)
         if "outbox" in phases:
             from config.bench import outbox
 

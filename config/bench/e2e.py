@@ -15,7 +15,7 @@ import time
 import psycopg
 
 from config import embedded
-from config.bench.harness import DATABASE, REDIS_DB, Bench, next_xid, percentile, session_client
+from config.bench.harness import BENCH_DIR, DATABASE, REDIS_DB, Bench, next_xid, percentile, session_client
 from config.bench.seed import SYMPTOMS, tenant_seed
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -68,8 +68,10 @@ def wait_terminal(conn, ids: list[str], *, timeout: float) -> int:
     return done
 
 
-def run_one(bench: Bench, conn, *, workers: int, n: int) -> dict:
-    """One end-to-end run with a worker node of ``workers`` processes; returns its figures."""
+def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) -> dict:
+    """One end-to-end run with a worker node of ``workers`` processes; returns its figures. With
+    ``profile``, py-spy samples the worker processes during the measured part
+    (``var/bench/profile-e2e-<W>w.txt``) and the per-function shares are printed."""
     import redis
 
     redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
@@ -82,17 +84,28 @@ def run_one(bench: Bench, conn, *, workers: int, n: int) -> dict:
         # Warm-up, not measured: each pool process loads the embedding model on its first retrieval.
         warm = submit_all(base, seeded.users["requester"], seeded.devices[n:], 2 * workers, prefix=f"warm-{workers}")
         wait_terminal(conn, warm, timeout=180)
+        sampler = None
+        if profile:
+            from config.bench.profile import Sampler
+
+            sampler = Sampler(bench.procs["worker"].pid, BENCH_DIR / f"profile-e2e-{workers}w.txt")
         xid0 = next_xid(conn)
         started = time.time()
         ids = submit_all(base, seeded.users["requester"], seeded.devices[:n], n, prefix=f"e2e-{workers}")
         submitted = time.time() - started
         done = wait_terminal(conn, ids, timeout=max(300, n * 2))
         xid1 = next_xid(conn)
+        if sampler is not None:
+            sampler.stop()
         bench.note_peak("worker", "worker")
         bench.note_peak("web", "web")
     finally:
         for name in ("worker", "beat", "web"):
             bench.stop(name)
+    if profile:
+        from config.bench.profile import report
+
+        report(BENCH_DIR / f"profile-e2e-{workers}w.txt")
     with conn.cursor() as cur:
         cur.execute(_LATENCY_SQL, [ids])
         rows = cur.fetchall()
@@ -108,15 +121,15 @@ def run_one(bench: Bench, conn, *, workers: int, n: int) -> dict:
     }
 
 
-def run(bench: Bench, *, n: int = 500, worker_counts=(1, 2, 4)) -> None:
-    """Figures ``e2e.<W>w.*`` for each worker count ``W``."""
+def run(bench: Bench, *, n: int = 500, worker_counts=(1, 2, 4), profile: bool = False) -> None:
+    """Figures ``e2e.<W>w.*`` for each worker count ``W``; ``profile`` samples the first run."""
     conn = psycopg.connect(embedded.postgres_url(DATABASE), autocommit=True)
     bench.start_refservice()
     ceiling = bench.value("ceiling.commits_per_s")
     floor = bench.value("floor.flows_per_s")
     try:
         for w in worker_counts:
-            r = run_one(bench, conn, workers=w, n=n)
+            r = run_one(bench, conn, workers=w, n=n, profile=profile and w == worker_counts[0])
             key = f"e2e.{w}w"
             bench.figure(f"{key}.tasks_per_s", r["tasks_per_s"], "tasks/s",
                          f"{r['completed']}/{n} completed, {r['terminal']} ended, in {r['wall_seconds']:.1f} s; "
