@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo up down status test browser proptest chaos lint clean
+.PHONY: install demo up down status test browser proptest chaos bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ proptest: $(STAMP)
 ## then a check of lost tasks, duplicate effects and replay divergences (CHAOS_ARGS="--n 200 --helpdesk-n 50")
 chaos: $(STAMP)
 	$(BIN)/python -m config.chaos $(CHAOS_ARGS)
+
+## make bench — throughput, latency and memory against this machine's own PostgreSQL ceiling; figures to
+## stdout and var/bench/*.json, nothing asserted (BENCH_ARGS="--n 500 --workers 1,2,4 --profile")
+bench: $(STAMP)
+	$(BIN)/python -m config.bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
