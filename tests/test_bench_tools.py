@@ -51,12 +51,13 @@ def test_profile_summary_sums_stacks_per_function_inclusive_and_self(tmp_path):
 def test_peak_rss_of_a_process_tree_counts_its_children():
     child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(64 * 2**20); time.sleep(30)"])  # noqa: S603
     try:
-        for _ in range(100):
-            largest, total = rss_tree_peak_mb(os.getpid())
-            if largest >= 64:
+        own = 0.0
+        for _ in range(200):  # until the child has touched its buffer
+            own, _ = rss_tree_peak_mb(child.pid)
+            if own >= 64:
                 break
             threading.Event().wait(0.05)
-        own, _ = rss_tree_peak_mb(child.pid)
+        largest, total = rss_tree_peak_mb(os.getpid())
         assert own >= 64  # the child's 64 MiB buffer
         assert largest >= own and total >= own + 1  # this process plus the child
     finally:
