@@ -129,7 +129,8 @@ def _summary(bench) -> None:
         if v(f"e2e.{w}w.tasks_per_s"):
             lines.append(
                 f"  e2e {w}w    {v(f'e2e.{w}w.tasks_per_s'):,.2f} tasks/s, p50 {v(f'e2e.{w}w.latency_p50'):.2f} s, "
-                f"p95 {v(f'e2e.{w}w.latency_p95'):.2f} s, {v(f'e2e.{w}w.commits_per_task'):.1f} commits/task, "
+                f"p95 {v(f'e2e.{w}w.latency_p95'):.2f} s (alone {v(f'e2e.{w}w.unloaded_latency_p50') or 0:.2f} s), "
+                f"{v(f'e2e.{w}w.commits_per_task'):.1f} commits/task, "
                 f"{v(f'e2e.{w}w.ratio_to_floor') or 0:.3f} of floor, {v(f'e2e.{w}w.ratio_to_ceiling') or 0:.3f} "
                 "of ceiling")
     if v("outbox.messages_per_s"):

@@ -19,6 +19,9 @@ from config.bench.harness import BENCH_DIR, DATABASE, REDIS_DB, Bench, next_xid,
 from config.bench.seed import SYMPTOMS, tenant_seed
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+#: Reports sent one at a time after the measured burst, for the latency of a task that waits for
+#: nobody (not counted in tasks/s or commits).
+UNLOADED = 8
 
 _LATENCY_SQL = """
 SELECT t.status,
@@ -75,7 +78,7 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
     import redis
 
     redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
-    seeded = tenant_seed(f"e2e-{workers}w", devices=n + 2 * workers)
+    seeded = tenant_seed(f"e2e-{workers}w", devices=n + 2 * workers + UNLOADED)
     base = f"http://127.0.0.1:{bench.ports['web']}"
     bench.start_web()
     bench.start_beat()
@@ -97,6 +100,12 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         xid1 = next_xid(conn)
         if sampler is not None:
             sampler.stop()
+        # Service latency without a queue: a few reports one at a time, each after the last ended.
+        alone = []
+        for i in range(UNLOADED if done == n else 0):
+            alone += submit_all(base, seeded.users["requester"], [seeded.devices[n + 2 * workers + i]], 1,
+                                prefix=f"alone-{workers}-{i}", threads=1)
+            wait_terminal(conn, alone[-1:], timeout=60)
         bench.note_peak("worker", "worker")
         bench.note_peak("web", "web")
     finally:
@@ -109,6 +118,12 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
     with conn.cursor() as cur:
         cur.execute(_LATENCY_SQL, [ids])
         rows = cur.fetchall()
+    if alone:
+        with conn.cursor() as cur:
+            cur.execute(_LATENCY_SQL, [alone])
+            unloaded = [float(r[2]) - float(r[1]) for r in cur.fetchall() if r[2] is not None]
+    else:
+        unloaded = []
     completed = [r for r in rows if r[0] == "COMPLETED"]
     first = min(float(r[1]) for r in rows)
     last = max(float(r[3]) for r in rows if r[3] is not None) if done else time.time()
@@ -118,6 +133,7 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         "tasks_per_s": n / (last - first), "wall_seconds": last - first,
         "p50_s": percentile(latencies, 50), "p95_s": percentile(latencies, 95),
         "commits_per_task": (xid1 - xid0) / n,
+        "unloaded_p50_s": percentile(unloaded, 50), "unloaded_max_s": max(unloaded, default=float("nan")),
     }
 
 
@@ -136,6 +152,9 @@ def run(bench: Bench, *, n: int = 500, worker_counts=(1, 2, 4), profile: bool = 
                          f"submitting took {r['submit_seconds']:.1f} s")
             bench.figure(f"{key}.latency_p50", r["p50_s"], "s", "accepted → receipt recorded, all submitted at once")
             bench.figure(f"{key}.latency_p95", r["p95_s"], "s")
+            bench.figure(f"{key}.unloaded_latency_p50", r["unloaded_p50_s"], "s",
+                         f"accepted → receipt recorded for {UNLOADED} reports sent one at a time after the burst "
+                         f"(max {r['unloaded_max_s']:.2f} s)")
             bench.figure(f"{key}.commits_per_task", r["commits_per_task"], "commits",
                          "writing transactions (transaction ids) per task, web + workers + beat")
             if floor:
