@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     phases = args.only or list(PHASES)
     started = time.monotonic()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
     from config import embedded
     from config.bench import harness
@@ -109,8 +110,8 @@ def main(argv=None) -> int:
     elapsed = time.monotonic() - started
     bench.figure("bench.elapsed", elapsed, "s")
     _summary(bench)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = {"started_at": stamp, "machine": machine, "args": vars(args), "figures": bench.figures}
+    out = {"started_at": stamp, "finished_at": datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"), "machine": machine,
+           "args": vars(args), "figures": bench.figures}
     path = harness.BENCH_DIR / f"bench-{stamp}.json"
     path.write_text(json.dumps(out, indent=2))
     (harness.BENCH_DIR / "latest.json").write_text(json.dumps(out, indent=2))
