@@ -103,10 +103,12 @@ def main(argv=None) -> int:
             pages.run(bench, requests=100)
     finally:
         bench.stop_all()
-    for role in ("worker", "web"):
+    roles = {"worker": "worker process (all queues, end to end)", "outbox_worker": "worker process serving only "
+             "the outbox queue", "web": "web (gunicorn) process"}
+    for role, what in roles.items():
         if role in bench.peaks:
             bench.figure(f"memory.{role}_peak_rss", bench.peaks[role], "MiB",
-                         f"largest peak RSS (VmHWM) of one {role} process during the run")
+                         f"largest peak RSS (VmHWM) of one {what} during the run")
     elapsed = time.monotonic() - started
     bench.figure("bench.elapsed", elapsed, "s")
     _summary(bench)
@@ -143,7 +145,7 @@ def _summary(bench) -> None:
                      f"recall@10 {v(stem + '.recall_at_10'):.3f}")
     for key in sorted(k for k in bench.figures if k.startswith("pages.") and k.endswith(".p95_ms")):
         lines.append(f"  {key.removesuffix('.p95_ms'):<28} p95 {v(key):.0f} ms")
-    for role in ("worker", "web"):
+    for role in ("worker", "outbox_worker", "web"):
         if v(f"memory.{role}_peak_rss"):
             lines.append(f"  memory    {role} peak RSS {v(f'memory.{role}_peak_rss'):,.0f} MiB")
     lines.append(f"  elapsed   {v('bench.elapsed'):,.0f} s")

@@ -69,7 +69,7 @@ def run(bench: Bench, *, n: int = 500, dispatchers: int = 2) -> None:
         while _counts(conn, ids)[1] < n and time.monotonic() < deadline:
             time.sleep(0.25)
         xid1 = next_xid(conn)
-        bench.note_peak("worker", "worker-outbox")
+        bench.note_peak("outbox_worker", "worker-outbox")
         bench.stop("worker-outbox")
     finally:
         bench.stop("noop-remote")
