@@ -39,13 +39,30 @@ def _fresh_database(name: str) -> None:
     server.psql(f'CREATE DATABASE "{name}";')
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
+def _positives(text: str) -> list[int]:
+    """``"1,2,4"`` → ``[1, 2, 4]``; each at least 1."""
+    return [_positive(part.strip()) for part in text.split(",")]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m config.bench", description=__doc__)
     parser.add_argument("--only", action="append", choices=PHASES, help="run only this phase (repeatable)")
-    parser.add_argument("--n", type=int, default=500, help="tasks per end-to-end run (default 500)")
-    parser.add_argument("--workers", default="1,2,4", help="worker process counts (default 1,2,4)")
-    parser.add_argument("--outbox-n", type=int, default=500, help="outbox messages to drain (default 500)")
-    parser.add_argument("--chunks", default="10000,100000", help="retrieval corpus sizes (default 10000,100000)")
+    parser.add_argument("--n", type=_positive, default=500, help="tasks per end-to-end run (default 500)")
+    parser.add_argument("--workers", type=_positives, default=[1, 2, 4],
+                        help="worker process counts, comma-separated (default 1,2,4)")
+    parser.add_argument("--outbox-n", type=_positive, default=500, help="outbox messages to drain (default 500)")
+    parser.add_argument("--chunks", type=_positives, default=[10000, 100000],
+                        help="retrieval corpus sizes, comma-separated, growing (default 10000,100000)")
     parser.add_argument("--profile", action="store_true",
                         help="sample the worker processes with py-spy during the first end-to-end run")
     parser.add_argument("--quick", action="store_true", help="shorter runs, for trying the bench out")
@@ -88,7 +105,7 @@ def main(argv=None) -> int:
         if "e2e" in phases:
             from config.bench import e2e
 
-            e2e.run(bench, n=args.n, worker_counts=[int(w) for w in args.workers.split(",")], profile=args.profile)
+            e2e.run(bench, n=args.n, worker_counts=args.workers, profile=args.profile)
         if "outbox" in phases:
             from config.bench import outbox
 
@@ -96,7 +113,7 @@ def main(argv=None) -> int:
         if "retrieval" in phases:
             from config.bench import retrieval
 
-            retrieval.run(bench, sizes=[int(c) for c in args.chunks.split(",")])
+            retrieval.run(bench, sizes=args.chunks)
         if "pages" in phases:
             from config.bench import pages
 

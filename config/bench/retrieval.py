@@ -343,7 +343,7 @@ def run(bench: Bench, *, sizes=(10000, 100000)) -> None:
     from apps.evidence.selectors import vector_literal
 
     phase_started = time.monotonic()
-    sizes = sorted(int(s) for s in sizes)
+    sizes = sorted({int(s) for s in sizes})
     queries = [s + tail for tail in ("", FOLLOW_UP) for s in SYMPTOMS]
     if bench.quick:
         queries = queries[::3][:30]
