@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import task_prerun, worker_process_init
+from celery.signals import task_postrun, task_prerun, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
@@ -21,6 +21,18 @@ def _log_context(task_id=None, task=None, **_):
 
     clear()
     bind(celery_task=getattr(task, "name", None), celery_task_id=task_id)
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _database_connections(**_):
+    """Around each task, Django's rule for its connections, as around each request: closed when
+    past ``CONN_MAX_AGE``, unusable (an error left it in a failed state), or failing the health
+    check; otherwise kept for the next task (Celery's own fixup, which would close it every time,
+    is held off by ``CELERY_DB_REUSE_MAX`` in settings)."""
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 @worker_process_init.connect

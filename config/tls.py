@@ -9,13 +9,18 @@ state, so every client of the process can share it."""
 from __future__ import annotations
 
 import functools
+import os
 import ssl
 
 import httpx
 
 
-@functools.cache
 def tls_context() -> ssl.SSLContext:
-    """The process's TLS context: what ``httpx.Client(verify=True)`` would build (certifi's CA
-    bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured), built once."""
+    """The process's TLS context: what ``httpx.Client(verify=True)`` would build now (certifi's CA
+    bundle, or ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set), built once per value of those two."""
+    return _context_for(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _context_for(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
     return httpx.create_ssl_context()

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 EMBEDDING_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 _lock = threading.Lock()
-_threads_lock = threading.Lock()
+_query_lock = threading.Lock()
 _model = None
+#: ``(pid, torch threads, executor)``: the one thread that embeds queries in this process.
+_query_executor: tuple[int, int, ThreadPoolExecutor] | None = None
 #: Number of texts embedded by this process (tests count re-embedding with it).
 embedded_text_count = 0
 
@@ -46,22 +49,43 @@ def embed_texts(texts: list[str], *, batch_size: int = 64) -> list[list[float]]:
     return [v.tolist() for v in vectors]
 
 
-def embed_query(text: str) -> list[float]:
-    """Embed one query string; see :func:`embed_texts`. Runs on
-    ``FAULTDESK["EMBEDDING_QUERY_THREADS"]`` torch threads (default 1; 0 keeps torch's default):
-    a single sentence gains nothing from a thread pool and, on a busy machine, loses a lot to it
-    (issue 9's profile: ~175 ms with two threads against ~18 ms with one, docs/performance.md)."""
+def _query_thread(threads: int) -> ThreadPoolExecutor:
+    """This process's query thread, running torch on ``threads`` threads. torch's (OpenMP's) thread
+    count belongs to the thread that sets it, so setting it once there leaves every other thread
+    — a batch being ingested in another web thread, say — on torch's default. A process forked
+    from one that had it (Celery prefork) makes its own."""
+    global _query_executor
+    with _query_lock:
+        if _query_executor is None or _query_executor[:2] != (os.getpid(), threads):
+            import torch
+
+            before = torch.get_num_threads()
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-query",
+                                          initializer=_query_thread_init, initargs=(threads,))
+            executor.submit(int).result()  # the initializer has run
+            # torch also keeps the last count set as the one each new thread starts with: put that back.
+            torch.set_num_threads(before)
+            _query_executor = (os.getpid(), threads, executor)
+        return _query_executor[2]
+
+
+def _query_thread_init(threads: int) -> None:
     import torch
+
+    torch.set_num_threads(threads)
+    torch.get_num_threads()  # torch's per-thread start-up runs now, while the count is ``threads``
+
+
+def embed_query(text: str) -> list[float]:
+    """Embed one query string; see :func:`embed_texts`. Runs on a thread of its own with
+    ``FAULTDESK["EMBEDDING_QUERY_THREADS"]`` torch threads (default 1; 0 or less: in the caller's
+    thread on torch's default): a single sentence gains nothing from a thread pool and, on a busy
+    machine, loses a lot to it (issue 9's profile: ~175 ms with two threads against ~18 ms with
+    one, docs/performance.md)."""
     from django.conf import settings
 
     wanted = settings.FAULTDESK.get("EMBEDDING_QUERY_THREADS", 1)
-    _load()
     if wanted <= 0:
         return embed_texts([text])[0]
-    with _threads_lock:  # torch's thread count is per process: hold it for this call
-        before = torch.get_num_threads()
-        torch.set_num_threads(wanted)
-        try:
-            return embed_texts([text])[0]
-        finally:
-            torch.set_num_threads(before)
+    _load()
+    return _query_thread(wanted).submit(embed_texts, [text]).result()[0]

@@ -78,9 +78,10 @@ DATABASES = {
 }
 # Persistent connections (issue 9): a Celery task or a request used to open its own connection — a
 # new PostgreSQL backend each time, five or six per report. Kept for 60 s and checked before reuse,
-# they gave the two-worker bench 8.1 → 9.1 tasks/s (docs/performance.md).
-DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
-DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+# see docs/performance.md for what it changed.
+PERSISTENT_CONNECTIONS = {"CONN_MAX_AGE": env.int("DATABASE_CONN_MAX_AGE", default=60), "CONN_HEALTH_CHECKS": True}
+for _key, _value in PERSISTENT_CONNECTIONS.items():
+    DATABASES["default"].setdefault(_key, _value)
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -150,6 +151,11 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes every database connection around every task, whatever CONN_MAX_AGE
+# says (celery/celery#9824). With this it (almost) never does; config/celery.py applies Django's own
+# rule instead around each task — close_old_connections(): past CONN_MAX_AGE, unusable, or failed
+# health check — as Django does around each request.
+CELERY_DB_REUSE_MAX = 2**31
 
 # --- faultdesk ------------------------------------------------------------------------------
 FAULTDESK = {
