@@ -3,17 +3,14 @@ of the bench itself is asserted anywhere (speed lives in ``make bench``, never i
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from http.server import ThreadingHTTPServer
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from apps.tickets.connectors import ReferenceTicketConnector
-from config.bench.harness import next_xid, percentile, rss_tree_peak_mb
+from config.bench.harness import WalCommits, percentile
 from config.bench.noop_remote import NoopHandler
 from config.bench.profile import summarize
 
@@ -48,33 +45,23 @@ def test_profile_summary_sums_stacks_per_function_inclusive_and_self(tmp_path):
                                     "wait (psycopg/connection.py)": pytest.approx(0.1)}
 
 
-def test_peak_rss_of_a_process_tree_counts_its_children():
-    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(64 * 2**20); time.sleep(30)"])  # noqa: S603
-    try:
-        own = 0.0
-        for _ in range(200):  # until the child has touched its buffer
-            own, _ = rss_tree_peak_mb(child.pid)
-            if own >= 64:
-                break
-            threading.Event().wait(0.05)
-        largest, total = rss_tree_peak_mb(os.getpid())
-        assert own >= 64  # the child's 64 MiB buffer
-        assert largest >= own and total >= own + 1  # this process plus the child
-    finally:
-        child.kill()
-        child.wait()
-
-
 @pytest.mark.django_db(transaction=True)
-def test_next_xid_counts_writing_transactions_and_reading_it_writes_nothing():
-    with connection.cursor() as cur:
-        cur.execute("CREATE TEMP TABLE xid_probe (n int)")
-        before = next_xid(connection)
-        assert next_xid(connection) == before  # reading assigns no transaction id
-        cur.execute("SELECT count(*) FROM xid_probe")  # a read-only transaction neither
-        for n in range(5):
-            cur.execute("INSERT INTO xid_probe VALUES (%s)", [n])  # autocommit: one transaction each
-        assert next_xid(connection) == before + 5
+def test_wal_commits_count_writing_transactions_and_not_reads():
+    from apps.accounts.models import Tenant
+
+    connection.ensure_connection()
+    wal = WalCommits(connection.connection)
+    wal.start()
+    for n in range(5):
+        Tenant.objects.create(slug=f"wal-{n}", name="w")  # autocommit: one transaction each
+    assert Tenant.objects.count() == 5  # a read-only transaction writes no commit record
+    with pytest.raises(ZeroDivisionError), transaction.atomic():
+        Tenant.objects.create(slug="wal-rolled-back", name="w")
+        1 / 0  # noqa: B018 - rolled back: an abort record
+    assert wal.stop() == (5, 1)
+    with connection.cursor() as cur:  # the slot that held the WAL is gone
+        cur.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", [wal.slot])
+        assert cur.fetchone()[0] == 0
 
 
 def test_the_noop_remote_answers_the_reference_connector_as_a_created_ticket():

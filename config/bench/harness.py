@@ -213,13 +213,54 @@ class Bench:
                             "--loglevel", "WARNING"])
 
 
-def next_xid(conn) -> int:
-    """The next transaction id the server will assign (``pg_snapshot_xmax`` of a fresh snapshot):
-    its growth between two reads is the number of writing transactions, committed or rolled back,
-    in every database of the server. Reading it assigns no id."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
-        return int(cur.fetchone()[0])
+class WalCommits:
+    """How many transactions committed (and aborted) on the server between :meth:`start` and
+    :meth:`stop`: the ``Transaction/COMMIT`` and ``ABORT`` records ``pg_waldump`` finds in the WAL
+    between the two positions.
+
+    That is one record per top-level transaction that wrote — the transactions that wait for a WAL
+    flush, as pgbench's do — whatever savepoints it used inside; read-only transactions write none.
+    A temporary physical replication slot, held by ``conn`` meanwhile, keeps the server from
+    recycling that WAL before it is read. The count covers every database of the server."""
+
+    def __init__(self, conn, *, slot: str = "faultdesk_bench_wal"):
+        self.conn = conn
+        self.slot = slot
+        self.start_lsn: str | None = None
+
+    def start(self) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name = %s", [self.slot])
+            if cur.fetchone() is None:
+                cur.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", [self.slot])
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            self.start_lsn = cur.fetchone()[0]
+
+    def stop(self) -> tuple[int, int]:
+        """``(commits, aborts)`` since :meth:`start`; drops the slot. SystemExit when pg_waldump
+        cannot read the range."""
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            end = cur.fetchone()[0]
+        try:
+            out = subprocess.run(  # noqa: S603
+                [str(POSTGRES_BIN_PATH / "pg_waldump"), "-p", str(embedded.PGDATA / "pg_wal"), "-s", self.start_lsn,
+                 "-e", end, "--stats=record"], capture_output=True, text=True, check=False)
+        finally:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", [self.slot])
+        if self.start_lsn == end:
+            return 0, 0
+        if out.returncode != 0:
+            raise SystemExit(f"pg_waldump {self.start_lsn}..{end} failed: {out.stderr.strip()[-500:]}")
+        counts = {}
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) > 1 and parts[0] in ("Transaction/COMMIT", "Transaction/ABORT"):
+                counts[parts[0]] = int(parts[1])
+        return counts.get("Transaction/COMMIT", 0), counts.get("Transaction/ABORT", 0)
 
 
 def session_client(base: str, username: str, *, timeout: float = 60) -> httpx.Client:
