@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import time
 from datetime import UTC, datetime
@@ -50,8 +51,8 @@ def _positive(text: str) -> int:
 
 
 def _positives(text: str) -> list[int]:
-    """``"1,2,4"`` → ``[1, 2, 4]``; each at least 1."""
-    return [_positive(part.strip()) for part in text.split(",")]
+    """``"1,2,4"`` → ``[1, 2, 4]``; each at least 1, each once."""
+    return list(dict.fromkeys(_positive(part.strip()) for part in text.split(",")))
 
 
 def main(argv=None) -> int:
@@ -93,78 +94,105 @@ def main(argv=None) -> int:
     from django.core.management import call_command
 
     call_command("migrate", "--no-input", verbosity=0)
+    # SIGTERM/SIGHUP (a CI timeout, a closed terminal) stop the run like Ctrl-C: every process it
+    # started is stopped and the figures measured so far are written.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupted)
+    complete = False
     try:
-        if "ceiling" in phases:
-            from config.bench import ceiling
-
-            ceiling.run(bench, seconds=5 if args.quick else 20)
-        if "floor" in phases:
-            from config.bench import floor
-
-            floor.run(bench, seconds=5 if args.quick else 15)
-        if "e2e" in phases:
-            from config.bench import e2e
-
-            e2e.run(bench, n=args.n, worker_counts=args.workers, profile=args.profile)
-        if "outbox" in phases:
-            from config.bench import outbox
-
-            outbox.run(bench, n=args.outbox_n)
-        if "retrieval" in phases:
-            from config.bench import retrieval
-
-            retrieval.run(bench, sizes=args.chunks)
-        if "pages" in phases:
-            from config.bench import pages
-
-            pages.run(bench, requests=100)
+        _run_phases(bench, phases, args)
+        complete = True
     finally:
         bench.stop_all()
-    roles = {"worker": "worker process (all queues, end to end)", "outbox_worker": "worker process serving only "
-             "the outbox queue", "web": "web (gunicorn) process"}
+        _finish(bench, machine=machine, args=args, stamp=stamp, started=started, complete=complete)
+    return 0
+
+
+def _interrupted(signum, _frame):
+    raise SystemExit(f"bench stopped by signal {signal.Signals(signum).name}")
+
+
+def _run_phases(bench, phases, args) -> None:
+    if "ceiling" in phases:
+        from config.bench import ceiling
+
+        ceiling.run(bench, seconds=5 if args.quick else 20)
+    if "floor" in phases:
+        from config.bench import floor
+
+        floor.run(bench, seconds=5 if args.quick else 15)
+    if "e2e" in phases:
+        from config.bench import e2e
+
+        e2e.run(bench, n=args.n, worker_counts=args.workers, profile=args.profile)
+    if "outbox" in phases:
+        from config.bench import outbox
+
+        outbox.run(bench, n=args.outbox_n)
+    if "retrieval" in phases:
+        from config.bench import retrieval
+
+        retrieval.run(bench, sizes=args.chunks)
+    if "pages" in phases:
+        from config.bench import pages
+
+        pages.run(bench, requests=100)
+
+
+def _finish(bench, *, machine: dict, args, stamp: str, started: float, complete: bool) -> None:
+    """The memory figures, the summary and the JSON file — also after a failed or stopped run,
+    marked ``"complete": false``, with what was measured before it stopped."""
+    from config.bench import harness
+
+    roles = {"worker": "worker process (all queues, end to end)", "fill_worker": "worker process serving agent "
+             "and tools (the outbox backlog's)", "outbox_worker": "worker process serving only the outbox queue",
+             "web": "web (gunicorn) process"}
     for role, what in roles.items():
         if role in bench.peaks:
             bench.figure(f"memory.{role}_peak_rss", bench.peaks[role], "MiB",
                          f"largest peak RSS (VmHWM) of one {what} during the run")
-    elapsed = time.monotonic() - started
-    bench.figure("bench.elapsed", elapsed, "s")
+    bench.figure("bench.elapsed", time.monotonic() - started, "s")
     _summary(bench)
-    out = {"started_at": stamp, "finished_at": datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"), "machine": machine,
-           "args": vars(args), "figures": bench.figures}
+    out = {"started_at": stamp, "finished_at": datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"), "complete": complete,
+           "machine": machine, "args": vars(args), "figures": bench.figures}
     path = harness.BENCH_DIR / f"bench-{stamp}.json"
     path.write_text(json.dumps(out, indent=2))
     (harness.BENCH_DIR / "latest.json").write_text(json.dumps(out, indent=2))
-    print(f"• figures written to {path}", flush=True)
-    return 0
+    print(f"• figures written to {path}" + ("" if complete else " (the run did not complete)"), flush=True)
 
 
 def _summary(bench) -> None:
     v = bench.value
+
+    def ratio(key: str) -> str:
+        return "n/a" if v(key) is None else f"{v(key):.3f}"
+
     lines = ["", "summary"]
     if v("ceiling.commits_per_s"):
         lines.append(f"  ceiling   {v('ceiling.commits_per_s'):,.0f} commits/s (pgbench simple-update)")
     if v("floor.flows_per_s"):
         lines.append(f"  floor     {v('floor.flows_per_s'):,.1f} flows/s (the work alone, no durability layer)")
-    for w in (1, 2, 4):
-        if v(f"e2e.{w}w.tasks_per_s"):
-            lines.append(
-                f"  e2e {w}w    {v(f'e2e.{w}w.tasks_per_s'):,.2f} tasks/s, p50 {v(f'e2e.{w}w.latency_p50'):.2f} s, "
-                f"p95 {v(f'e2e.{w}w.latency_p95'):.2f} s (alone {v(f'e2e.{w}w.unloaded_latency_p50') or 0:.2f} s), "
-                f"{v(f'e2e.{w}w.commits_per_task'):.1f} commits/task, "
-                f"{v(f'e2e.{w}w.ratio_to_floor') or 0:.3f} of floor, {v(f'e2e.{w}w.ratio_to_ceiling') or 0:.3f} "
-                "of ceiling")
+    counts = sorted({int(k.split(".")[1].removesuffix("w")) for k in bench.figures if k.startswith("e2e.")})
+    for w in counts:
+        e = f"e2e.{w}w."
+        lines.append(
+            f"  e2e {w}w    {v(e + 'tasks_per_s'):,.2f} tasks/s, p50 {v(e + 'latency_p50'):.2f} s, "
+            f"p95 {v(e + 'latency_p95'):.2f} s (alone {v(e + 'unloaded_latency_p50') or 0:.2f} s), "
+            f"{v(e + 'commits_per_task'):.1f} commits/task, {ratio(e + 'ratio_to_floor')} of floor, "
+            f"{ratio(e + 'ratio_to_ceiling')} of ceiling")
     if v("outbox.messages_per_s"):
         lines.append(f"  outbox    {v('outbox.messages_per_s'):,.1f} messages/s, "
-                     f"{v('outbox.ratio_to_ceiling') or 0:.3f} of ceiling")
-    for key in sorted(k for k in bench.figures if k.startswith("retrieval.") and k.endswith(".p95_ms")):
-        stem = key.removesuffix(".p95_ms")
-        lines.append(f"  {stem:<28} p50 {v(stem + '.p50_ms'):.1f} ms, p95 {v(key):.1f} ms, "
+                     f"{v('outbox.commits_per_message'):.2f} commits/message, {ratio('outbox.ratio_to_ceiling')} "
+                     "of ceiling")
+    stems = [k.removesuffix(".p95_ms") for k in bench.figures if k.startswith("retrieval.") and k.endswith(".p95_ms")]
+    for stem in stems:  # in the order measured: 10k before 100k
+        lines.append(f"  {stem:<28} p50 {v(stem + '.p50_ms'):.1f} ms, p95 {v(stem + '.p95_ms'):.1f} ms, "
                      f"recall@10 {v(stem + '.recall_at_10'):.3f}")
-    for key in sorted(k for k in bench.figures if k.startswith("pages.") and k.endswith(".p95_ms")):
+    for key in (k for k in bench.figures if k.startswith("pages.") and k.endswith(".p95_ms")):
         lines.append(f"  {key.removesuffix('.p95_ms'):<28} p95 {v(key):.0f} ms")
-    for role in ("worker", "outbox_worker", "web"):
-        if v(f"memory.{role}_peak_rss"):
-            lines.append(f"  memory    {role} peak RSS {v(f'memory.{role}_peak_rss'):,.0f} MiB")
+    for key in (k for k in bench.figures if k.startswith("memory.")):
+        role = key.removeprefix("memory.").removesuffix("_peak_rss")
+        lines.append(f"  memory    {role} peak RSS {v(key):,.0f} MiB")
     lines.append(f"  elapsed   {v('bench.elapsed'):,.0f} s")
     print("\n".join(lines), flush=True)
 

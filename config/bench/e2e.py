@@ -29,7 +29,7 @@ SELECT t.status,
        (SELECT extract(epoch FROM min(e.recorded_at)) FROM events_taskevent e
          WHERE e.task_id = t.id AND e.type = 'receipt.recorded'),
        (SELECT extract(epoch FROM max(e.recorded_at)) FROM events_taskevent e
-         WHERE e.task_id = t.id AND e.type IN ('task.completed', 'task.failed', 'task.cancelled'))
+         WHERE e.task_id = t.id AND e.type IN ('task.completed', 'task.failed', 'cancel.requested'))
 FROM tasks_task t WHERE t.id = ANY(%s)
 """
 
@@ -56,11 +56,16 @@ def submit_all(base: str, username: str, devices: list[int], n: int, *, prefix: 
     return ids
 
 
-def wait_terminal(conn, ids: list[str], *, timeout: float) -> int:
-    """Wait until every task in ``ids`` is terminal (or ``timeout`` s); returns how many are."""
+def wait_terminal(conn, ids: list[str], *, timeout: float, alive=None) -> int:
+    """Wait until every task in ``ids`` is terminal (or ``timeout`` s); returns how many are.
+    ``alive()``, when given, is asked each round: a worker that died ends the wait with
+    SystemExit instead of a long wait for nothing."""
     deadline = time.monotonic() + timeout
     done = 0
     while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            raise SystemExit(f"a bench process exited while {len(ids) - done} tasks were still running; "
+                             "see var/bench/logs/")
         with conn.cursor() as cur:
             cur.execute("SELECT count(*) FROM tasks_task WHERE id = ANY(%s) AND status = ANY(%s)",
                         [ids, list(TERMINAL)])
@@ -83,10 +88,15 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
     bench.start_web()
     bench.start_beat()
     bench.start_worker(workers)
+
+    def alive() -> bool:
+        return all(bench.procs[name].poll() is None for name in ("worker", "web", "beat", "refservice"))
+
     try:
         # Warm-up, not measured: each pool process loads the embedding model on its first retrieval.
         warm = submit_all(base, seeded.users["requester"], seeded.devices[n:], 2 * workers, prefix=f"warm-{workers}")
-        wait_terminal(conn, warm, timeout=180)
+        if wait_terminal(conn, warm, timeout=180, alive=alive) < len(warm):
+            raise SystemExit(f"e2e with {workers} worker processes: the warm-up tasks did not end in 180 s")
         sampler = None
         if profile:
             from config.bench.profile import Sampler
@@ -97,7 +107,7 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         started = time.time()
         ids = submit_all(base, seeded.users["requester"], seeded.devices[:n], n, prefix=f"e2e-{workers}")
         submitted = time.time() - started
-        done = wait_terminal(conn, ids, timeout=max(300, n * 2))
+        done = wait_terminal(conn, ids, timeout=max(300, n * 2), alive=alive)
         commits, _ = wal.stop()
         if sampler is not None:
             sampler.stop()

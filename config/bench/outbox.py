@@ -57,6 +57,7 @@ def run(bench: Bench, *, n: int = 500, dispatchers: int = 2) -> None:
         while _counts(conn, ids)[0] < n and time.monotonic() < deadline:
             time.sleep(0.5)
         pending, _, total = _counts(conn, ids)
+        bench.note_peak("fill_worker", "worker-fill")
         bench.stop("worker-fill")
         bench.stop("web")
         if pending < n:
