@@ -146,15 +146,10 @@ class Chaos:
         self.wait_http(f"http://127.0.0.1:{self.ports['proxy']}/helpdesk/login/", 60)
 
     def wait_http(self, url: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise SystemExit(f"{url} did not answer within {timeout:.0f} s; see {CHAOS_DIR}/*.log")
+        from config.devstack import wait_http
+
+        if not wait_http(url, timeout):
+            raise SystemExit(f"{url} did not answer within {timeout:.0f} s; see {CHAOS_DIR}/*.log")
 
     def kill(self, name: str) -> None:
         proc = self.procs.get(name)

@@ -131,7 +131,9 @@ def _supervisord_running() -> bool:
     return SOCK.exists() and _supervisorctl("pid").returncode == 0
 
 
-def _wait_http(url: str, timeout: float) -> bool:
+def wait_http(url: str, timeout: float) -> bool:
+    """True once ``url`` answers 200 (polled every 0.3 s), False after ``timeout`` s. Shared by
+    ``make up``, the chaos run and the bench."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -166,10 +168,10 @@ def up() -> None:
         _stop_supervisord()
     write_supervisor_conf()
     subprocess.run([str(BIN / "supervisord"), "-c", str(CONF)], check=True)  # noqa: S603
-    ok_web = _wait_http(f"http://127.0.0.1:{web_port()}/healthz", 60)
-    ok_ref = _wait_http(f"http://127.0.0.1:{refservice_port()}/healthz", 30)
-    ok_hd = _wait_http(f"http://127.0.0.1:{helpdesk_port()}/helpdesk/login/", 30)
-    ok_model = _wait_http(f"http://127.0.0.1:{model_port()}/healthz", 30)
+    ok_web = wait_http(f"http://127.0.0.1:{web_port()}/healthz", 60)
+    ok_ref = wait_http(f"http://127.0.0.1:{refservice_port()}/healthz", 30)
+    ok_hd = wait_http(f"http://127.0.0.1:{helpdesk_port()}/helpdesk/login/", 30)
+    ok_model = wait_http(f"http://127.0.0.1:{model_port()}/healthz", 30)
     print(_supervisorctl("status").stdout, flush=True)
     if not (ok_web and ok_ref and ok_hd and ok_model):
         raise SystemExit(f"services did not come up (web={ok_web}, refservice={ok_ref}, helpdesk={ok_hd}, "

@@ -163,15 +163,10 @@ class Bench:
 
     def wait_http(self, url: str, timeout: float = 90) -> None:
         """Wait until ``url`` answers 200; SystemExit naming the logs otherwise."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"{url} did not answer within {timeout:.0f} s; see {LOG_DIR}/*.log")
+        from config.devstack import wait_http
+
+        if not wait_http(url, timeout):
+            raise SystemExit(f"{url} did not answer within {timeout:.0f} s; see {LOG_DIR}/*.log")
 
     def wait_log(self, name: str, needle: str, timeout: float = 120) -> None:
         """Wait until ``needle`` appears in process ``name``'s log."""
