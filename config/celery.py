@@ -25,13 +25,15 @@ def _log_context(task_id=None, task=None, **_):
 
 @task_prerun.connect
 @task_postrun.connect
-def _database_connections(**_):
+def _database_connections(sender=None, **_):
     """Around each task, Django's rule for its connections, as around each request: closed when
     past ``CONN_MAX_AGE``, unusable (an error left it in a failed state), or failing the health
     check; otherwise kept for the next task (Celery's own fixup, which would close it every time,
     is held off by ``CELERY_DB_REUSE_MAX`` in settings)."""
     from django.db import close_old_connections
 
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return  # run in the caller's process (Task.apply): its connection is the caller's, as for the fixup
     close_old_connections()
 
 

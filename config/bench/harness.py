@@ -233,7 +233,8 @@ class WalCommits:
 
     def stop(self) -> tuple[int, int]:
         """``(commits, aborts)`` since :meth:`start`; drops the slot. SystemExit when pg_waldump
-        cannot read the range."""
+        cannot read the range. Aborts are a lower bound: PostgreSQL does not flush an abort
+        record at once, so the last ones may lie past the written WAL read here."""
         from pgserver._commands import POSTGRES_BIN_PATH
 
         with self.conn.cursor() as cur:
