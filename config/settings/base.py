@@ -80,8 +80,7 @@ DATABASES = {
 # new PostgreSQL backend each time, five or six per report. Kept for 60 s and checked before reuse,
 # see docs/performance.md for what it changed.
 PERSISTENT_CONNECTIONS = {"CONN_MAX_AGE": env.int("DATABASE_CONN_MAX_AGE", default=60), "CONN_HEALTH_CHECKS": True}
-for _key, _value in PERSISTENT_CONNECTIONS.items():
-    DATABASES["default"].setdefault(_key, _value)
+DATABASES["default"] = {**PERSISTENT_CONNECTIONS, **DATABASES["default"]}  # the URL's own options win
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
