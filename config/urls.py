@@ -47,6 +47,7 @@ urlpatterns = [
     path("api/tasks/<uuid:task_id>/cancel/", task_api.TaskCancelApi.as_view(), name="api-task-cancel"),
     path("api/tasks/<uuid:task_id>/input/", task_api.TaskInputApi.as_view(), name="api-task-input"),
     path("api/tasks/<uuid:task_id>/events/", task_api.TaskEventsApi.as_view(), name="api-task-events"),
+    path("api/tasks/<uuid:task_id>/actions/", task_api.TaskActionsApi.as_view(), name="api-task-actions"),
     path("api/approvals/", approval_api.ApprovalListApi.as_view(), name="api-approval-list"),
     path("api/approvals/<uuid:approval_id>/", approval_api.ApprovalDetailApi.as_view(), name="api-approval-detail"),
     path("api/approvals/<uuid:approval_id>/decision/", approval_api.ApprovalDecisionApi.as_view(),

@@ -163,3 +163,39 @@ def test_a_nul_character_in_a_header_is_a_clear_400(requester, device):
                                       HTTP_IDEMPOTENCY_KEY="key\x00one")
     assert resp.status_code == 400 and resp.json()["error"] == "invalid_input"
     assert Task.objects.count() == 0
+
+
+def test_admins_learn_an_actions_idempotency_key_from_the_actions_api_not_a_redacted_payload(
+        requester, approver, admin_user, device, kb, refservice, other_tenant_user):
+    """Given a completed task whose ticket was created, when an admin reads
+    ``/api/tasks/<id>/actions/``, then the action carries the idempotency key, digest, status,
+    receipt and attempts it was sent with, while the events API still shows ``intent.committed``
+    as a digest only; other roles get 403 and another tenant 404."""
+    from apps.actions.models import Action
+
+    task_id = client_for(requester).post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()["id"]
+    drive(task_id)
+    approval = ApprovalRequest.objects.get(task_id=task_id)
+    client_for(approver).post(f"/api/approvals/{approval.pk}/decision/", {"decision": "approve"}, format="json")
+    task = drive(task_id)
+    assert task.status == "COMPLETED"
+    action = Action.objects.get(task_id=task_id)
+
+    resp = client_for(admin_user).get(f"/api/tasks/{task_id}/actions/")
+    assert resp.status_code == 200
+    [shown] = resp.json()
+    assert shown["id"] == str(action.pk) and shown["tool"] == "ticket.create"
+    assert shown["idempotency_key"] == action.idempotency_key and shown["params_digest"] == action.params_digest
+    assert shown["status"] == "SUCCEEDED" and shown["connector"] == "reference"
+    assert shown["external_id"] == task.state["receipt"]["external_id"] == shown["receipt"]["external_id"]
+    assert shown["approval_id"] == str(approval.pk) and shown["compensates_id"] is None
+    assert [a["outcome"] for a in shown["attempts"]] == ["RECEIPT"]
+    assert "params" not in shown  # the parameters stay behind the payload view
+
+    events = client_for(admin_user).get(f"/api/tasks/{task_id}/events/").json()
+    [intent] = [e for e in events if e["type"] == "intent.committed"]
+    assert intent["payload"]["sensitive"] is True and "idempotency_key" not in intent["payload"]
+
+    assert client_for(requester).get(f"/api/tasks/{task_id}/actions/").status_code == 403
+    assert client_for(approver).get(f"/api/tasks/{task_id}/actions/").status_code == 403
+    assert client_for(other_tenant_user).get(f"/api/tasks/{task_id}/actions/").status_code == 404

@@ -74,6 +74,7 @@ ACCESS: dict[str, set[str] | str] = {
     "api-task-cancel": {REQ, ADMIN},
     "api-task-input": {REQ},
     "api-task-events": {ADMIN},
+    "api-task-actions": {ADMIN},
     "api-approval-list": {APPR, ADMIN},
     "api-approval-detail": {APPR, ADMIN},
     "api-approval-decision": {APPR, ADMIN},

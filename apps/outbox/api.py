@@ -11,16 +11,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.api import HasPrincipal, request_principal
-from apps.actions.models import Action, ActionAttempt
+from apps.actions.api.serializers import AttemptSerializer
+from apps.actions.models import Action
 from apps.outbox.reconciliation import reconciliation_list, reconciliation_resolve
 from apps.tasks.compensation import compensation_settle, compensations_waiting
 from apps.tasks.models import Task
-
-
-class AttemptSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = ActionAttempt
-        fields = ["number", "fencing_token", "outcome", "error", "started_at", "finished_at", "worker"]
 
 
 class UnknownActionSerializer(serializers.ModelSerializer):

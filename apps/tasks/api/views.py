@@ -1,5 +1,5 @@
 """Task API (DESIGN.md §1 step 1): file a request (with ``Idempotency-Key``), read it, cancel it,
-answer the agent's questions, read its events (admins)."""
+answer the agent's questions, read its events and its actions (admins)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.api import Forbidden, HasPrincipal, NotFound, request_principal
+from apps.actions.api.serializers import ActionSerializer
+from apps.actions.selectors import task_actions
 from apps.tasks import reducer
 from apps.tasks.api.serializers import (
     CancelSerializer,
@@ -105,3 +107,23 @@ class TaskEventsApi(APIView):
         for e in events:
             e.payload = payload_shown(e, task_id=task.pk, include_sensitive=include)
         return Response(EventSerializer(events, many=True).data)
+
+
+class TaskActionsApi(APIView):
+    """``GET /api/tasks/<id>/actions/``: the task's actions, oldest first, each with the
+    idempotency key it is sent with, its parameter digest, status, receipt and attempts (admins
+    only, like the trace; 403 for other roles, 404 for another tenant's task). This is where a
+    client learns an action's key: the ``intent.committed`` payload in the events API is redacted
+    to its digest (DESIGN.md §6, §13)."""
+
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(responses=ActionSerializer(many=True))
+    def get(self, request, task_id):
+        principal = request_principal(request)
+        if not principal.is_admin:
+            raise Forbidden("only admins may read a task's actions")
+        task = task_get(principal=principal, task_id=task_id)
+        if task is None:
+            raise NotFound("task not found")
+        return Response(ActionSerializer(task_actions(principal=principal, task_id=task.pk), many=True).data)
