@@ -10,7 +10,7 @@ Processes (DESIGN.md §2), run under supervisord with logs in ``var/log``:
 
 PostgreSQL and Redis are embedded unless ``DATABASE_URL`` / ``REDIS_URL`` are set.
 
-Usage: ``python -m config.devstack up|down|status|demo [--no-wait]``.
+Usage: ``python -m config.devstack up|down|status|demo [--no-wait] [--tenant acme|initech]``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from apps.tickets.helpdesk_site import run as helpdesk_site
-from config import embedded
+from config import demo_client, embedded
 from config.env import BASE_DIR, VAR_DIR
 
 BIN = Path(sys.executable).parent
@@ -232,17 +232,19 @@ def status() -> None:
     print(_supervisorctl("status").stdout if _supervisord_running() else "not running")
 
 
-def demo(wait: bool) -> None:
-    """``make demo``: start everything, seed, run the main job over HTTP, keep the web up."""
-    from config import demo_client
-
+def demo(wait: bool, tenant: str = "acme") -> None:
+    """``make demo``: start everything, seed, run the main job over HTTP as ``tenant``'s demo cast
+    (``acme`` files in the reference ticket service, ``initech`` in django-helpdesk), keep the web
+    up until Ctrl-C unless not ``wait``. Exits 1 when the demo fails."""
     up()
-    print("• seeding the demo tenant, fleet and knowledge base", flush=True)
+    print("• seeding the demo tenants, fleet and knowledge base", flush=True)
     _manage("seed_demo")
+    env = _env()
     # The client checks the ticket at whichever ticket system the tenant uses: same settings.
-    os.environ.update({k: v for k, v in _env().items() if k.startswith(("HELPDESK_", "REFSERVICE_"))})
-    ok = demo_client.run(base_url=f"http://127.0.0.1:{web_port()}",
-                         refservice_url=f"http://127.0.0.1:{refservice_port()}",
+    systems = demo_client.TicketSystems(refservice_url=env["REFSERVICE_URL"],
+                                        refservice_api_key=env["REFSERVICE_API_KEY"],
+                                        helpdesk_url=env["HELPDESK_URL"], helpdesk_token=env["HELPDESK_API_TOKEN"])
+    ok = demo_client.run(base_url=f"http://127.0.0.1:{web_port()}", tenant=tenant, systems=systems,
                          credentials_path=VAR_DIR / "demo-credentials.json",
                          before_ok=lambda: _manage("replay", "--all", "--remote"))
     if not ok:
@@ -272,9 +274,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("command", choices=["up", "down", "status", "demo"])
     parser.add_argument("--no-wait", action="store_true",
                         help="demo: exit after the DEMO OK line (services keep running)")
+    parser.add_argument("--tenant", choices=sorted(demo_client.TENANTS), default="acme",
+                        help="demo: whose request to run — acme files in the reference ticket service, "
+                             "initech in django-helpdesk (default acme)")
     args = parser.parse_args(argv)
     os.chdir(BASE_DIR)
-    {"up": up, "down": down, "status": status}.get(args.command, lambda: demo(wait=not args.no_wait))()
+    {"up": up, "down": down, "status": status}.get(
+        args.command, lambda: demo(wait=not args.no_wait, tenant=args.tenant))()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Demo data: the ``acme`` tenant with a requester, an approver and an admin, a fleet of devices
-with states and object versions, and a second tenant ``globex`` (to show isolation)."""
+with states and object versions; a second tenant ``globex`` (to show isolation); and a third,
+``initech``, whose tickets go to django-helpdesk (the demo's second ticket system, DESIGN.md §11)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from apps.accounts.models import AccessScope, Membership, Role, Tenant
+from apps.accounts.models import AccessScope, Membership, Role, Tenant, TicketSystem
 from apps.approvals.services import policy_current
 from apps.devices.models import Device
 
@@ -22,6 +23,21 @@ USERS = [
     ("riley", Role.REQUESTER, [AccessScope.PUBLIC, AccessScope.TIER2]),
     ("avery", Role.APPROVER, [AccessScope.PUBLIC, AccessScope.TIER2, AccessScope.SECURITY]),
     ("adele", Role.ADMIN, [AccessScope.PUBLIC, AccessScope.TIER2, AccessScope.SECURITY]),
+]
+
+#: tenant ``initech`` (tickets in django-helpdesk): username, role, scopes
+INITECH_USERS = [
+    ("ines", Role.REQUESTER, [AccessScope.PUBLIC, AccessScope.TIER2]),
+    ("ivan", Role.APPROVER, [AccessScope.PUBLIC, AccessScope.TIER2]),
+    ("iris", Role.ADMIN, [AccessScope.PUBLIC, AccessScope.TIER2]),
+]
+INITECH_DEVICE = "PRN-0811"
+#: initech's own copy of the printer procedures (tenants share nothing): (scope, file name)
+INITECH_KB = [
+    (AccessScope.TIER2, "laser-printer-fuser-error-replacement.md"),
+    (AccessScope.PUBLIC, "laser-printer-paper-jam.md"),
+    (AccessScope.PUBLIC, "mfp-toner-and-drum-replacement.md"),
+    (AccessScope.PUBLIC, "mfp-scan-to-email-failure.md"),
 ]
 
 # asset_tag, name, kind, model, site, criticality, state, alert_code, alert_message, version
@@ -90,19 +106,25 @@ def _set_user(username: str, tenant: Tenant, role: str, scopes: list[str], passw
 
 def demo_seed(*, credentials_path: Path) -> dict:
     """Create (or keep) the demo tenants, users and devices. Returns ``{username: password}``,
-    read from and written to ``credentials_path`` so the passwords stay stable across runs."""
+    read from and written to ``credentials_path`` so the passwords stay stable across runs (a
+    user missing from the file, or from the database, gets a new one)."""
     creds: dict = json.loads(credentials_path.read_text()) if credentials_path.exists() else {}
+
+    def member(username: str, tenant: Tenant, role: str, scopes: list[str]) -> None:
+        pw = _set_user(username, tenant, role, scopes, None if username in creds else secrets.token_urlsafe(9))
+        if pw:
+            creds[username] = pw
+
     with transaction.atomic():
         acme, _ = Tenant.objects.get_or_create(slug="acme", defaults={"name": "ACME Manufacturing"})
         globex, _ = Tenant.objects.get_or_create(slug="globex", defaults={"name": "Globex Logistics"})
+        initech, _ = Tenant.objects.get_or_create(
+            slug="initech", defaults={"name": "Initech Facilities", "ticket_system": TicketSystem.HELPDESK})
         for username, role, scopes in USERS:
-            pw = _set_user(username, acme, role, scopes, None if username in creds else secrets.token_urlsafe(9))
-            if pw:
-                creds[username] = pw
-        pw = _set_user("gus", globex, Role.REQUESTER, [AccessScope.PUBLIC],
-                       None if "gus" in creds else secrets.token_urlsafe(9))
-        if pw:
-            creds["gus"] = pw
+            member(username, acme, role, scopes)
+        member("gus", globex, Role.REQUESTER, [AccessScope.PUBLIC])
+        for username, role, scopes in INITECH_USERS:
+            member(username, initech, role, scopes)
         for tag, name, kind, model, site, crit, state, code, msg, version in FLEET:
             Device.objects.get_or_create(
                 tenant=acme, asset_tag=tag,
@@ -114,8 +136,14 @@ def demo_seed(*, credentials_path: Path) -> dict:
             defaults={"name": "Globex depot printer", "kind": "printer", "site": "GX-1", "state": "fault",
                       "alert_code": "PRN-JAM-13.1", "alert_message": "Jam in tray 1", "version": 3},
         )
-        policy_current(tenant_id=acme.pk)
-        policy_current(tenant_id=globex.pk)
+        Device.objects.get_or_create(
+            tenant=initech, asset_tag=INITECH_DEVICE,
+            defaults={"name": "Initech 2nd floor MFP", "kind": "printer", "model": "LaserMax 9050", "site": "IN-2",
+                      "criticality": "medium", "state": "fault", "alert_code": "PRN-FUSER-50.2",
+                      "alert_message": "Fuser temperature low: 139 C after 90 s warm-up", "version": 4},
+        )
+        for tenant in (acme, globex, initech):
+            policy_current(tenant_id=tenant.pk)
     credentials_path.parent.mkdir(parents=True, exist_ok=True)
     credentials_path.write_text(json.dumps(creds, indent=2))
     credentials_path.chmod(0o600)
