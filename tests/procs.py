@@ -200,3 +200,37 @@ def running_stack(log_dir: Path, **env_extra: str):
         yield stack
     finally:
         stack.stop_all()
+
+
+@contextmanager
+def demo_stack(log_dir: Path, *, helpdesk: bool = False):
+    """``make demo``'s processes against the test database, seeded as ``make demo`` seeds it: the
+    reference service, web, one worker on every queue, beat and (with ``helpdesk``) django-helpdesk
+    behind the fault proxy; ``manage.py seed_demo`` has run, with its passwords in
+    ``log_dir / "demo-credentials.json"``. Yields ``(stack, credentials_path)``; every process is
+    stopped on exit. The caller holds a transactional database (the processes must see the seed)."""
+    import json
+    from io import StringIO
+
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.hashers import make_password
+    from django.core.management import call_command
+
+    credentials = log_dir / "demo-credentials.json"
+    call_command("seed_demo", credentials=credentials, stdout=StringIO())
+    # The test settings hash with a fast hasher the server processes do not accept: store the
+    # same passwords the way the servers check them.
+    for username, password in json.loads(credentials.read_text()).items():
+        get_user_model().objects.filter(username=username).update(
+            password=make_password(password, hasher="pbkdf2_sha256"))
+    stack = Stack(log_dir)
+    try:
+        stack.start_refservice()
+        if helpdesk:
+            stack.start_helpdesk()
+        stack.start_web()
+        stack.start_worker("worker")
+        stack.start_beat()
+        yield stack, credentials
+    finally:
+        stack.stop_all()
