@@ -90,17 +90,24 @@ class TaskInputApi(APIView):
         return Response(TaskSerializer(task).data)
 
 
+def _task_for_admin(request, task_id, *, what: str):
+    """``(principal, task)`` for an admin of the task's tenant. Raises Forbidden (403) for other
+    roles, saying they may not read ``what``, and NotFound (404) for another tenant's task."""
+    principal = request_principal(request)
+    if not principal.is_admin:
+        raise Forbidden(f"only admins may read {what}")
+    task = task_get(principal=principal, task_id=task_id)
+    if task is None:
+        raise NotFound("task not found")
+    return principal, task
+
+
 class TaskEventsApi(APIView):
     permission_classes = [HasPrincipal]
 
     @extend_schema(responses=EventSerializer(many=True))
     def get(self, request, task_id):
-        principal = request_principal(request)
-        if not principal.is_admin:
-            raise Forbidden("only admins may read traces")
-        task = task_get(principal=principal, task_id=task_id)
-        if task is None:
-            raise NotFound("task not found")
+        principal, task = _task_for_admin(request, task_id, what="traces")
         # Sensitive payloads: their digest and view link, unless ?include=payloads asks for them.
         include = request.GET.get("include") == "payloads"
         events = task_events_for_viewer(principal=principal, task=task)
@@ -120,10 +127,5 @@ class TaskActionsApi(APIView):
 
     @extend_schema(responses=ActionSerializer(many=True))
     def get(self, request, task_id):
-        principal = request_principal(request)
-        if not principal.is_admin:
-            raise Forbidden("only admins may read a task's actions")
-        task = task_get(principal=principal, task_id=task_id)
-        if task is None:
-            raise NotFound("task not found")
+        principal, task = _task_for_admin(request, task_id, what="a task's actions")
         return Response(ActionSerializer(task_actions(principal=principal, task_id=task.pk), many=True).data)
