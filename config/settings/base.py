@@ -119,6 +119,12 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "File device fault requests, decide approvals, read task state and evidence.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Several models have a ``status`` with their own choices: name each enum after its model.
+    "ENUM_NAME_OVERRIDES": {
+        "TaskStatusEnum": "apps.tasks.models.Task.STATUS_CHOICES",
+        "ActionStatusEnum": "apps.actions.models.ActionStatus",
+        "ApprovalStatusEnum": "apps.approvals.models.ApprovalStatus",
+    },
 }
 
 # --- Celery (DESIGN.md §2): Redis is a hint to run, PostgreSQL is the truth -------------------
