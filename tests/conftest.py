@@ -31,6 +31,29 @@ SMALL_KB = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _embed_each_text_once():
+    """Ingestion in this test process embeds each distinct text with the real model once and
+    reuses its vector after that: most tests ingest the same five knowledge-base documents, and
+    re-embedding them cost about 2 s per test. The vectors are the model's own (embedding is
+    deterministic for an input on one machine); only the repeated computation is skipped. Tests
+    that count embedding calls patch ``services.embed_texts`` themselves, on top of this."""
+    from apps.evidence import services
+
+    real = services.embed_texts
+    vectors: dict[str, list[float]] = {}
+
+    def embed_texts(texts: list[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in vectors]
+        vectors.update(zip(missing, real(missing), strict=True))
+        return [list(vectors[t]) for t in texts]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(services, "embed_texts", embed_texts)
+    yield
+    mp.undo()
+
+
 @pytest.fixture
 def tenant(db):
     return TenantFactory(slug="acme", name="ACME")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from django.conf import settings
 from django.db import connection
 
 from config import embedded
@@ -84,6 +85,9 @@ class Stack:
             "REFSERVICE_WEBHOOK_SECRET": "e2e-webhook-secret",
             "REFSERVICE_WEBHOOK_URL": f"http://127.0.0.1:{self.web_port}/webhooks/reference/",
             "PYTHONUNBUFFERED": "1",
+            # The test settings' hashers (MD5 first): users made in-process sign in to the server
+            # processes as they are, and a basic-auth poll does not cost a PBKDF2 check each time.
+            "DJANGO_PASSWORD_HASHERS": ",".join(settings.PASSWORD_HASHERS),
             **env_extra,
         }
         self.procs: dict[str, subprocess.Popen] = {}
@@ -209,20 +213,12 @@ def demo_stack(log_dir: Path, *, helpdesk: bool = False):
     behind the fault proxy; ``manage.py seed_demo`` has run, with its passwords in
     ``log_dir / "demo-credentials.json"``. Yields ``(stack, credentials_path)``; every process is
     stopped on exit. The caller holds a transactional database (the processes must see the seed)."""
-    import json
     from io import StringIO
 
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.hashers import make_password
     from django.core.management import call_command
 
     credentials = log_dir / "demo-credentials.json"
     call_command("seed_demo", credentials=credentials, stdout=StringIO())
-    # The test settings hash with a fast hasher the server processes do not accept: store the
-    # same passwords the way the servers check them.
-    for username, password in json.loads(credentials.read_text()).items():
-        get_user_model().objects.filter(username=username).update(
-            password=make_password(password, hasher="pbkdf2_sha256"))
     stack = Stack(log_dir)
     try:
         stack.start_refservice()

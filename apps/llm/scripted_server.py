@@ -216,7 +216,8 @@ def serve_in_thread(host: str = "127.0.0.1", port: int = 0, *, steps: list[dict]
     """Start a :class:`ScriptedModelServer` on ``host:port`` (0: any free port) in a daemon
     thread and return it; ``server.shutdown()`` stops it."""
     server = ScriptedModelServer((host, port), steps=steps, default=default, api_key=api_key)
-    threading.Thread(target=server.serve_forever, name="scripted-model-server", daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="scripted-model-server",
+                     daemon=True).start()
     return server
 
 
