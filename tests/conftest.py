@@ -73,7 +73,8 @@ def approver(tenant):
 
 @pytest.fixture
 def admin_user(tenant):
-    user = UserFactory(username="adele", is_staff=True, is_superuser=True)
+    """Tenant ``acme``'s admin: staff in the tenant-admin group through her admin membership."""
+    user = UserFactory(username="adele")
     MembershipFactory(user=user, tenant=tenant, role=Role.ADMIN, scopes=list(AccessScope.values))
     return user
 

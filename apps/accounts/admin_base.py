@@ -5,18 +5,18 @@ services that append events, so the materialized state always equals the replay 
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 
-from apps.accounts.models import Membership
+from apps.accounts import roles
+from apps.accounts.models import Tenant
 
 
 def admin_tenant_ids(request):
-    """Tenant ids the admin user may see, or None for a platform superuser — a superuser who has
-    never been a member of any tenant. A tenant member whose memberships were all deactivated
-    sees nothing: revoking access never widens it."""
-    rows = list(Membership.objects.filter(user_id=request.user.pk).values_list("tenant_id", "is_active"))
-    if not rows and request.user.is_superuser:
-        return None
-    return [tenant_id for tenant_id, active in rows if active]
+    """Tenant ids the signed-in admin may see and change, or None for a platform admin
+    (:func:`apps.accounts.roles.admin_tenant_ids`: only active *admin* memberships count, and
+    revoking access never widens it)."""
+    return roles.admin_tenant_ids(request.user)
 
 
 class TenantScopedAdmin(admin.ModelAdmin):
@@ -36,20 +36,18 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return qs if ids is None else qs.filter(**{f"{self.tenant_path}__in": ids})
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        """Add and change forms offer only the admin's own tenants, and only users who belong to
-        them (or to no tenant yet): nothing of another tenant can be picked or even seen."""
+        """Add and change forms offer only the admin's own tenants, and only people who may be
+        given a role there: never a superuser, and for a tenant admin only non-staff users who
+        already belong to one of the admin's tenants (apps.accounts.roles). Nothing of another
+        tenant can be picked or even seen."""
         ids = admin_tenant_ids(request)
-        if ids is not None:
-            from django.contrib.auth import get_user_model
-            from django.db.models import Q
-
-            from apps.accounts.models import Tenant
-
-            if db_field.related_model is Tenant:
-                kwargs["queryset"] = Tenant.objects.filter(pk__in=ids)
-            elif db_field.related_model is get_user_model():
-                kwargs["queryset"] = get_user_model().objects.filter(
-                    Q(memberships__tenant_id__in=ids) | Q(memberships__isnull=True)).distinct()
+        if db_field.related_model is Tenant and ids is not None:
+            kwargs["queryset"] = Tenant.objects.filter(pk__in=ids)
+        elif db_field.related_model is get_user_model():
+            users = get_user_model().objects.filter(is_superuser=False)
+            if ids is not None:
+                users = users.filter(is_staff=False, memberships__tenant_id__in=ids).distinct()
+            kwargs["queryset"] = users
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request, obj, form, change):
@@ -57,8 +55,6 @@ class TenantScopedAdmin(admin.ModelAdmin):
         ids = admin_tenant_ids(request)
         tenant_id = getattr(obj, "tenant_id", None)
         if ids is not None and tenant_id is not None and tenant_id not in ids:
-            from django.core.exceptions import PermissionDenied
-
             raise PermissionDenied("not a tenant you administer")
         super().save_model(request, obj, form, change)
 

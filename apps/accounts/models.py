@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from apps.accounts.scoping import TenantScopedManager
@@ -88,3 +89,15 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"
+
+    def save(self, *args, **kwargs) -> None:
+        """Refuses a superuser's membership with :class:`ValidationError` (see :meth:`clean`)."""
+        if self.user.is_superuser:
+            raise ValidationError("a platform superuser cannot be a member of a tenant")
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        """A platform admin (a superuser) is never a member of a tenant (apps.accounts.roles)."""
+        super().clean()
+        if self.user_id is not None and self.user.is_superuser:
+            raise ValidationError({"user": "a platform superuser cannot be a member of a tenant"})

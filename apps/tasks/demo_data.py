@@ -97,9 +97,9 @@ def _set_user(username: str, tenant: Tenant, role: str, scopes: list[str], passw
     if created or password is not None:
         new_password = password or secrets.token_urlsafe(9)
         user.set_password(new_password)
-        user.is_staff = role == Role.ADMIN
-        user.is_superuser = role == Role.ADMIN
         user.save()
+    # An admin membership makes the user staff in the tenant-admin group (apps.accounts.roles),
+    # never a superuser.
     Membership.objects.update_or_create(user=user, tenant=tenant, defaults={"role": role, "scopes": scopes})
     return new_password
 
