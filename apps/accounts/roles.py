@@ -114,3 +114,14 @@ def user_editable_by(target, tenant_ids: list[int] | None) -> bool:
         return False
     theirs = set(Membership.objects.filter(user_id=target.pk).values_list("tenant_id", flat=True))
     return bool(theirs) and theirs <= set(tenant_ids)
+
+
+def admin_scopes(user) -> dict[int, list[str]] | None:
+    """``{tenant_id: knowledge scopes}`` ``user`` may read in the Django admin, for the tenants of
+    :func:`admin_tenant_ids` (the scopes of the admin membership there), or ``None`` for a
+    platform admin: an admin without the ``security`` scope reads no security chunk there either."""
+    ids = admin_tenant_ids(user)
+    if ids is None:
+        return None
+    rows = Membership.objects.filter(user_id=user.pk, tenant_id__in=ids).values_list("tenant_id", "scopes")
+    return {tenant_id: list(scopes) for tenant_id, scopes in rows}
