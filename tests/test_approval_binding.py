@@ -25,6 +25,7 @@ from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
 from tests.conftest import drive, p
+from tests.tamper import immutability_bypassed
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
@@ -56,9 +57,11 @@ def _revoke(approver) -> None:
 
 
 def _tamper_params(task) -> None:
-    """Someone changes what will be sent after it was approved."""
+    """Someone changes what will be sent after it was approved (past the database's refusal)."""
     action = Action.objects.get(task=task)
-    Action.objects.filter(pk=action.pk).update(params={**action.params, "priority": "P4"}, params_digest="0" * 64)
+    with immutability_bypassed("actions_action"):
+        Action.objects.filter(pk=action.pk).update(params={**action.params, "priority": "P4"},
+                                                   params_digest="0" * 64)
 
 
 CAUSES = {

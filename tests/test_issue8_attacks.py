@@ -24,6 +24,7 @@ from apps.tasks.services import task_append_event, task_cancel, task_submit
 from config.logs import clear
 from tests.conftest import drive, p
 from tests.factories import DeviceFactory
+from tests.tamper import immutability_bypassed
 
 ROOT = Path(__file__).resolve().parents[1]
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
@@ -186,8 +187,9 @@ def test_metrics_has_no_duplicate_series_when_two_tools_fall_into_other(client, 
                                                                         refservice):
     a = _complete(requester, approver, device)
     b = _complete(requester, approver, DeviceFactory(tenant=device.tenant))
-    Action.objects.filter(task=a).update(tool="ticket.retired_one")
-    Action.objects.filter(task=b).update(tool="ticket.retired_two")
+    with immutability_bypassed("actions_action"):  # actions of tools since retired from the registry
+        Action.objects.filter(task=a).update(tool="ticket.retired_one")
+        Action.objects.filter(task=b).update(tool="ticket.retired_two")
     text, dups = _series(client)
     assert not dups, f"duplicate series (Prometheus rejects the scrape): {dups}"
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import rfc8785
 
@@ -22,6 +23,21 @@ def sha256_json(value) -> str:
 def action_digest(*, tool: str, tool_version: str, params: dict) -> str:
     """h(a): hex SHA-256 of the canonical JSON of ``{"tool", "tool_version", "params"}``."""
     return sha256_json({"tool": tool, "tool_version": tool_version, "params": params})
+
+
+def proposal_digest(proposal: dict) -> str:
+    """h(a) recomputed from a proposal's own ``tool``, ``tool_version`` and ``params`` — never
+    read from its stored ``digest``, which is only a label that can be left behind when the
+    parameters change (DESIGN.md §7: an approval binds what is sent)."""
+    return action_digest(tool=proposal["tool"], tool_version=proposal["tool_version"], params=proposal["params"])
+
+
+def sendable(*, tool: str, tool_version: str, params: dict) -> tuple[dict, str]:
+    """``(params, h(a))`` for a send: the parameters decoded from the very canonical bytes that
+    are hashed, so what the connector is handed is byte for byte what the digest covers (no
+    object shared with the caller, nothing that can change between the check and the send)."""
+    raw = canonical_json({"tool": tool, "tool_version": tool_version, "params": params})
+    return json.loads(raw)["params"], hashlib.sha256(raw).hexdigest()
 
 
 def idempotency_key(*, tenant_slug: str, tool: str, task_id: str, digest: str, intent_seq: int) -> str:

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.accounts.api import Conflict, Forbidden, NotFound, Unprocessable
 from apps.accounts.principal import Principal, principal_current
+from apps.actions.digest import action_digest as h_of_action
 from apps.approvals.models import ApprovalPolicy, ApprovalRequest, ApprovalStatus
 from apps.tasks import reducer
 
@@ -194,19 +195,40 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
         if approval.expires_at <= now:
             raise Conflict("approval has expired", status=ApprovalStatus.EXPIRED)
         task = Task.objects.get(pk=approval.task_id)  # locked above
-        approval.status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
-        approval.decided_by_id = principal.user_id
-        approval.decided_at = now
-        approval.reason = reason[:2000]
-        approval.save(update_fields=["status", "decided_by", "decided_at", "reason"])
-        event_type = "approval.granted" if decision == "approve" else "approval.rejected"
-        payload = {"approval_id": str(approval.pk), "decided_by": principal.username, "reason": reason[:500]}
+        shown_differs = decision == "approve" and not approval_shows_what_it_binds(approval)
+        if shown_differs:
+            # What the approver was shown is not what the approval binds: nobody approves that.
+            # The approval is invalidated (and that is committed); the task asks again.
+            approval_invalidate(approval=approval, reason=SHOWN_DIFFERS)
+            event_type, payload = "approval.invalidated", {"approval_id": str(approval.pk), "reason": SHOWN_DIFFERS}
+        else:
+            approval.status = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
+            approval.decided_by_id = principal.user_id
+            approval.decided_at = now
+            approval.reason = reason[:2000]
+            approval.save(update_fields=["status", "decided_by", "decided_at", "reason"])
+            event_type = "approval.granted" if decision == "approve" else "approval.rejected"
+            payload = {"approval_id": str(approval.pk), "decided_by": principal.username, "reason": reason[:500]}
         try:
             task_append_event(task=task, event_type=event_type, payload=payload, actor=principal.as_actor())
         except reducer.IllegalTransition as exc:
             raise _Refused(task, event_type, payload, exc.reason) from exc
         enqueue_agent_step(task.pk)
+    if shown_differs:
+        raise Conflict(f"not approved: {SHOWN_DIFFERS}; the request will be asked again",
+                       status=ApprovalStatus.INVALIDATED)
     return approval
+
+
+SHOWN_DIFFERS = "the parameters shown for approval differ from the ones it binds (h(a) recomputed)"
+
+
+def approval_shows_what_it_binds(approval: ApprovalRequest) -> bool:
+    """Whether the parameters an approver is shown (``approval.params``, with its tool and tool
+    version) hash to the h(a) the approval binds (``approval.action_digest``): recomputed, so a
+    changed parameter is caught even when the stored digest was left as it was."""
+    return h_of_action(tool=approval.tool, tool_version=approval.tool_version,
+                       params=approval.params) == approval.action_digest
 
 
 @dataclass(frozen=True)
@@ -219,13 +241,17 @@ def approval_check_binding(
     *, approval: ApprovalRequest, action_digest: str, object_version: int, now=None
 ) -> BindingCheck:
     """Re-check an approval against the action about to be executed (DESIGN.md §7, TOCTOU):
-    approved, same h(a), same V_o, not expired, and the approver still holds an approver role in
-    the tenant now. Returns a :class:`BindingCheck` whose ``reason`` names the first mismatch."""
+    approved, same h(a) — ``action_digest`` recomputed by the caller from the parameters to be
+    sent, and the approval's own shown parameters re-hashed — same V_o, not expired, and the
+    approver still holds an approver role in the tenant now. Returns a :class:`BindingCheck`
+    whose ``reason`` names the first mismatch."""
     now = now or timezone.now()
     if approval.status != ApprovalStatus.APPROVED:
         return BindingCheck(False, f"approval is {approval.status}")
     if approval.action_digest != action_digest:
         return BindingCheck(False, "parameters changed since approval (digest mismatch)")
+    if not approval_shows_what_it_binds(approval):
+        return BindingCheck(False, SHOWN_DIFFERS)
     if approval.object_version != object_version:
         return BindingCheck(
             False, f"device version changed since approval ({approval.object_version} → {object_version})"
@@ -235,7 +261,7 @@ def approval_check_binding(
     approver = principal_current(user_id=approval.decided_by_id, tenant_id=approval.tenant_id)
     allowed = approval.approver_roles or list(ROLES)
     if approver is None or not approver.is_approver or approver.role not in allowed:
-        return BindingCheck(False, "approver no longer holds an approver role")
+        return BindingCheck(False, "approver no longer holds an approver role (or the account is deactivated)")
     current = policy_decide(tenant_id=approval.tenant_id, tool=approval.tool)
     if current.policy_version != approval.policy_version and current.requires_approval \
             and approver.role not in current.approver_roles:

@@ -33,6 +33,7 @@ from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
 from apps.actions import errors
+from apps.actions.digest import sendable
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.actions.registry import tool_get
 from apps.approvals.services import approval_check_binding_now, approval_invalidate
@@ -127,8 +128,18 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
             return settled
         _finish_not_sent(message, action, fencing_token, OutboxStatus.CANCELLED, "cancelled before send", actor)
         return "cancelled"
+    # h(a) recomputed from the exact parameters the connector is handed below (decoded from the
+    # bytes hashed): a changed parameter is caught here even when its stored digest was left as it was.
+    params, digest = sendable(tool=action.tool, tool_version=action.tool_version, params=action.params)
+    if action.approval_id is None and digest != action.params_digest:
+        reason = "the parameters to send differ from the committed ones (h(a) recomputed at send)"
+        settled = _settle_not_executed(message, action, fencing_token, actor)
+        if settled is not None:
+            return settled
+        _finish_not_sent(message, action, fencing_token, OutboxStatus.FAILED, reason, actor)
+        return "failed"
     if action.approval_id is not None:
-        check = approval_check_binding_now(approval=action.approval, action_digest=action.params_digest, now=now)
+        check = approval_check_binding_now(approval=action.approval, action_digest=digest, now=now)
         if not check.ok:
             # An earlier attempt, sent while the approval still held, may have created the ticket.
             settled = _settle_not_executed(message, action, fencing_token, actor)
@@ -185,7 +196,7 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     try:
         receipt = connector_for(action.tool, action.connector).execute(
             tool=action.tool, idempotency_key=action.idempotency_key, fencing_token=fencing_token,
-            params=action.params, timeout=timeout,
+            params=params, timeout=timeout,
         )
     except errors.ToolError as exc:
         return _record_error(message, action, attempt, task, exc, fencing_token, owner)

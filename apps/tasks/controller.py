@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.actions import errors
-from apps.actions.digest import action_digest, idempotency_key, sha256_json
+from apps.actions.digest import action_digest, idempotency_key, proposal_digest, sha256_json
 from apps.actions.models import Action
 from apps.actions.registry import ParamsInvalid, params_validate, tool_get
 from apps.approvals.models import ApprovalRequest
@@ -533,8 +533,7 @@ def _validate_and_authorize(task: Task, lease: Lease) -> bool:
         task_append_event(task=task, event_type="approval.requested", actor=actor, lease_generation=gen,
                           payload=payload, side_effects=create_approval)
         return carried is not None  # a carried-over approval is granted: commit the intent next
-    _commit_intent(task, lease, proposal=proposal, approval=None, object_version=object_version)
-    return False
+    return _commit_intent(task, lease, proposal=proposal, approval=None, object_version=object_version)
 
 
 def _carried_over(task: Task, proposal: dict, decision) -> ApprovalRequest | None:
@@ -623,10 +622,10 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
                           payload={"approval_id": a["id"], "reason": changed},
                           side_effects=_invalidating(approval, changed))
         return True
-    if _invalidated_unless_bound(task, lease, approval, state["proposal"]["digest"]):
+    if _invalidated_unless_bound(task, lease, approval, proposal_digest(state["proposal"])):
         return True
-    _commit_intent(task, lease, proposal=state["proposal"], approval=approval, object_version=approval.object_version)
-    return False
+    return _commit_intent(task, lease, proposal=state["proposal"], approval=approval,
+                          object_version=approval.object_version)
 
 
 def _granted(task: Task, lease: Lease, a: dict) -> tuple[ApprovalRequest | None, bool]:
@@ -651,7 +650,9 @@ def _granted(task: Task, lease: Lease, a: dict) -> tuple[ApprovalRequest | None,
 
 def _invalidated_unless_bound(task: Task, lease: Lease, approval: ApprovalRequest, digest: str) -> bool:
     """Re-check a granted approval's binding now (h(a), object version, expiry, the approver's
-    role); when it no longer holds, record ``approval.invalidated`` with the reason and return True."""
+    role); when it no longer holds, record ``approval.invalidated`` with the reason and return True.
+    ``digest`` is h(a) recomputed from the parameters about to be committed
+    (:func:`~apps.actions.digest.proposal_digest`), never a stored digest."""
     check = approval_check_binding_now(approval=approval, action_digest=digest)
     if check.ok:
         return False
@@ -663,19 +664,21 @@ def _invalidated_unless_bound(task: Task, lease: Lease, approval: ApprovalReques
 
 
 def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: ApprovalRequest | None,
-                   object_version: int, compensates: Action | None = None) -> None:
+                   object_version: int, compensates: Action | None = None) -> bool:
     """DESIGN.md §1 step 6: in ONE transaction — CAS on task version + fencing token, budget
     reservation (checked by δ: U + R + r ≤ B), the action identity with its idempotency key, the
     intent event and the outbox row. The dispatcher is kicked on commit. Parameters that do not
-    match the tool's schema, or a reused key, are refused before any row is written.
-    ``compensates``: the action whose effect this one compensates (``reducer/2``)."""
+    match the tool's schema, or a reused key, are refused before any row is written; parameters
+    whose recomputed h(a) is not the approval's invalidate it (the task asks again).
+    ``compensates``: the action whose effect this one compensates (``reducer/2``). Returns True
+    when the agent should take another step now (the approval was invalidated)."""
     from apps.outbox.tasks import enqueue_dispatch
 
     tool = tool_get(proposal["tool"])
     if short := _write_short(task, tool):
         task_append_event(task=task, event_type="compensation.failed" if compensates is not None else "task.failed",
                           actor=_actor(lease), lease_generation=lease.generation, payload={"reason": short})
-        return
+        return False
     try:
         params_validate(tool.name, proposal["params"])
     except ParamsInvalid as exc:
@@ -684,10 +687,22 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
         event = "compensation.failed" if compensates is not None else "task.failed"
         task_append_event(task=task, event_type=event, actor=_actor(lease), lease_generation=lease.generation,
                           payload={"reason": f"invalid parameters: {exc}"})
-        return
+        return False
+    # h(a) of what is committed now — the tool at its current version, the parameters as they
+    # are — recomputed: a stored digest is only a label that may have been left behind.
+    digest = action_digest(tool=tool.name, tool_version=tool.version, params=proposal["params"])
+    if approval is not None and digest != approval.action_digest:
+        reason = "the parameters to commit differ from the approved ones (h(a) recomputed at the intent)"
+        refused_event_record(task=task, event_type="intent.committed", payload={"digest": digest}, reason=reason,
+                             actor=_actor(lease), lease_generation=lease.generation)
+        task_append_event(task=task, event_type="approval.invalidated", actor=_actor(lease),
+                          lease_generation=lease.generation,
+                          payload={"approval_id": str(approval.pk), "reason": reason},
+                          side_effects=_invalidating(approval, reason))
+        return True
     action_id = uuid.uuid4()
     key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
-                          digest=proposal["digest"], intent_seq=task.version + 1)
+                          digest=digest, intent_seq=task.version + 1)
     # The ticket system this action goes to, fixed now (a compensation: where its ticket is).
     connector = compensates.connector if compensates is not None else task.tenant.ticket_system
     reused = Action.objects.for_tenant(task.tenant_id).filter(idempotency_key=key).first()
@@ -695,14 +710,14 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
         # One key, one logical action: a key already bound to other parameters (or to another
         # action) is refused before any action or outbox row is written.
         reason = (f"idempotency key {key} is already bound to action {reused.pk} "
-                  f"({'other parameters' if reused.params_digest != proposal['digest'] else 'the same parameters'})")
+                  f"({'other parameters' if reused.params_digest != digest else 'the same parameters'})")
         refused_event_record(task=task, event_type="intent.committed", payload={"idempotency_key": key,
-                             "digest": proposal["digest"]}, reason=reason, actor=_actor(lease),
+                             "digest": digest}, reason=reason, actor=_actor(lease),
                              lease_generation=lease.generation)
         event = "compensation.failed" if compensates is not None else "task.failed"
         task_append_event(task=task, event_type=event, actor=_actor(lease), lease_generation=lease.generation,
                           payload={"reason": "idempotency key reused: the intent was refused"})
-        return
+        return False
     params = proposal["params"]
     ordering_key = f"ticket:{connector}:{params['ticket_id']}" if tool.object_scope == "ticket" \
         else f"{tool.name}:{key}"
@@ -710,7 +725,7 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
     def write_action(t: Task, event) -> None:
         action = Action.objects.create(
             id=action_id, tenant_id=t.tenant_id, task_id=t.pk, tool=tool.name, tool_version=tool.version,
-            connector=connector, params=params, params_digest=proposal["digest"], idempotency_key=key,
+            connector=connector, params=params, params_digest=digest, idempotency_key=key,
             approval=approval, object_version=object_version, reservation=tool.cost_units, compensates=compensates,
         )
         OutboxMessage.objects.create(
@@ -720,13 +735,14 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
 
     task_append_event(
         task=task, event_type="intent.committed", actor=_actor(lease), lease_generation=lease.generation,
-        payload={"action_id": str(action_id), "idempotency_key": key, "digest": proposal["digest"],
+        payload={"action_id": str(action_id), "idempotency_key": key, "digest": digest,
                  "reservation": tool.cost_units, "approval_required": approval is not None,
                  "approval_id": str(approval.pk) if approval else None,
                  "proposal": proposal if approval is None else None, "object_version": object_version,
                  "connector": connector},
         side_effects=write_action,
     )
+    return False
 
 
 # --- compensation (reducer/2; DESIGN.md §6 "saga"; spec table 16.5 "取消后收到回执") ----------------
@@ -847,7 +863,7 @@ def _compensate(task: Task, lease: Lease) -> bool:
     approval, moved = _granted(task, lease, c["approval"])
     if approval is None:
         return moved
-    if _invalidated_unless_bound(task, lease, approval, c["proposal"]["digest"]):
+    if _invalidated_unless_bound(task, lease, approval, proposal_digest(c["proposal"])):
         return True
     b, cost = state["budget"], tool_get(c["proposal"]["tool"]).cost_units
     if b["used"] + b["reserved"] + cost > b["total"]:
@@ -856,6 +872,5 @@ def _compensate(task: Task, lease: Lease) -> bool:
                                              f"B={b['total']}"})
         return False
     original = Action.objects.for_tenant(task.tenant_id).get(pk=state["action"]["id"])
-    _commit_intent(task, lease, proposal=c["proposal"], approval=approval, object_version=c["ticket"]["version"],
-                   compensates=original)
-    return False
+    return _commit_intent(task, lease, proposal=c["proposal"], approval=approval,
+                          object_version=c["ticket"]["version"], compensates=original)
