@@ -63,11 +63,12 @@ def principal_from_membership(membership: Membership) -> Principal:
 def principal_for_user(user) -> Principal:
     """Resolve the principal of an authenticated ``user`` (its first active membership).
 
-    Raises :class:`NoMembership` when the user belongs to no tenant.
+    Raises :class:`NoMembership` when the user belongs to no tenant, or the account is
+    deactivated.
     """
     membership = (
         Membership.objects.select_related("tenant", "user")
-        .filter(user_id=user.pk, is_active=True)
+        .filter(user_id=user.pk, is_active=True, user__is_active=True)
         .order_by("id")
         .first()
     )
@@ -81,10 +82,11 @@ def principal_for_user(user) -> Principal:
 
 def principal_current(*, user_id: int, tenant_id: int) -> Principal | None:
     """Re-read a principal's *current* role and scopes (for re-checks at the moment of use,
-    e.g. the approver's role at dispatch time, DESIGN.md §7). None when the membership is gone."""
+    e.g. the approver's role at dispatch time, DESIGN.md §7). None when the membership is gone
+    or inactive, or the user's account itself is deactivated (``User.is_active``)."""
     membership = (
         Membership.objects.select_related("tenant", "user")
-        .filter(user_id=user_id, tenant_id=tenant_id, is_active=True)
+        .filter(user_id=user_id, tenant_id=tenant_id, is_active=True, user__is_active=True)
         .first()
     )
     return principal_from_membership(membership) if membership else None
