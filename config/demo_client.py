@@ -112,6 +112,17 @@ def _sent_action(admin: httpx.Client, task: dict) -> dict:
     return sent[0]
 
 
+def _page_as(base_url: str, login: tuple[str, str], url: str) -> httpx.Response:
+    """GET the web page ``url`` signed in through the login form as ``login`` (username,
+    password): pages take a session, not basic auth."""
+    with httpx.Client(base_url=base_url, timeout=30, follow_redirects=True) as browser:
+        form = browser.get("/login/")
+        token = browser.cookies.get("csrftoken", "")
+        browser.post("/login/", data={"username": login[0], "password": login[1], "csrfmiddlewaretoken": token},
+                     headers={"Referer": str(form.url)})
+        return browser.get(url)
+
+
 def _held_at_ticket_system(systems: TicketSystems, receipt: dict, key: str) -> list[str]:
     """Ids of what the tenant's ticket system itself holds for idempotency key ``key``."""
     if receipt.get("connector", "reference") == "helpdesk":  # django-helpdesk: the key is a custom field
@@ -145,7 +156,8 @@ def run(*, base_url: str, credentials_path: Path, tenant: str = "acme", systems:
     clients = [httpx.Client(base_url=base_url, auth=(user, creds[user]), timeout=30)
                for user in (cast.requester, cast.approver, cast.admin)]
     try:
-        return _run(*clients, cast=cast, systems=systems, timeout=timeout, before_ok=before_ok)
+        return _run(*clients, cast=cast, admin_login=(cast.admin, creds[cast.admin]), systems=systems,
+                    timeout=timeout, before_ok=before_ok)
     except (DemoFailed, httpx.HTTPError) as exc:
         _say(f"DEMO FAILED: {exc}")
         return False
@@ -155,11 +167,14 @@ def run(*, base_url: str, credentials_path: Path, tenant: str = "acme", systems:
 
 
 def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *, cast: DemoTenant,
-         systems: TicketSystems, timeout: float, before_ok: Callable[[], None] | None) -> bool:
+         admin_login: tuple[str, str], systems: TicketSystems, timeout: float,
+         before_ok: Callable[[], None] | None) -> bool:
     devices = _json(requester.get("/api/devices/", params={"asset_tag": cast.device}), "finding the device")
     if not devices:
         raise DemoFailed(f"no device {cast.device} for {cast.requester}; run `manage.py seed_demo` first")
     device = devices[0]
+    if device["asset_tag"] != cast.device:
+        raise DemoFailed(f"asked for device {cast.device}, the API answered with {device['asset_tag']}")
     _say(f"\n1. {cast.requester} files a fault request for {device['asset_tag']} ({device['name']}, "
          f"{device['state']}, alert {device['alert_code']}, object version {device['version']})")
     key = f"demo-{uuid.uuid4()}"
@@ -181,6 +196,8 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
     if not pending:
         raise DemoFailed(f"no pending approval for task {task['id']}")
     approval = pending[0]
+    if approval["task_id"] != task["id"]:
+        raise DemoFailed(f"asked for task {task['id']}'s pending approval, got one of task {approval['task_id']}")
     p = approval["params"]
     _say(f"\n2. {cast.approver} reviews the proposal: {approval['tool']} on {approval['device']} "
          f"({approval['object_type']} version {approval['object_version']}, policy v{approval['policy_version']})")
@@ -203,10 +220,16 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
     ticket_id = receipt["external_id"]
     _say("\n4. the answer\n")
     _say(answer["knowledge"]["text"])
+    citations = answer["knowledge"]["citations"]
+    if not citations:
+        raise DemoFailed("the answer cites no procedure, though the knowledge base holds the fuser procedure")
     _say("\n   citations:")
-    for c in answer["knowledge"]["citations"]:
+    for c in citations:
         _say(f"   [{c['n']}] {c['document_title']} — version {c['version']}, § {c['section']} ({c['source']})")
     _say(f"\n   {answer['status_note']}")
+    trace = _page_as(str(admin.base_url), admin_login, task["links"]["trace"])
+    if trace.status_code != 200 or task["id"] not in trace.text:
+        raise DemoFailed(f"the trace link {task['links']['trace']} answered {trace.status_code} to the tenant's admin")
     _say(f"   trace: {task['links']['trace']}")
 
     action = _sent_action(admin, task)

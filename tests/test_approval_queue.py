@@ -115,3 +115,15 @@ def test_a_reproposal_shows_what_changed_and_the_version_then_and_now(client, re
     invalidated = client.get(reverse("approval-queue") + "?status=INVALIDATED").content.decode()
     assert str(first.pk) in invalidated and "device version changed since approval (17 → 18)" in invalidated
     assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.INVALIDATED
+
+
+@pytest.mark.allow_divergence
+def test_the_approvals_api_filters_by_task(client, tenant, requester, approver, device):
+    """What the demo client and the README read: ``?task=`` answers that task's approvals only."""
+    _bulk_pending(tenant, requester, device, 3)
+    tasks = list(Task.objects.filter(tenant=tenant).order_by("created_at", "pk"))
+    client.force_login(approver)
+    for task in tasks:
+        rows = client.get("/api/approvals/", {"status": "PENDING", "task": str(task.pk)}).json()
+        assert [r["task_id"] for r in rows] == [str(task.pk)]
+    assert client.get("/api/approvals/", {"task": "not-a-uuid"}).json() == []

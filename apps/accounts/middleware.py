@@ -59,3 +59,38 @@ class RequestLogContextMiddleware:
         response["X-Request-ID"] = request_id
         clear()
         return response
+
+
+#: Error codes of the API's JSON errors by HTTP status, for answers Django gives before (or
+#: beside) DRF: an unknown route or a malformed id (404), a method not allowed (405), a body over
+#: the size limit (400/413), a CSRF refusal (403).
+_API_ERROR_CODES = {400: "invalid_input", 401: "not_authenticated", 403: "forbidden", 404: "not_found",
+                    405: "method_not_allowed", 413: "too_large", 429: "throttled"}
+
+
+class ApiJsonErrorsMiddleware:
+    """Every error under ``/api/`` is JSON (README "Errors are JSON 4xx"): an HTML error page
+    that Django itself answered (a route that does not match, e.g. ``/api/tasks/not-a-uuid/``, or a
+    refusal before any view) is replaced by ``{"error": code, "detail": reason}`` with the same
+    status and its ``Allow``/``Retry-After``/``WWW-Authenticate`` headers kept."""
+
+    KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate")
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if not request.path.startswith("/api/") or response.status_code < 400:
+            return response
+        if response.get("Content-Type", "").split(";")[0].strip().endswith("json"):
+            return response
+        code = _API_ERROR_CODES.get(response.status_code, "server_error" if response.status_code >= 500 else "error")
+        detail = response.reason_phrase or code.replace("_", " ")
+        if response.status_code == 404:
+            detail = f"no such resource: {request.path[:200]}"
+        replaced = JsonResponse({"error": code, "detail": detail}, status=response.status_code)
+        for header in self.KEPT_HEADERS:
+            if header in response:
+                replaced[header] = response[header]
+        return replaced
