@@ -6,13 +6,20 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo up down status test browser proptest chaos bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | .env
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## .env — development opts in to the local settings (embedded PostgreSQL and Redis); without it every
+## entry point runs the production settings, which refuse to start without real secrets
+.env:
+	@printf '%s\n' '# Written by make: development runs the local settings (embedded PostgreSQL, Redis, dev secrets).' \
+	  '# A deployment has no .env: production settings are the default and fail closed.' \
+	  'DJANGO_SETTINGS_MODULE=config.settings.local' > .env
 
 ## make demo — set up, start everything, run the main job over HTTP, keep the web up until Ctrl-C
 ## (DEMO_ARGS="--no-wait" exits after the DEMO OK line; "--tenant initech" files in django-helpdesk)

@@ -3,14 +3,25 @@
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_init
+from celery.signals import beat_init, task_postrun, task_prerun, worker_init, worker_process_init
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+import config.env  # noqa: F401 - reads .env first: development opts in to the local settings there
+
+# Production unless told otherwise (config/settings/production.py): a deployment fails closed.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 app = Celery("faultdesk")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+
+@worker_init.connect
+@beat_init.connect
+def _refuse_to_start_unless_deployable(**_):
+    """A production worker or beat with a missing or development secret does not start."""
+    from config.deploy_checks import refuse_to_start_unless_deployable
+
+    refuse_to_start_unless_deployable()
 
 
 @task_prerun.connect

@@ -7,6 +7,7 @@ no other module reads the environment directly.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import environ
@@ -15,6 +16,8 @@ BASE_DIR: Path = Path(__file__).resolve().parent.parent
 VAR_DIR: Path = BASE_DIR / "var"
 
 env = environ.Env()
-_dotenv = BASE_DIR / ".env"
-if _dotenv.exists():  # pragma: no cover - developer convenience only
+#: ``.env`` at the repository root (``make`` writes one for development), or the file ``ENV_FILE``
+#: names; ``ENV_FILE=""`` reads none. Values already in the environment win over the file's.
+_dotenv = Path(os.environ["ENV_FILE"]) if os.environ.get("ENV_FILE") else BASE_DIR / ".env"
+if os.environ.get("ENV_FILE", None) != "" and _dotenv.exists():
     environ.Env.read_env(str(_dotenv))

@@ -75,8 +75,22 @@ def agent():
     thread.join(30)
 
 
+#: What the browser reported the Content-Security-Policy blocked during the current test.
+CSP_VIOLATIONS: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _nothing_blocked_by_the_content_security_policy():
+    """Every page works under the policy (base settings, django-csp): no script, style or
+    connection of ours is refused by it in any browser test."""
+    CSP_VIOLATIONS.clear()
+    yield
+    assert not CSP_VIOLATIONS, f"the Content-Security-Policy blocked: {CSP_VIOLATIONS}"
+
+
 def _page(chromium, live_server, username: str):
     page = chromium.new_page(viewport={"width": 1280, "height": 1000})
+    page.on("console", lambda m: CSP_VIOLATIONS.append(m.text) if "Content Security Policy" in m.text else None)
     page.set_default_timeout(30_000)
     page.goto(f"{live_server.url}/login/")
     page.fill("#id_username", username)
@@ -163,6 +177,11 @@ def test_an_admin_opens_the_trace_and_the_metrics_page(chromium, live_server, re
     metrics = page.inner_text("main")
     assert "1 (0 open, 1 completed, 0 failed, 0 cancelled)" in metrics and "100 % of ended requests" in metrics
     _shot(page, "admin-metrics")
+    # The Django admin under the same policy: the user page with its widgets and scripts.
+    page.goto(f"{live_server.url}/django-admin/auth/user/{requester.pk}/change/")
+    page.wait_for_selector("#user_form")
+    page.goto(f"{live_server.url}/django-admin/devices/device/")
+    page.wait_for_selector("#result_list")
 
 
 def test_a_typed_answer_survives_the_live_polling(chromium, live_server, requester, device, kb):

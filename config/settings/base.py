@@ -12,7 +12,16 @@ from config import embedded
 from config.env import BASE_DIR, VAR_DIR, env
 from config.logs import configure_structlog, logging_config
 
-SECRET_KEY = env("DJANGO_SECRET_KEY", default="faultdesk-insecure-dev-key-change-me")
+#: The published development value of each secret (the defaults below, for the embedded stack):
+#: the deploy checks (config/deploy_checks.py) refuse every one of them in production.
+DEV_SECRETS = {
+    "DJANGO_SECRET_KEY": "faultdesk-insecure-dev-key-change-me",
+    "REFSERVICE_API_KEY": "faultdesk-refservice-dev-key",
+    "REFSERVICE_WEBHOOK_SECRET": "faultdesk-webhook-dev-secret",
+    "HELPDESK_API_TOKEN": "faultdeskhelpdeskdevtoken000000000000000",
+    "FAULTDESK_MODEL_API_KEY": "faultdesk-model-dev-key",
+}
+SECRET_KEY = env("DJANGO_SECRET_KEY", default=DEV_SECRETS["DJANGO_SECRET_KEY"])
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
@@ -27,6 +36,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_htmx",
+    "csp",
     "apps.accounts",
     "apps.devices",
     "apps.evidence",
@@ -38,6 +48,7 @@ INSTALLED_APPS = [
     "apps.tickets",
     "apps.llm",
     "apps.traces",
+    "config.apps.FaultdeskConfig",
 ]
 
 MIDDLEWARE = [
@@ -52,8 +63,27 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
+
+# Content-Security-Policy on every page (django-csp): scripts only from this origin (htmx is served
+# from static files; no page has an inline script or handler), no plugins, no framing, forms post
+# only here. Inline styles stay allowed: htmx adds its indicator style, the Django admin uses style
+# attributes; a style cannot run code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "frame-ancestors": ["'none'"],
+        "form-action": ["'self'"],
+    },
+}
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -167,18 +197,18 @@ CELERY_DB_REUSE_MAX = 2**31
 FAULTDESK = {
     # Reference ticket service (DESIGN.md §11); the tool gateway injects this credential.
     "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
-    "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default="faultdesk-refservice-dev-key"),
+    "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default=DEV_SECRETS["REFSERVICE_API_KEY"]),
     "REFSERVICE_TIMEOUT_SECONDS": env.float("REFSERVICE_TIMEOUT_SECONDS", default=5.0),
     # django-helpdesk, the second ticket system (apps/tickets/helpdesk_site): REST API token, the
     # queue tickets go to, and how long a request can still take effect after it was sent
     # (its gunicorn --timeout 30 s plus a margin).
     "HELPDESK_URL": env("HELPDESK_URL", default="http://127.0.0.1:8766"),
-    "HELPDESK_API_TOKEN": env("HELPDESK_API_TOKEN", default="faultdeskhelpdeskdevtoken000000000000000"),
+    "HELPDESK_API_TOKEN": env("HELPDESK_API_TOKEN", default=DEV_SECRETS["HELPDESK_API_TOKEN"]),
     "HELPDESK_QUEUE_ID": env.int("HELPDESK_QUEUE_ID", default=1),
     "HELPDESK_TIMEOUT_SECONDS": env.float("HELPDESK_TIMEOUT_SECONDS", default=10.0),
     "HELPDESK_REQUEST_LIFETIME_SECONDS": env.float("HELPDESK_REQUEST_LIFETIME_SECONDS", default=45.0),
     # Inbound webhooks from the reference service: HMAC secret and the accepted clock skew.
-    "REFSERVICE_WEBHOOK_SECRET": env("REFSERVICE_WEBHOOK_SECRET", default="faultdesk-webhook-dev-secret"),
+    "REFSERVICE_WEBHOOK_SECRET": env("REFSERVICE_WEBHOOK_SECRET", default=DEV_SECRETS["REFSERVICE_WEBHOOK_SECRET"]),
     "WEBHOOK_TOLERANCE_SECONDS": env.int("FAULTDESK_WEBHOOK_TOLERANCE_SECONDS", default=300),
     # Leases (DESIGN.md §5)
     "LEASE_SECONDS": env.int("FAULTDESK_LEASE_SECONDS", default=60),
@@ -215,7 +245,7 @@ FAULTDESK = {
     # openai_compatible: any chat-completions endpoint with JSON-schema structured output. The key
     # is injected by the provider and never recorded; base URL and model are pinned on each task.
     "MODEL_BASE_URL": env("FAULTDESK_MODEL_BASE_URL", default="http://127.0.0.1:8767/v1"),
-    "MODEL_API_KEY": env("FAULTDESK_MODEL_API_KEY", default="faultdesk-model-dev-key"),
+    "MODEL_API_KEY": env("FAULTDESK_MODEL_API_KEY", default=DEV_SECRETS["FAULTDESK_MODEL_API_KEY"]),
     "MODEL_NAME": env("FAULTDESK_MODEL_NAME", default="scripted-model"),
     "MODEL_TIMEOUT_SECONDS": env.float("FAULTDESK_MODEL_TIMEOUT_SECONDS", default=30.0),
     "MODEL_MAX_OUTPUT_TOKENS": env.int("FAULTDESK_MODEL_MAX_OUTPUT_TOKENS", default=1200),

@@ -1,0 +1,76 @@
+"""Deploy system checks: production fails closed (``manage.py check --deploy``).
+
+Each check names the environment variable to set. They run with ``--deploy`` (Django's own
+deployment checks run beside them) and at the start of every production server process
+(:func:`refuse_to_start_unless_deployable`, called by ``config.wsgi`` and ``config.celery``), so a
+deployment with a missing secret, a published development secret, DEBUG on or no allowed host
+does not serve a single request.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+#: Shortest accepted secret key and webhook signing secret (characters).
+MIN_SECRET_KEY_LENGTH = 50
+MIN_WEBHOOK_SECRET_LENGTH = 32
+
+
+def _secret_problem(name: str, value: str, *, min_length: int = 16) -> str | None:
+    """Why ``value`` (of environment variable ``name``) cannot be a production secret, or None."""
+    if not value:
+        return f"{name} is not set"
+    if value in settings.DEV_SECRETS.values():
+        return f"{name} is a published development value"
+    if len(value) < min_length:
+        return f"{name} is shorter than {min_length} characters"
+    return None
+
+
+def deploy_problems() -> list[checks.CheckMessage]:
+    """Every reason the current settings cannot serve production, as check messages
+    (``faultdesk.E001``–``E011``; errors, so ``check --deploy`` exits non-zero)."""
+    conf = settings.FAULTDESK
+    secret_key = "" if settings.SECRET_KEY == getattr(settings, "MISSING_SECRET_KEY", None) else settings.SECRET_KEY
+    found: list[tuple[str, str | None, str]] = [
+        ("E001", _secret_problem("DJANGO_SECRET_KEY", secret_key, min_length=MIN_SECRET_KEY_LENGTH),
+         "generate one with `python -c 'import secrets; print(secrets.token_urlsafe(64))'`"),
+        ("E002", "DEBUG is on (DJANGO_DEBUG)" if settings.DEBUG else None, "unset DJANGO_DEBUG"),
+        ("E003", "DJANGO_ALLOWED_HOSTS is not set" if not settings.ALLOWED_HOSTS or "*" in settings.ALLOWED_HOSTS
+         else None, "the host names the site is served under, comma-separated (not '*')"),
+        ("E004", "DJANGO_CSRF_TRUSTED_ORIGINS is not set" if not settings.CSRF_TRUSTED_ORIGINS else None,
+         "the https origin(s) of the site, e.g. https://faultdesk.example.com"),
+        ("E005", "DATABASE_URL is not set" if settings.DATABASES["default"]["ENGINE"].endswith("dummy") else None,
+         "postgres://user:password@host:5432/faultdesk (PostgreSQL with pgvector)"),
+        ("E006", "REDIS_URL is not set" if not settings.CELERY_BROKER_URL else None, "redis://host:6379/0"),
+        ("E007", _secret_problem("REFSERVICE_API_KEY", conf["REFSERVICE_API_KEY"]),
+         "the reference ticket service's API key"),
+        ("E008", _secret_problem("REFSERVICE_WEBHOOK_SECRET", conf["REFSERVICE_WEBHOOK_SECRET"],
+                                 min_length=MIN_WEBHOOK_SECRET_LENGTH),
+         "the secret the ticket service signs its webhooks with; anyone who knows it can close tickets"),
+        ("E009", _secret_problem("HELPDESK_API_TOKEN", conf["HELPDESK_API_TOKEN"]),
+         "django-helpdesk's API token"),
+        ("E010", _secret_problem("FAULTDESK_MODEL_API_KEY", conf["MODEL_API_KEY"], min_length=1)
+         if conf["MODEL_PROVIDER"] == "openai_compatible" else None, "the model server's API key"),
+        ("E011", "FAULTDESK_METRICS_TOKEN is not set: /metrics would be anonymous" if not conf["METRICS_TOKEN"]
+         else None, "a bearer token Prometheus sends to scrape /metrics"),
+    ]
+    return [checks.Error(problem, hint=hint, id=f"faultdesk.{code}") for code, problem, hint in found if problem]
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def check_deployable(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """The deploy checks of :func:`deploy_problems` (``manage.py check --deploy``)."""
+    return deploy_problems()
+
+
+def refuse_to_start_unless_deployable() -> None:
+    """Raise ``ImproperlyConfigured`` naming every problem when the process runs the production
+    settings and :func:`deploy_problems` finds any (the web and worker entry points call it)."""
+    if settings.SETTINGS_MODULE != "config.settings.production":
+        return
+    problems = deploy_problems()
+    if problems:
+        raise ImproperlyConfigured("refusing to start: " + "; ".join(f"{p.id}: {p.msg}" for p in problems))
