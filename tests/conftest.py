@@ -54,6 +54,16 @@ def _embed_each_text_once():
     mp.undo()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts with an empty cache: the API's throttle history (per user, per address)
+    is kept there, and one test's requests must not count against the next."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
 @pytest.fixture
 def tenant(db):
     return TenantFactory(slug="acme", name="ACME")

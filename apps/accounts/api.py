@@ -92,4 +92,9 @@ def exception_handler(exc, context):
         return None
     if response.status_code == status.HTTP_500_INTERNAL_SERVER_ERROR:  # pragma: no cover
         response.data = {"error": "internal"}
+    elif isinstance(response.data, dict) and set(response.data) == {"detail"}:
+        # DRF's own refusals (not signed in, forbidden, throttled, unsupported media…) get the
+        # same shape as every other error: {"error": code, "detail": text}.
+        code = getattr(response.data["detail"], "code", None) or getattr(exc, "default_code", "error")
+        response.data = {"error": str(code), "detail": str(response.data["detail"])}
     return response

@@ -1,0 +1,42 @@
+"""The answer to a sign-in refused because of too many failures (django-axes'
+``AXES_LOCKOUT_CALLABLE``): 429 with ``Retry-After``; JSON under ``/api/`` (HTTP Basic), the
+login page with the reason elsewhere. The right password does not get through during the
+cool-off."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.forms import AuthenticationForm
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from drf_spectacular.authentication import BasicScheme
+from rest_framework.authentication import BasicAuthentication
+
+
+def lockout_response(request: HttpRequest, original_response=None, credentials: dict | None = None) -> HttpResponse:
+    """A 429 for ``request`` whose sign-in is locked out (``credentials`` as axes passes them)."""
+    minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
+    detail = f"too many failed sign-ins for this account from this address; try again in {minutes} minutes"
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse({"error": "locked_out", "detail": detail}, status=429)
+    else:
+        form = AuthenticationForm(request)
+        form.errors["__all__"] = form.error_class([detail])
+        response = render(request, "registration/login.html", {"form": form, "locked_out": True}, status=429)
+    response["Retry-After"] = str(int(settings.AXES_COOLOFF_TIME.total_seconds()))
+    return response
+
+
+class LockoutAwareBasicAuthentication(BasicAuthentication):
+    """DRF's HTTP Basic, authenticating against the underlying Django request, so that
+    django-axes counts the failure and its middleware sees a lockout (DRF's own ``Request``
+    wrapper would keep the lockout mark to itself and answer a plain 403)."""
+
+    def authenticate_credentials(self, userid, password, request=None):
+        return super().authenticate_credentials(userid, password, getattr(request, "_request", request))
+
+
+class LockoutAwareBasicScheme(BasicScheme):
+    """The OpenAPI description of :class:`LockoutAwareBasicAuthentication`: HTTP Basic."""
+
+    target_class = "apps.accounts.lockout.LockoutAwareBasicAuthentication"
