@@ -72,6 +72,8 @@ class Stack:
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings.local",
             "DJANGO_DEBUG": "false",
+            # one load-generating client per role: the API's per-user rate is for people, not this
+            "FAULTDESK_API_RATE_USER": "1000000/minute",
             "DATABASE_URL": database_url(),
             "REDIS_URL": self.broker,
             "REFSERVICE_URL": f"http://127.0.0.1:{self.ref_port}",

@@ -96,6 +96,8 @@ class Bench:
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings.local",
             "DJANGO_DEBUG": "false",
+            # one load-generating client per role: the API's per-user rate is for people, not this
+            "FAULTDESK_API_RATE_USER": "1000000/minute",
             "DATABASE_URL": embedded.postgres_url(DATABASE),
             "REDIS_URL": embedded.redis_url(REDIS_DB),
             "REFSERVICE_URL": f"http://127.0.0.1:{self.ports['ref']}",
