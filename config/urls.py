@@ -18,7 +18,7 @@ from apps.traces import views as trace_views
 
 urlpatterns = [
     path("", task_views.home, name="home"),
-    path("healthz", task_views.healthz, name="healthz"),
+    path("healthz", trace_views.healthz, name="healthz"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("requests/", task_views.request_list, name="request-list"),

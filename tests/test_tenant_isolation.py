@@ -391,7 +391,8 @@ def _acme_rows(model, tenant) -> list:
         return list(model.objects.filter(memberships__tenant=tenant).values_list("pk", flat=True))
     if model.__name__ == "Tenant":
         return [tenant.pk]
-    if model.__name__ == "Group":  # shared by every tenant's admins: the tenant-admin group
+    if model.__name__ == "Group" or model._meta.app_label == "axes":
+        # Rows of no tenant (the tenant-admin group, sign-in attempts): for the platform only.
         return list(model.objects.values_list("pk", flat=True))
     qs = model.objects.all()
     path = getattr(admin_site._registry[model], "tenant_path", "tenant_id")

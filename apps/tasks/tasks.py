@@ -9,8 +9,10 @@ import uuid
 from datetime import timedelta
 
 from celery import shared_task
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
+
+from config.database import retryable
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +37,37 @@ def enqueue_read_context(task_id) -> None:
     _send(read_context, task_id)
 
 
-@shared_task(name="apps.tasks.tasks.agent_step")
-def agent_step(task_id: str) -> None:
+#: Retries of a step the database refused with a retryable error, and the first delay (seconds).
+DATABASE_RETRIES, DATABASE_RETRY_DELAY = 5, 1.0
+
+
+def _retrying_database_refusals(task, step) -> None:
+    """Run ``step()``; when PostgreSQL refuses it retryably (a lock or statement timeout, a
+    session ended idle in its transaction, a serialization failure or deadlock:
+    :func:`config.database.retryable`) the step ran in a transaction that rolled back, so the Celery
+    task is retried with a growing delay. After the last retry the lease sweeper brings it back."""
+    try:
+        step()
+    except DatabaseError as exc:
+        why = retryable(exc)
+        if why is None or task.request.retries >= DATABASE_RETRIES:
+            raise
+        log.warning("%s refused by the database (%s): retry %d", task.name, why, task.request.retries + 1)
+        raise task.retry(exc=exc, countdown=DATABASE_RETRY_DELAY * 2 ** task.request.retries) from exc
+
+
+@shared_task(name="apps.tasks.tasks.agent_step", bind=True)
+def agent_step(self, task_id: str) -> None:
     from apps.tasks.controller import agent_run
 
-    agent_run(task_id=uuid.UUID(task_id))
+    _retrying_database_refusals(self, lambda: agent_run(task_id=uuid.UUID(task_id)))
 
 
-@shared_task(name="apps.tasks.tasks.read_context")
-def read_context(task_id: str) -> None:
+@shared_task(name="apps.tasks.tasks.read_context", bind=True)
+def read_context(self, task_id: str) -> None:
     from apps.tasks.controller import context_read
 
-    context_read(task_id=uuid.UUID(task_id))
+    _retrying_database_refusals(self, lambda: context_read(task_id=uuid.UUID(task_id)))
 
 
 @shared_task(name="apps.tasks.tasks.sweep_leases")

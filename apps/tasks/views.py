@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -24,11 +24,6 @@ def _principal(request):
         return principal_for_user(request.user)
     except NoMembership as exc:
         raise Http404("no tenant") from exc
-
-
-@require_GET
-def healthz(request):
-    return HttpResponse("ok", content_type="text/plain")
 
 
 @login_required

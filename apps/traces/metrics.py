@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
+from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
@@ -30,6 +32,7 @@ from apps.outbox.models import OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.reducer_v3 import MODEL_OUTCOMES
+from apps.traces.health import health_check
 
 #: the time a task ended: its terminal event (a later update of the row does not move it)
 ENDED_AT = ("LEFT JOIN LATERAL (SELECT min(e.occurred_at) AS at FROM events_taskevent e WHERE e.task_id = t.id "
@@ -120,11 +123,40 @@ class _DatabaseCollector:
                                   "illegal), recorded and never applied.", value=refused)
 
 
+class _HealthCollector:
+    """The figures ``/healthz`` decides on (apps/traces/health.py), as gauges."""
+
+    def collect(self):
+        health = health_check()
+        up = GaugeMetricFamily("faultdesk_up", "1 when the component answers.", labels=["component"])
+        up.add_metric(["database"], int(health.database))
+        up.add_metric(["broker"], int(health.broker))
+        yield up
+        yield GaugeMetricFamily("faultdesk_healthy", "1 when /healthz answers 200.", value=int(health.ok))
+        yield GaugeMetricFamily("faultdesk_oldest_transaction_seconds", "Age of the oldest open transaction of "
+                                "another session.", value=health.oldest_transaction_seconds)
+        yield GaugeMetricFamily("faultdesk_outbox_lag_seconds", "How long the oldest due outbox row has waited.",
+                                value=health.outbox_lag_seconds)
+
+
+#: Cache key of the last exposition: a scrape within METRICS_CACHE_SECONDS of the previous one
+#: costs no query (the aggregates read whole tables).
+METRICS_CACHE_KEY = "faultdesk:metrics:exposition"
+
+
 def prometheus_text() -> bytes:
-    """The Prometheus text exposition of the service's counters and gauges."""
+    """The Prometheus text exposition of the service's counters and gauges, computed at most
+    once per ``FAULTDESK["METRICS_CACHE_SECONDS"]`` per cache (0: every scrape)."""
+    ttl = settings.FAULTDESK["METRICS_CACHE_SECONDS"]
+    if ttl and (cached := cache.get(METRICS_CACHE_KEY)) is not None:
+        return cached
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_DatabaseCollector())
-    return generate_latest(registry)
+    registry.register(_HealthCollector())
+    text = generate_latest(registry)
+    if ttl:
+        cache.set(METRICS_CACHE_KEY, text, ttl)
+    return text
 
 
 # --- the admin's metrics page ----------------------------------------------------------------------

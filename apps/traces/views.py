@@ -8,7 +8,7 @@ import hmac
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from apps.accounts.pages import render_page
@@ -142,6 +142,18 @@ def task_trace_export(request, task_id):
     response = JsonResponse(doc, json_dumps_params={"indent": 1})
     response["Content-Disposition"] = f'attachment; filename="trace-{task.pk}.json"'
     return response
+
+
+@require_GET
+def healthz(request):
+    """``GET /healthz``: readiness for a load balancer (no authentication, no tenant data): 200
+    ``{"status": "ok", …figures}`` when PostgreSQL and the broker answer, no transaction has been
+    open too long and the outbox keeps up; otherwise 503 ``{"status": "unavailable", "problems"}``
+    (apps/traces/health.py)."""
+    from apps.traces.health import health_check
+
+    health = health_check()
+    return JsonResponse(health.as_dict(), status=200 if health.ok else 503)
 
 
 @require_GET

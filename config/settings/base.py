@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from config import embedded
+from config.database import timeout_options
 from config.env import BASE_DIR, VAR_DIR, env
 from config.logs import configure_structlog, logging_config
 
@@ -115,6 +116,13 @@ DATABASES = {
 PERSISTENT_CONNECTIONS = {"CONN_MAX_AGE": env.int("DATABASE_CONN_MAX_AGE", default=60), "CONN_HEALTH_CHECKS": True}
 DATABASES["default"] = {**PERSISTENT_CONNECTIONS, **DATABASES["default"]}  # the URL's own options win
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
+# Session timeouts on every connection (config/database.py), in milliseconds.
+DATABASE_TIMEOUTS = {
+    "statement_ms": env.int("DATABASE_STATEMENT_TIMEOUT_MS", default=30_000),
+    "lock_ms": env.int("DATABASE_LOCK_TIMEOUT_MS", default=10_000),
+    "idle_in_transaction_ms": env.int("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=60_000),
+}
+DATABASES["default"] = timeout_options(DATABASES["default"], **DATABASE_TIMEOUTS)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -303,6 +311,10 @@ FAULTDESK = {
     "PUBLIC_BASE_URL": env("FAULTDESK_PUBLIC_BASE_URL", default="http://127.0.0.1:8000"),
     # /metrics (Prometheus): when set, scrapers must send "Authorization: Bearer <token>".
     "METRICS_TOKEN": env("FAULTDESK_METRICS_TOKEN", default=""),
+    "METRICS_CACHE_SECONDS": env.int("FAULTDESK_METRICS_CACHE_SECONDS", default=10),
+    # /healthz answers 503 past these (apps/traces/health.py)
+    "HEALTH_MAX_TRANSACTION_SECONDS": env.float("FAULTDESK_HEALTH_MAX_TRANSACTION_SECONDS", default=120.0),
+    "HEALTH_MAX_OUTBOX_LAG_SECONDS": env.float("FAULTDESK_HEALTH_MAX_OUTBOX_LAG_SECONDS", default=300.0),
 }
 
 # Structured logs (config/logs.py): JSON lines by default, LOG_FORMAT=console for a terminal.

@@ -8,6 +8,7 @@ checks (``config/deploy_checks.py``; ``manage.py check --deploy``) name every on
 web and worker entry points run those checks and refuse to start while one fails.
 """
 
+from config.database import timeout_options
 from config.env import env
 from config.settings.base import *  # noqa: F403
 
@@ -25,6 +26,8 @@ _database_url = env("DATABASE_URL", default="")
 DATABASES = {"default": {**PERSISTENT_CONNECTIONS, **env.db_url_config(_database_url)} if _database_url  # noqa: F405
              else {"ENGINE": "django.db.backends.dummy"}}
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
+if _database_url:
+    DATABASES["default"] = timeout_options(DATABASES["default"], **DATABASE_TIMEOUTS)  # noqa: F405
 CELERY_BROKER_URL = env("REDIS_URL", default="")
 
 FAULTDESK = {  # noqa: F405 - no development secret survives: each is read again, without a default

@@ -17,14 +17,21 @@ STORAGES = {
 import os  # noqa: E402
 
 from config import embedded  # noqa: E402
+from config.database import timeout_options  # noqa: E402
 from config.env import env  # noqa: E402
 
 # The test session needs PostgreSQL with pgvector: with no DATABASE_URL it starts the embedded one
 # here, before pytest-django opens the first connection (idempotent; ~0.3 s when already running).
 if "DATABASE_URL" not in os.environ:
     DATABASES = {"default": env.db_url_config(embedded.ensure_postgres())}  # noqa: F405
+# The session timeouts of every setting, except the idle-in-transaction one: pytest-django keeps each
+# test's transaction open while the test waits on threads and processes, which is not a stuck client.
+DATABASES["default"] = timeout_options(  # noqa: F405
+    DATABASES["default"], **{**DATABASE_TIMEOUTS, "idle_in_transaction_ms": 0})  # noqa: F405
 
 # In-process tests never talk to a broker; end-to-end tests give their worker processes a real one.
 CELERY_BROKER_URL = "memory://"
 # Retries in tests need no wall-clock wait: backoff is tested through backoff_delay directly.
-FAULTDESK = {**FAULTDESK, "SNAPSHOT_EVERY": 4, "RETRY_BACKOFF_BASE_SECONDS": 0.0}  # noqa: F405
+# Metrics are computed at every scrape: a test reads them right after changing rows.
+FAULTDESK = {**FAULTDESK, "SNAPSHOT_EVERY": 4, "RETRY_BACKOFF_BASE_SECONDS": 0.0,  # noqa: F405
+             "METRICS_CACHE_SECONDS": 0}

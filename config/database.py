@@ -1,0 +1,50 @@
+"""PostgreSQL session timeouts (issue: no session may hold a row forever) and which refusals of
+the database are worth a retry.
+
+Every connection faultdesk opens sets, through its connection options:
+
+* ``idle_in_transaction_session_timeout`` — a session that sits idle inside a transaction is ended
+  by the server, and its row locks go with it (a stuck client cannot hold a task row while a
+  dispatcher waits on it);
+* ``statement_timeout`` — no statement runs longer;
+* ``lock_timeout`` — no statement waits longer for a row or table lock.
+
+The refusals these produce, and serialization failures and deadlocks, are *retryable*
+(:func:`retryable`): the work is done again later (a Celery task retries, an outbox row's lease
+expires and it is re-claimed); nothing half-written stays, because each ran in a transaction.
+"""
+
+from __future__ import annotations
+
+#: SQLSTATEs of refusals that leave nothing written and succeed when tried again.
+RETRYABLE_SQLSTATES = {
+    "55P03": "lock_not_available (lock_timeout)",
+    "57014": "query_canceled (statement_timeout)",
+    "25P03": "idle_in_transaction_session_timeout",
+    "40001": "serialization_failure",
+    "40P01": "deadlock_detected",
+}
+
+
+def timeout_options(db: dict, *, statement_ms: int, lock_ms: int, idle_in_transaction_ms: int) -> dict:
+    """``db`` (a Django DATABASES entry) with the three session timeouts added to its psycopg
+    ``OPTIONS["options"]`` (milliseconds; 0 turns one off). Options the URL already carries stay."""
+    options = dict(db.get("OPTIONS") or {})
+    given = options.get("options", "")
+    ours = (f"-c statement_timeout={int(statement_ms)} -c lock_timeout={int(lock_ms)} "
+            f"-c idle_in_transaction_session_timeout={int(idle_in_transaction_ms)}")
+    options["options"] = f"{given} {ours}".strip()
+    return {**db, "OPTIONS": options}
+
+
+def retryable(exc: BaseException) -> str | None:
+    """The name of the retryable refusal behind ``exc`` (a Django ``DatabaseError`` wrapping a
+    psycopg error, or the psycopg error itself), or None when it is not one."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        state = getattr(exc, "sqlstate", None)
+        if state in RETRYABLE_SQLSTATES:
+            return RETRYABLE_SQLSTATES[state]
+        exc = exc.__cause__ or exc.__context__
+    return None
