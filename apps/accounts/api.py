@@ -98,3 +98,4 @@ def exception_handler(exc, context):
         code = getattr(response.data["detail"], "code", None) or getattr(exc, "default_code", "error")
         response.data = {"error": str(code), "detail": str(response.data["detail"])}
     return response
+

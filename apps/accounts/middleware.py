@@ -5,6 +5,22 @@ from __future__ import annotations
 from django.http import JsonResponse
 
 
+class RejectMalformedRequestsMiddleware:
+    """Answer 400 to a request whose ``Content-Length`` is not a non-negative integer: Django
+    converts it with ``int()`` when the body is read, which would be a 500 for every view that
+    reads one (the webhook, every API write)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        length = request.META.get("CONTENT_LENGTH")
+        if length not in (None, "") and not (isinstance(length, str) and length.isascii() and length.isdigit()):
+            return JsonResponse({"error": "invalid_input", "detail": "Content-Length must be a non-negative integer"},
+                                status=400)
+        return self.get_response(request)
+
+
 class RejectNulBytesMiddleware:
     """Answer 400 to a request whose headers, query string or form fields contain a NUL character.
 

@@ -5,7 +5,7 @@ is its authentication (format in :mod:`apps.tickets.refservice.webhooks`). In or
 
 1. **authenticate**: the signature must verify against ``FAULTDESK["REFSERVICE_WEBHOOK_SECRET"]``
    with a timestamp within ``WEBHOOK_TOLERANCE_SECONDS``; otherwise 401 (a forgery or an old
-   replay), recorded as ``REJECTED`` and logged;
+   replay), logged and not stored (anyone can send one);
 2. **parse**: a JSON object with ``event_id``, ``type``, ``ticket_id``, ``idempotency_key``,
    ``version`` and ``status``; otherwise 400 ``MALFORMED``;
 3. **deduplicate**: a second verified delivery of the same ``event_id`` → 200 ``DUPLICATE``;
@@ -15,7 +15,7 @@ is its authentication (format in :mod:`apps.tickets.refservice.webhooks`). In or
 5. **apply**: a version newer than the mirror's updates the mirror's status and version
    (``APPLIED``); an older one is ``STALE`` (webhooks may arrive out of order).
 
-Every delivery leaves one :class:`~apps.tickets.models.InboundWebhook` row; none touches a task's
+Every authenticated delivery leaves one :class:`~apps.tickets.models.InboundWebhook` row; none touches a task's
 event log (a ticket's later life is not a step of the task that created it).
 """
 
@@ -72,7 +72,10 @@ def _parse(body: bytes) -> dict:
     """The event as a dict with checked types: ``version`` an integer 1..2**31-1 (not a bool or
     a float), every other required field a string of at most 200 characters without NUL.
     Raises ``ValueError`` saying what is wrong."""
-    event = json.loads(body)
+    try:
+        event = json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(event, dict) or any(k not in event for k in REQUIRED):
         raise ValueError(f"a JSON object with {', '.join(REQUIRED)} is required")
     version = event["version"]
@@ -112,16 +115,17 @@ def _apply(event: dict, event_id: str, version: int) -> tuple[int, dict]:
 
 
 def _reject(body: bytes, reason: str) -> tuple[int, dict]:
-    InboundWebhook.objects.create(source=SOURCE, verified=False, outcome=WebhookOutcome.REJECTED, reason=reason,
-                                  raw_excerpt=body[:1000].decode("utf-8", "replace"))
-    log.warning("webhook from %s rejected: %s", SOURCE, reason)
+    """An unauthenticated delivery: logged (reason and size), never stored — anyone can send
+    these, and a row per request would let them fill the database."""
+    log.warning("webhook from %s rejected: %s (%d bytes, not stored)", SOURCE, reason, len(body))
     return 401, {"error": "invalid_signature", "detail": reason}
 
 
 @csrf_exempt
 @require_POST
 def reference_webhook(request):
-    """The HTTP endpoint; see :func:`webhook_receive`. Bodies over 64 KiB get 413."""
+    """The HTTP endpoint; see :func:`webhook_receive`. Bodies over 64 KiB get 413 (a malformed
+    Content-Length is refused before, by ``RejectMalformedRequestsMiddleware``)."""
     if int(request.META.get("CONTENT_LENGTH") or 0) > MAX_BODY_BYTES:
         return JsonResponse({"error": "payload_too_large"}, status=413)
     status, body = webhook_receive(body=request.body, signature=request.headers.get("X-Refservice-Signature"))

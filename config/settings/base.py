@@ -56,6 +56,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "apps.accounts.middleware.RequestLogContextMiddleware",
     "apps.accounts.middleware.ApiJsonErrorsMiddleware",
+    "apps.accounts.middleware.RejectMalformedRequestsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -171,6 +172,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "apps.accounts.api.exception_handler",
+    # JSON bodies nested deeper than MAX_JSON_DEPTH are a 400, never a RecursionError (apps.accounts.parsers).
+    "DEFAULT_PARSER_CLASSES": [
+        "apps.accounts.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     # Per signed-in user and per anonymous address (cache-backed: per web process with the default
     # local-memory cache); over the rate, 429 with Retry-After.
     "DEFAULT_THROTTLE_CLASSES": [

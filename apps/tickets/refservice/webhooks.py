@@ -52,7 +52,8 @@ def verify(secret, body, header, *, tolerance_seconds=300, now=None):
     if abs(current - t) > tolerance_seconds:
         return False, "expired"
     expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, supplied):
+    # Bytes, not str: compare_digest refuses a non-ASCII str (a forged header must not be a 500).
+    if not hmac.compare_digest(expected.encode(), supplied.encode("utf-8", "surrogateescape")):
         return False, "mismatch"
     return True, ""
 
