@@ -60,10 +60,12 @@ class Task(models.Model):
 
     class Meta:
         constraints = [
+            # An Idempotency-Key is the requester's own: another requester reusing it files
+            # another request (and learns nothing of the first).
             models.UniqueConstraint(
-                fields=["tenant", "request_key"],
+                fields=["tenant", "requester", "request_key"],
                 condition=models.Q(request_key__isnull=False),
-                name="task_tenant_request_key_uniq",
+                name="task_requester_request_key_uniq",
             ),
             models.CheckConstraint(
                 condition=models.Q(budget_used__lte=models.F("budget_total") - models.F("budget_reserved")),

@@ -26,6 +26,7 @@ from apps.accounts.principal import Principal
 from apps.actions.digest import sha256_json
 from apps.actions.registry import TOOLS
 from apps.devices.selectors import device_get
+from apps.tasks.selectors import task_get
 from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
 from apps.llm.drafter import PROMPT_TEMPLATE_VERSION
 from apps.llm.parser import PARSER_VERSION
@@ -275,8 +276,9 @@ def task_submit(
     body = _request_body(device_id=device.pk, symptom=symptom, urgency=urgency)
     digest = sha256_json({"user": principal.user_id, **body})
 
-    if request_key is not None:
-        existing = Task.objects.visible_to(principal).filter(request_key=request_key).first()
+    if request_key is not None:  # a key is the requester's own: another's same key is another request
+        existing = Task.objects.visible_to(principal).filter(requester_id=principal.user_id,
+                                                             request_key=request_key).first()
         if existing is not None:
             return _same_key(existing, digest)
 
@@ -318,7 +320,7 @@ def task_submit(
             enqueue_agent_step(task.pk)
     except IntegrityError:
         # A concurrent submit with the same key won the unique constraint.
-        existing = Task.objects.visible_to(principal).get(request_key=request_key)
+        existing = Task.objects.visible_to(principal).get(requester_id=principal.user_id, request_key=request_key)
         return _same_key(existing, digest)
     return SubmitResult(task=task, created=True)
 
@@ -434,10 +436,11 @@ def task_release(*, lease: Lease) -> bool:
 def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -> Task:
     """Cancel a task (DESIGN.md §8): a ``cancel.requested`` event first; it stops new dispatch.
 
-    Raises ``NotFound`` (not visible to the principal), ``Forbidden`` (not the requester or an
-    admin) and ``Conflict`` (already terminal).
+    Raises ``NotFound`` (the principal may not even see it: another tenant's, or another
+    requester's for a requester — the same answer as for an id that does not exist),
+    ``Forbidden`` (seen, but not the requester or an admin) and ``Conflict`` (already terminal).
     """
-    task = Task.objects.visible_to(principal).filter(pk=task_id).first()
+    task = task_get(principal=principal, task_id=task_id)
     if task is None:
         raise NotFound("task not found")
     if task.requester_id != principal.user_id and not principal.is_admin:
@@ -469,7 +472,7 @@ def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -
     text = (text or "").strip()
     if not text:
         raise Unprocessable("the answer is empty")
-    task = Task.objects.visible_to(principal).filter(pk=task_id).first()
+    task = task_get(principal=principal, task_id=task_id)  # another requester's: 404, as if absent
     if task is None:
         raise NotFound("task not found")
     if task.requester_id != principal.user_id:
