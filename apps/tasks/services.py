@@ -26,13 +26,13 @@ from apps.accounts.principal import Principal
 from apps.actions.digest import sha256_json
 from apps.actions.registry import TOOLS
 from apps.devices.selectors import device_get
-from apps.tasks.selectors import task_get
 from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
 from apps.llm.drafter import PROMPT_TEMPLATE_VERSION
 from apps.llm.parser import PARSER_VERSION
 from apps.tasks import reducer
 from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task, Urgency
+from apps.tasks.selectors import task_get
 
 CONTROLLER_VERSION = "controller/1"
 
