@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from apps.accounts.models import Membership
 from apps.actions import errors
 from apps.actions.digest import action_digest, idempotency_key, proposal_digest, sha256_json
 from apps.actions.models import Action
@@ -25,6 +26,7 @@ from apps.actions.registry import ParamsInvalid, params_validate, tool_get
 from apps.approvals.models import ApprovalRequest
 from apps.approvals.services import approval_check_binding_now, approval_invalidate, policy_decide
 from apps.devices.selectors import device_read
+from apps.events.models import TaskEvent
 from apps.evidence.guard import refs_flags
 from apps.evidence.selectors import evidence_retrieve
 from apps.llm.drafter import local_draft, render_prompt
@@ -750,6 +752,20 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
 COMPENSATION_REASON = "the request was cancelled after its ticket was created"
 
 
+def _canceller_id(task: Task) -> int:
+    """The user who asked for the cancel that this compensation follows (the actor of the task's
+    last ``cancel.requested``, a member of its tenant) — the one who "asked" for the compensation,
+    so that person cannot approve it; the requester when it cannot be told."""
+    cancel = (TaskEvent.objects.for_tenant(task.tenant_id).filter(task_id=task.pk, type="cancel.requested")
+              .order_by("-seq").values_list("actor", flat=True).first()) or ""
+    if cancel.startswith("user:"):
+        member = (Membership.objects.for_tenant(task.tenant_id).filter(user__username=cancel[len("user:"):])
+                  .values_list("user_id", flat=True).first())
+        if member is not None:
+            return member
+    return task.requester_id
+
+
 def _compensation_due(task: Task) -> bool:
     """A cancelled ``reducer/2`` task whose ticket was created anyway (a late receipt, or a receipt
     just before the cancel) and whose compensation was not asked for yet. A comment is not
@@ -797,7 +813,7 @@ def _compensation_request(task: Task, lease: Lease, *, ticket: dict) -> bool:
 
     def create_approval(t: Task, event) -> None:
         ApprovalRequest.objects.create(
-            id=approval_id, tenant_id=t.tenant_id, task_id=t.pk, requested_by_id=t.requester_id, tool=tool.name,
+            id=approval_id, tenant_id=t.tenant_id, task_id=t.pk, requested_by_id=_canceller_id(t), tool=tool.name,
             tool_version=tool.version, params=params, action_digest=digest, object_type="ticket",
             object_id=ticket["external_id"], object_version=ticket["version"], policy_version=decision.policy_version,
             approver_roles=list(decision.approver_roles),
