@@ -129,13 +129,33 @@ def document_retire(*, tenant: Tenant, source: str) -> Document:
     return document
 
 
-def _iter_files(path: Path) -> Iterable[Path]:
+#: The largest source file ingestion reads (bytes); a bigger one is reported as unreadable.
+MAX_SOURCE_BYTES = 20 * 1024 * 1024
+
+
+def _iter_files(path: Path) -> Iterable[tuple[Path, str | None]]:
+    """``(file, problem)`` for each supported file under ``path``: ``problem`` is None, or why the
+    file is not read — a link (or a file reached through one) that leads outside ``path``."""
     if path.is_file():
-        yield path
+        yield path, None
         return
+    root = path.resolve()
     for p in sorted(path.rglob("*")):
-        if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES and p.name.lower() != "readme.md":
-            yield p
+        if not (p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES and p.name.lower() != "readme.md"):
+            continue
+        target = p.resolve()
+        yield p, (None if target.is_relative_to(root) else f"a link to {target}, outside {root}: not followed")
+
+
+def _read_capped(file: Path) -> bytes:
+    """The bytes of ``file``, at most :data:`MAX_SOURCE_BYTES`; raises :class:`UnreadableDocument`
+    for a bigger one (read no further than the limit, whatever the file system says its size is)."""
+    limit = MAX_SOURCE_BYTES
+    with file.open("rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise UnreadableDocument(f"larger than {limit} bytes")
+    return data
 
 
 def source_name(path: Path, root: Path) -> str:
@@ -151,7 +171,8 @@ def path_ingest(
 ) -> IngestReport:
     """Ingest every ``.md``/``.txt``/``.html``/``.pdf`` file under ``path`` (a README.md is skipped)
     with ``scope``. ``progress(i, n, source, outcome)`` is called after each file; a file that
-    cannot be read is counted in ``failed`` and reported with its reason, and the run goes on.
+    cannot be read — unreadable, over :data:`MAX_SOURCE_BYTES`, or a symbolic link leading out of
+    ``path`` — is counted in ``failed`` and reported with its reason, and the run goes on.
 
     Raises ``FileNotFoundError`` when ``path`` does not exist and ``ValueError`` for a bad scope.
     """
@@ -161,10 +182,12 @@ def path_ingest(
         raise ValueError(f"unknown scope {scope!r}; expected one of {AccessScope.values}")
     files = list(_iter_files(path))
     report = IngestReport()
-    for i, file in enumerate(files, start=1):
+    for i, (file, problem) in enumerate(files, start=1):
         source = source_name(file, path if path.is_dir() else path.parent)
         try:
-            raw = read_source(file.name, file.read_bytes())
+            if problem:
+                raise UnreadableDocument(problem)
+            raw = read_source(file.name, _read_capped(file))
         except UnreadableDocument as exc:
             report.failed += 1
             if progress:
