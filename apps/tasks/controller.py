@@ -132,25 +132,27 @@ def context_read(*, task_id: uuid.UUID) -> None:
                     task=task, event_type="evidence.retrieved", actor=_actor(lease), lease_generation=gen,
                     payload=payload,
                 )
+            # A device gone from the tenant: settle the reads made (below), then fail the task.
             if reading is None:
                 device_gone = True
-                return
-            if _v2(task):
-                # The device's open ticket, read at its ticket system: the plan may comment on it.
-                made += 1
-                try:
-                    ticket = open_ticket_read(tenant_id=task.tenant_id, device_id=task.device_id,
-                                              connector=task.tenant.ticket_system, timeout=timeout)
-                except errors.ToolError as exc:
-                    log.info("context_read %s: the ticket system cannot be read now (%s); retried later", task_id, exc)
-                    return
-                task = task_append_event(task=task, event_type="ticket.read", actor=_actor(lease),
-                                         lease_generation=gen,
-                                         payload={"ticket": ticket, "read_at": timezone.now().isoformat()})
-            task = task_append_event(
-                task=task, event_type="device.read", actor=_actor(lease), lease_generation=gen,
-                payload={"reading": reading, "read_at": timezone.now().isoformat()},
-            )
+            else:
+                if _v2(task):
+                    # The device's open ticket, read at its ticket system: the plan may comment on it.
+                    made += 1
+                    try:
+                        ticket = open_ticket_read(tenant_id=task.tenant_id, device_id=task.device_id,
+                                                  connector=task.tenant.ticket_system, timeout=timeout)
+                    except errors.ToolError as exc:
+                        log.info("context_read %s: the ticket system cannot be read now (%s); retried later",
+                                 task_id, exc)
+                        return
+                    task = task_append_event(task=task, event_type="ticket.read", actor=_actor(lease),
+                                             lease_generation=gen,
+                                             payload={"ticket": ticket, "read_at": timezone.now().isoformat()})
+                task = task_append_event(
+                    task=task, event_type="device.read", actor=_actor(lease), lease_generation=gen,
+                    payload={"reading": reading, "read_at": timezone.now().isoformat()},
+                )
         finally:
             if reservation is not None:
                 task = budget_settle(task_id=task.pk, reservation_id=reservation.id, used={"tool_calls": made},
