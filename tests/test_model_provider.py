@@ -227,3 +227,16 @@ def test_the_scripted_server_refuses_a_wrong_key_and_bad_json(model_server):
     bad = httpx.post(f"{model_server.url}/chat/completions", content=b"{not json",
                      headers={"Authorization": "Bearer test-model-key", "Content-Type": "application/json"})
     assert bad.status_code == 400 and model_server.requests == []
+
+
+def test_a_reply_over_the_byte_cap_is_not_read_and_counts_as_malformed(requester, device, kb, refservice,
+                                                                       model_server, settings):
+    """The model reply has a byte cap (FAULTDESK_MODEL_MAX_REPLY_BYTES): a server sending more is
+    cut off unread, and the call is a malformed reply (re-asked, then a clear failure)."""
+    settings.FAULTDESK = {**settings.FAULTDESK, "MODEL_MAX_REPLY_BYTES": 64 * 1024}
+    model_server.set_script([{"content": "x" * 200_000}] * 5)
+    task = drive(_submit(requester, device).pk)
+    assert task.status == reducer.FAILED and task.termination_reason.startswith("model_output_invalid")
+    called = [e.payload for e in task.events.filter(type="model.called")]
+    assert called and all("larger than 65536 bytes" in " ".join(c.get("problems", [])) for c in called)
+    _ledger_closed(task)

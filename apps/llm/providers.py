@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import jsonschema
+from django.conf import settings
 
 from apps.llm.drafter import LOCAL_MODEL_ID
 from config.tls import tls_context
@@ -168,13 +169,25 @@ class OpenAICompatibleProvider:
         box: dict = {}
         started = time.monotonic()
 
+        limit = settings.FAULTDESK["MODEL_MAX_REPLY_BYTES"]
+
         def run() -> None:
             try:
                 with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-                                  verify=tls_context()) as client:
-                    box["response"] = client.post(f"{self.base_url}/chat/completions",
-                                                  json=self.request_body(messages),
-                                                  headers={"Authorization": f"Bearer {self.api_key}"})
+                                  verify=tls_context()) as client, \
+                        client.stream("POST", f"{self.base_url}/chat/completions", json=self.request_body(messages),
+                                      headers={"Authorization": f"Bearer {self.api_key}"}) as streamed:
+                    # Read at most ``limit`` bytes of the reply: a server that sends more is cut off.
+                    chunks, size = [], 0
+                    for chunk in streamed.iter_bytes():
+                        size += len(chunk)
+                        if size > limit:
+                            box["too_large"] = size
+                            return
+                        chunks.append(chunk)
+                    headers = {k: v for k, v in streamed.headers.items()
+                               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
+                    box["response"] = httpx.Response(streamed.status_code, headers=headers, content=b"".join(chunks))
             except Exception as exc:  # noqa: BLE001 - classified below
                 box["error"] = exc
 
@@ -192,7 +205,13 @@ class OpenAICompatibleProvider:
                 return CallResult(outcome="timeout", latency_ms=_ms(started),
                                   error=f"no complete answer within {timeout:.1f} s")
         latency = _ms(started)
-        result = _transport_failure(box["error"], latency) if "error" in box else _classify(box["response"], latency)
+        if "too_large" in box:
+            result = CallResult(outcome="malformed", latency_ms=latency,
+                                problems=[f"(response): the reply is larger than {limit} bytes; not read further"])
+        elif "error" in box:
+            result = _transport_failure(box["error"], latency)
+        else:
+            result = _classify(box["response"], latency)
         return self._redacted(result)
 
     def _redacted(self, result: CallResult) -> CallResult:

@@ -296,6 +296,8 @@ FAULTDESK = {
     "MODEL_MAX_OUTPUT_TOKENS": env.int("FAULTDESK_MODEL_MAX_OUTPUT_TOKENS", default=1200),
     # cost units per 1,000 tokens (prompt and completion alike; the reservation prices its cap)
     "MODEL_UNITS_PER_1K_TOKENS": env.float("FAULTDESK_MODEL_UNITS_PER_1K_TOKENS", default=1.0),
+    # The most of a model reply that is read (bytes): a draft is a few KB; more is refused unread.
+    "MODEL_MAX_REPLY_BYTES": env.int("FAULTDESK_MODEL_MAX_REPLY_BYTES", default=1024 * 1024),
     # malformed output: re-asks of one draft before the task fails with a clear reason
     "MODEL_MAX_REASKS": env.int("FAULTDESK_MODEL_MAX_REASKS", default=2),
     # how often a worker waiting on a model call checks whether its task was cancelled
