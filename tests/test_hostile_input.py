@@ -58,3 +58,11 @@ def test_unsigned_webhooks_are_logged_not_stored(client, db, caplog):
         assert resp.status_code == 401
     assert InboundWebhook.objects.count() == 0
     assert sum("rejected" in r.getMessage() for r in caplog.records) == 30
+
+
+def test_an_api_body_over_the_size_limit_is_the_apis_json_413(client, requester, settings):
+    client.force_login(requester)
+    big = b'{"symptom": "' + b"x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1) + b'"}'
+    resp = client.post("/api/tasks/", data=big, content_type="application/json")
+    assert resp.status_code == 413 and resp.json()["error"] == "too_large"
+    assert not Task.objects.exists()

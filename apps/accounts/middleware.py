@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import JsonResponse
 
 
 class RejectMalformedRequestsMiddleware:
     """Answer 400 to a request whose ``Content-Length`` is not a non-negative integer: Django
     converts it with ``int()`` when the body is read, which would be a 500 for every view that
-    reads one (the webhook, every API write)."""
+    reads one (the webhook, every API write). An API body declared over Django's
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE`` gets the API's JSON 413, not Django's HTML 400."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -18,6 +20,10 @@ class RejectMalformedRequestsMiddleware:
         if length not in (None, "") and not (isinstance(length, str) and length.isascii() and length.isdigit()):
             return JsonResponse({"error": "invalid_input", "detail": "Content-Length must be a non-negative integer"},
                                 status=400)
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if length and limit is not None and int(length) > limit and request.path.startswith("/api/"):
+            return JsonResponse({"error": "too_large", "detail": f"the request body is over {limit} bytes"},
+                                status=413)
         return self.get_response(request)
 
 
