@@ -4,13 +4,23 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo up down status test browser proptest chaos bench lint clean
+.PHONY: install constraints audit demo up down status test browser proptest chaos bench lint clean
 
-$(STAMP): pyproject.toml | .env
+$(STAMP): pyproject.toml constraints.txt | .env
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+## make constraints — re-pin constraints.txt to what the virtualenv holds (after changing pyproject.toml)
+constraints: $(STAMP)
+	@{ echo '# Exact versions `make install` installs (pip install -c constraints.txt): what CI tests and audits.'; \
+	  echo '# Regenerate after changing pyproject.toml: make constraints'; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v '^faultdesk'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
+
+## make audit — pip-audit of the installed dependencies (a vulnerability service it cannot reach is reported)
+audit: $(STAMP)
+	@bash .ci/audit
 
 install: $(STAMP)
 
