@@ -26,19 +26,9 @@ from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
 from tests.conftest import drive, p
 from tests.tamper import immutability_bypassed
+from tests.test_approval_binding import SYMPTOM, _approve, _pending
 
-SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 SECOND = "Paper jams at the fuser exit on every duplex job from tray 2."
-
-
-def _pending(task) -> ApprovalRequest:
-    return ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
-
-
-def _approve(user, task) -> ApprovalRequest:
-    approval = _pending(task)
-    approval_decide(principal=p(user), approval_id=approval.pk, decision="approve", reason="ok")
-    return approval
 
 
 def _other(params: dict) -> dict:
