@@ -38,7 +38,8 @@ class TenantAdmin(TenantScopedAdmin):
         """A tenant's quotas protect the whole service: only a platform superuser changes them."""
         fields = tuple(super().get_readonly_fields(request, obj))
         if admin_tenant_ids(request) is not None:
-            fields += ("slug", "daily_budget_units", "daily_token_limit", "max_active_tasks")
+            # The ticket system is what approvals describe ("creates one ticket in …"): a platform decision.
+            fields += ("slug", "ticket_system", "daily_budget_units", "daily_token_limit", "max_active_tasks")
         return fields
 
 
@@ -52,9 +53,10 @@ def _without_bulk_delete(actions: dict, request) -> dict:
 
 @admin.register(Membership)
 class MembershipAdmin(TenantScopedAdmin):
-    """Memberships of the admin's tenants. Nobody changes or deletes their own membership here
-    (another admin of the tenant, or a platform superuser, does); a membership's user and tenant
-    are fixed once it exists; a user's last membership is deactivated, never deleted."""
+    """Memberships of the admin's tenants. Nobody changes or deletes their own membership here,
+    and a tenant admin does not change another admin's (a platform superuser does); a
+    membership's user and tenant are fixed once it exists; a user's last membership is
+    deactivated, never deleted."""
 
     list_display = ("user", "tenant", "role", "scopes", "is_active")
     list_filter = ("tenant", "role", "is_active")
@@ -64,14 +66,22 @@ class MembershipAdmin(TenantScopedAdmin):
         fields = tuple(super().get_readonly_fields(request, obj))
         return fields + ("user", "tenant") if obj is not None else fields
 
+    def _untouchable(self, request, obj) -> bool:
+        """Her own membership; and for a tenant admin, a membership of staff (another admin): a
+        demotion would drop the staff flag that keeps the account out of her reach, so she could
+        then reset its password and promote it back. A platform superuser changes those."""
+        if obj.user_id == request.user.pk:
+            return True
+        return admin_tenant_ids(request) is not None and (obj.user.is_staff or obj.user.is_superuser)
+
     def has_change_permission(self, request, obj=None):
-        if obj is not None and obj.user_id == request.user.pk:
+        if obj is not None and self._untouchable(request, obj):
             return False
         return super().has_change_permission(request, obj)
 
     def has_delete_permission(self, request, obj=None):
         if obj is not None:
-            if obj.user_id == request.user.pk:
+            if self._untouchable(request, obj):
                 return False
             if not Membership.objects.filter(user_id=obj.user_id).exclude(pk=obj.pk).exists():
                 return False  # the last one: deactivate it instead

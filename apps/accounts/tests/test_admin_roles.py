@@ -235,3 +235,31 @@ def test_a_staff_user_sees_only_the_tenants_she_administers(client, people):
     client.force_login(gus)
     body = client.get("/django-admin/devices/device/").content.decode()
     assert "GLX-0001" in body and "PRN-0417" not in body
+
+
+def test_a_co_admin_cannot_be_demoted_edited_and_promoted_back(client, people):
+    """The takeover path: demote another admin's membership (dropping her staff flag), reset her
+    password, promote her back. The first step is refused."""
+    adele = people["admin"]
+    tenant = Membership.objects.get(user=adele).tenant
+    adam = MembershipFactory(user=UserFactory(username="adam"), tenant=tenant, role=Role.ADMIN)
+    client.force_login(adele)
+    base = f"/django-admin/accounts/membership/{adam.pk}/"
+    assert client.post(base + "change/", {"role": Role.REQUESTER, "scopes": "public", "is_active": "on"}
+                       ).status_code == 403
+    assert client.post(base + "delete/", {"post": "yes"}).status_code == 403
+    adam.refresh_from_db()
+    adam.user.refresh_from_db()
+    assert adam.role == Role.ADMIN and adam.is_active and adam.user.is_staff
+    before = adam.user.password
+    assert client.post(_user_url(adam.user, "password"), {"password1": "Pwned-pass-1234",
+                                                          "password2": "Pwned-pass-1234"}).status_code == 403
+    adam.user.refresh_from_db()
+    assert adam.user.password == before
+    # A requester's membership she still manages (the control).
+    riley = Membership.objects.get(user=people["requester"])
+    resp = client.post(f"/django-admin/accounts/membership/{riley.pk}/change/",
+                       {"role": Role.APPROVER, "scopes": "public", "is_active": "on"})
+    assert resp.status_code == 302
+    riley.refresh_from_db()
+    assert riley.role == Role.APPROVER
