@@ -60,3 +60,33 @@ def test_an_approver_deactivated_after_the_intent_has_no_valid_approval_at_dispa
     approval.refresh_from_db()
     assert action.status == ActionStatus.NOT_SENT and refadmin.requests(action.idempotency_key) == 0
     assert approval.status == ApprovalStatus.INVALIDATED and "account is deactivated" in approval.reason
+
+
+def test_a_requester_deactivated_after_the_intent_gets_no_ticket(requester, approver, device, kb, refservice,
+                                                                 refadmin):
+    task, _ = _submitted_and_approved(requester, approver, device)
+    agent_run(task_id=task.pk)  # the intent is committed
+    _deactivate(requester)
+    outbox_dispatch_batch()
+    action = Action.objects.get(task=task)
+    assert action.status == ActionStatus.NOT_SENT and refadmin.requests(action.idempotency_key) == 0
+    task = drive(task.pk)
+    assert task.status == reducer.FAILED and refadmin.tickets() == []
+
+
+def test_a_deactivated_requester_gets_no_ticket_where_no_approval_is_needed(requester, device, kb, refservice,
+                                                                            refadmin, tenant):
+    from apps.approvals.models import ApprovalPolicy
+
+    ApprovalPolicy.objects.filter(tenant=tenant).update(active=False)
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, active=True,
+                                  rules={"tools": {"ticket.create": {"requires_approval": False}}})
+    from apps.tasks.controller import context_read
+
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task
+    agent_run(task_id=task.pk)
+    context_read(task_id=task.pk)  # the evidence and the device are read while the account is active
+    _deactivate(requester)
+    task = drive(task.pk)
+    assert task.status == reducer.FAILED and "requester" in task.termination_reason
+    assert not Action.objects.filter(task=task).exists() and refadmin.tickets() == []

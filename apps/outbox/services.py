@@ -32,6 +32,7 @@ from django.db import transaction
 from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
+from apps.accounts.principal import principal_current
 from apps.actions import errors
 from apps.actions.digest import sendable
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
@@ -128,6 +129,17 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
             return settled
         _finish_not_sent(message, action, fencing_token, OutboxStatus.CANCELLED, "cancelled before send", actor)
         return "cancelled"
+    # The person the ticket is filed for must still be a requester of the tenant, with an active
+    # account (a compensation, which takes back what was done, goes on regardless).
+    if action.compensates_id is None:
+        requester = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)
+        if requester is None or not requester.is_requester:
+            settled = _settle_not_executed(message, action, fencing_token, actor)
+            if settled is not None:
+                return settled
+            _finish_not_sent(message, action, fencing_token, OutboxStatus.FAILED,
+                             "the requester no longer holds a requester role (or the account is deactivated)", actor)
+            return "failed"
     # h(a) recomputed from the exact parameters the connector is handed below (decoded from the
     # bytes hashed): a changed parameter is caught here even when its stored digest was left as it was.
     params, digest = sendable(tool=action.tool, tool_version=action.tool_version, params=action.params)

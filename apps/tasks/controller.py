@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.accounts.models import Membership
+from apps.accounts.principal import principal_current
 from apps.actions import errors
 from apps.actions.digest import action_digest, idempotency_key, proposal_digest, sha256_json
 from apps.actions.models import Action
@@ -67,7 +68,6 @@ def _actor(lease: Lease) -> str:
 
 
 def _principal_scopes(task: Task) -> list[str]:
-    from apps.accounts.principal import principal_current
 
     p = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)
     return list(p.scopes) if p else []
@@ -455,10 +455,18 @@ def _bounds_exceeded(task: Task) -> str | None:
     return None
 
 
+REQUESTER_GONE = "requester no longer holds a requester role in the tenant"
+
+
+def _requester_gone(task: Task) -> bool:
+    """The requester's membership, role or account (``User.is_active``) is gone now."""
+    requester = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)
+    return requester is None or not requester.is_requester
+
+
 def _premises_changed(task: Task) -> str | None:
     """Re-check what the plan assumed before resuming it (issue 3 item 6): the requester still
     belongs to the tenant and may still read every cited chunk. Returns what changed, or None."""
-    from apps.accounts.principal import principal_current
     from apps.evidence.selectors import chunk_readable
 
     requester = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)
@@ -549,7 +557,6 @@ def _carried_over(task: Task, proposal: dict, decision) -> ApprovalRequest | Non
     proposal must be the same tool on the same ticket with the same parameters except
     ``if_match``, under the same policy version; the old approval must be unexpired and its
     approver must still hold an allowed role."""
-    from apps.accounts.principal import principal_current
 
     previous = task.state.get("approval")
     if not (_v2(task) and decision.risk == "low" and previous and previous["status"] == "INVALIDATED"
@@ -619,7 +626,7 @@ def _resume_after_approval(task: Task, lease: Lease) -> bool:
     changed = _premises_changed(task)
     if changed == "requester_revoked":
         task_append_event(task=task, event_type="task.failed", actor=actor, lease_generation=gen,
-                          payload={"reason": "requester no longer holds a requester role in the tenant"})
+                          payload={"reason": REQUESTER_GONE})
         return False
     if changed:
         task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
@@ -682,6 +689,11 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
     if short := _write_short(task, tool):
         task_append_event(task=task, event_type="compensation.failed" if compensates is not None else "task.failed",
                           actor=_actor(lease), lease_generation=lease.generation, payload={"reason": short})
+        return False
+    if compensates is None and _requester_gone(task):
+        # Also where no approval was needed: the person the ticket is filed for must still be one.
+        task_append_event(task=task, event_type="task.failed", actor=_actor(lease), lease_generation=lease.generation,
+                          payload={"reason": REQUESTER_GONE})
         return False
     try:
         params_validate(tool.name, proposal["params"])
