@@ -66,3 +66,35 @@ def test_an_api_body_over_the_size_limit_is_the_apis_json_413(client, requester,
     resp = client.post("/api/tasks/", data=big, content_type="application/json")
     assert resp.status_code == 413 and resp.json()["error"] == "too_large"
     assert not Task.objects.exists()
+
+
+@pytest.mark.parametrize("t", ["1" * 400, "-" + "9" * 400, "\u0661\u0662"])
+def test_a_signature_time_out_of_any_range_is_a_401(client, db, t):
+    resp = _webhook(client, b"{}", f"t={t},v1=abc")
+    assert resp.status_code == 401 and resp.json()["detail"] == "signature malformed"
+
+
+@pytest.mark.parametrize("username", ["u" * 256, "u" * 5000])
+def test_an_overlong_username_is_refused_not_a_500(client, db, username):
+    import base64
+
+    assert client.post("/login/", {"username": username, "password": "x"}).status_code == 200
+    assert client.post("/django-admin/login/", {"username": username, "password": "x"}).status_code == 200
+    auth = "Basic " + base64.b64encode(f"{username}:x".encode()).decode()
+    assert client.get("/api/tasks/", HTTP_AUTHORIZATION=auth).status_code == 403
+
+
+def test_a_basic_username_with_a_nul_is_refused_not_a_500(client, requester):
+    import base64
+
+    auth = "Basic " + base64.b64encode(b"ri\x00ley:pw-for-tests").decode()
+    resp = client.get("/api/tasks/", HTTP_AUTHORIZATION=auth)
+    assert resp.status_code == 403 and resp.json()["error"] == "authentication_failed"
+
+
+@pytest.mark.parametrize("raw", [b'{"event_id": "e", "x": "\\u0000"}', b'{"event_id": "e", "x": 1e999}',
+                                 b'{"event_id": "e", "x": NaN}', b'{"event_id": "e\x00", "x": [}'])
+def test_a_signed_webhook_with_values_postgresql_cannot_store_is_a_400(client, db, raw):
+    resp = _webhook(client, raw, sign(SECRET, raw))
+    assert resp.status_code == 400 and resp.json()["error"] == "malformed"
+    assert InboundWebhook.objects.get().outcome == "MALFORMED"

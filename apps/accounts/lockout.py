@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from drf_spectacular.authentication import BasicScheme
 from rest_framework.authentication import BasicAuthentication
+from rest_framework.exceptions import AuthenticationFailed
 
 
 def lockout_response(request: HttpRequest, original_response=None, credentials: dict | None = None) -> HttpResponse:
@@ -27,12 +28,31 @@ def lockout_response(request: HttpRequest, original_response=None, credentials: 
     return response
 
 
+#: Longest username anyone can have (Django's ``User.username``).
+MAX_USERNAME = 150
+
+
+def lockout_username(request: HttpRequest, credentials: dict | None) -> str | None:
+    """The username django-axes records and locks (``AXES_USERNAME_CALLABLE``): what was sent,
+    without NUL characters and cut to :data:`MAX_USERNAME` — its own table cannot store more, and
+    a longer name belongs to nobody."""
+    name = (credentials or {}).get("username")
+    if name is None and request is not None:
+        name = request.POST.get("username")
+    if not isinstance(name, str):
+        return name
+    return name.replace("\x00", "")[:MAX_USERNAME]
+
+
 class LockoutAwareBasicAuthentication(BasicAuthentication):
     """DRF's HTTP Basic, authenticating against the underlying Django request, so that
     django-axes counts the failure and its middleware sees a lockout (DRF's own ``Request``
-    wrapper would keep the lockout mark to itself and answer a plain 403)."""
+    wrapper would keep the lockout mark to itself and answer a plain 403). A username or password
+    with a NUL, or a username longer than anyone's, is refused before any lookup."""
 
     def authenticate_credentials(self, userid, password, request=None):
+        if "\x00" in userid or "\x00" in password or len(userid) > MAX_USERNAME:
+            raise AuthenticationFailed("Invalid username/password.")
         return super().authenticate_credentials(userid, password, getattr(request, "_request", request))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -52,7 +53,8 @@ def webhook_receive(*, body: bytes, signature: str | None, now: float | None = N
         version, event_id = event["version"], event["event_id"]
     except (ValueError, TypeError) as exc:
         InboundWebhook.objects.create(source=SOURCE, verified=False, outcome=WebhookOutcome.MALFORMED,
-                                      reason=str(exc)[:300], raw_excerpt=body[:1000].decode("utf-8", "replace"))
+                                      reason=str(exc)[:300].replace("\x00", ""),
+                                      raw_excerpt=body[:1000].decode("utf-8", "replace").replace("\x00", ""))
         log.warning("webhook from %s: malformed (%s)", SOURCE, exc)
         return 400, {"error": "malformed", "detail": str(exc)[:300]}
     try:
@@ -73,9 +75,11 @@ def _parse(body: bytes) -> dict:
     a float), every other required field a string of at most 200 characters without NUL.
     Raises ``ValueError`` saying what is wrong."""
     try:
-        event = json.loads(body)
+        event = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    if _holds_nul(event):
+        raise ValueError("a string holds a NUL character")
     if not isinstance(event, dict) or any(k not in event for k in REQUIRED):
         raise ValueError(f"a JSON object with {', '.join(REQUIRED)} is required")
     version = event["version"]
@@ -89,6 +93,33 @@ def _parse(body: bytes) -> dict:
                                            and "\x00" not in event["previous_status"]):
         raise ValueError("previous_status: must be a string")
     return event
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _holds_nul(value) -> bool:
+    """Whether any key or string in ``value`` (parsed JSON) holds NUL, which PostgreSQL cannot store."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _apply(event: dict, event_id: str, version: int) -> tuple[int, dict]:

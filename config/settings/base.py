@@ -147,6 +147,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=env.int("FAULTDESK_LOGIN_COOLOFF_MINUTES",
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "apps.accounts.lockout.lockout_response"
+AXES_USERNAME_CALLABLE = "apps.accounts.lockout.lockout_username"
 AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"

@@ -44,6 +44,8 @@ def verify(secret, body, header, *, tolerance_seconds=300, now=None):
         return False, "missing"
     parts = dict(item.split("=", 1) for item in header.split(",") if "=" in item)
     try:
+        if not (parts["t"].isascii() and len(parts["t"].lstrip("-")) <= 12):
+            raise ValueError("t: not a unix time")  # int("1" * 400) - now would overflow a float
         t = int(parts["t"])
         supplied = parts["v1"]
     except (KeyError, ValueError):
