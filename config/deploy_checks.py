@@ -18,20 +18,39 @@ MIN_SECRET_KEY_LENGTH = 50
 MIN_WEBHOOK_SECRET_LENGTH = 32
 
 
+#: Fewest distinct characters a secret may have (50 × "x" is long, not secret).
+MIN_DISTINCT_CHARACTERS = 8
+
+
 def _secret_problem(name: str, value: str, *, min_length: int = 16) -> str | None:
-    """Why ``value`` (of environment variable ``name``) cannot be a production secret, or None."""
+    """Why ``value`` (of environment variable ``name``) cannot be a production secret, or None:
+    unset, a published development value or one built on it, too short, or too few distinct
+    characters."""
     if not value:
         return f"{name} is not set"
     if value in settings.DEV_SECRETS.values():
         return f"{name} is a published development value"
+    if any(dev in value for dev in settings.DEV_SECRETS.values()):
+        return f"{name} is built on a published development value"
     if len(value) < min_length:
         return f"{name} is shorter than {min_length} characters"
+    if len(set(value)) < MIN_DISTINCT_CHARACTERS:
+        return f"{name} has fewer than {MIN_DISTINCT_CHARACTERS} distinct characters"
+    return None
+
+
+def _url_problem(name: str, value: str) -> str | None:
+    """Why ``value`` cannot be where production sends a credential: unset, or not https."""
+    if not value:
+        return f"{name} is not set"
+    if not value.lower().startswith("https://"):
+        return f"{name} is not an https URL (the credential sent to it would travel in clear)"
     return None
 
 
 def deploy_problems() -> list[checks.CheckMessage]:
     """Every reason the current settings cannot serve production, as check messages
-    (``faultdesk.E001``–``E011``; errors, so ``check --deploy`` exits non-zero)."""
+    (``faultdesk.E001``–``E017``; errors, so ``check --deploy`` exits non-zero)."""
     conf = settings.FAULTDESK
     secret_key = "" if settings.SECRET_KEY == getattr(settings, "MISSING_SECRET_KEY", None) else settings.SECRET_KEY
     found: list[tuple[str, str | None, str]] = [
@@ -54,8 +73,18 @@ def deploy_problems() -> list[checks.CheckMessage]:
          "django-helpdesk's API token"),
         ("E010", _secret_problem("FAULTDESK_MODEL_API_KEY", conf["MODEL_API_KEY"], min_length=1)
          if conf["MODEL_PROVIDER"] == "openai_compatible" else None, "the model server's API key"),
-        ("E011", "FAULTDESK_METRICS_TOKEN is not set: /metrics would be anonymous" if not conf["METRICS_TOKEN"]
-         else None, "a bearer token Prometheus sends to scrape /metrics"),
+        ("E011", _secret_problem("FAULTDESK_METRICS_TOKEN", conf["METRICS_TOKEN"]),
+         "a bearer token Prometheus sends to scrape /metrics (without it /metrics is anonymous)"),
+        ("E012", _url_problem("REFSERVICE_URL", conf["REFSERVICE_URL"]), "the reference ticket service, https"),
+        ("E013", _url_problem("HELPDESK_URL", conf["HELPDESK_URL"]), "django-helpdesk, https"),
+        ("E014", _url_problem("FAULTDESK_MODEL_BASE_URL", conf["MODEL_BASE_URL"])
+         if conf["MODEL_PROVIDER"] == "openai_compatible" else None, "the model server, https"),
+        ("E015", next((f"DJANGO_CSRF_TRUSTED_ORIGINS has {o}, not https" for o in settings.CSRF_TRUSTED_ORIGINS
+                       if not o.lower().startswith("https://")), None), "https origins only"),
+        ("E016", "HSTS is off or under a day (DJANGO_SECURE_HSTS_SECONDS)"
+         if getattr(settings, "SECURE_HSTS_SECONDS", 0) < 86400 else None, "31536000 (a year), the default"),
+        ("E017", "the https redirect is off (DJANGO_SECURE_SSL_REDIRECT)"
+         if not getattr(settings, "SECURE_SSL_REDIRECT", False) else None, "true, the default"),
     ]
     return [checks.Error(problem, hint=hint, id=f"faultdesk.{code}") for code, problem, hint in found if problem]
 

@@ -28,6 +28,8 @@ REAL = {
     "REFSERVICE_WEBHOOK_SECRET": secrets.token_urlsafe(32),
     "HELPDESK_API_TOKEN": secrets.token_hex(20),
     "FAULTDESK_METRICS_TOKEN": secrets.token_urlsafe(24),
+    "REFSERVICE_URL": "https://tickets.example.com",
+    "HELPDESK_URL": "https://helpdesk.example.com",
 }
 
 
@@ -72,6 +74,17 @@ def test_a_published_development_secret_is_refused(name):
     ({"DJANGO_SECRET_KEY": "k" * 20}, "DJANGO_SECRET_KEY is shorter than 50"),
     ({"DJANGO_ALLOWED_HOSTS": "*"}, "DJANGO_ALLOWED_HOSTS is not set"),
     ({"FAULTDESK_MODEL_PROVIDER": "openai_compatible"}, "FAULTDESK_MODEL_API_KEY is not set"),
+    ({"DJANGO_SECRET_KEY": "x" * 50}, "DJANGO_SECRET_KEY has fewer than 8 distinct characters"),
+    ({"REFSERVICE_API_KEY": "faultdesk-refservice-dev-key2"}, "built on a published development value"),
+    ({"REFSERVICE_WEBHOOK_SECRET": "a" * 32}, "REFSERVICE_WEBHOOK_SECRET has fewer than 8 distinct"),
+    ({"FAULTDESK_METRICS_TOKEN": "a"}, "FAULTDESK_METRICS_TOKEN is shorter than 16"),
+    ({"DJANGO_CSRF_TRUSTED_ORIGINS": "http://faultdesk.example.com"}, "not https"),
+    ({"DJANGO_SECURE_HSTS_SECONDS": "0"}, "HSTS is off"),
+    ({"DJANGO_SECURE_SSL_REDIRECT": "false"}, "the https redirect is off"),
+    ({"REFSERVICE_URL": "http://127.0.0.1:8765"}, "REFSERVICE_URL is not an https URL"),
+    ({"HELPDESK_URL": ""}, "HELPDESK_URL is not set"),
+    ({"FAULTDESK_MODEL_PROVIDER": "openai_compatible", "FAULTDESK_MODEL_API_KEY": secrets.token_urlsafe(20)},
+     "FAULTDESK_MODEL_BASE_URL is not set"),
 ])
 def test_each_unsafe_value_is_named(env, problem):
     done = _run([sys.executable, "manage.py", "check", "--deploy"],

@@ -38,6 +38,10 @@ FAULTDESK = {  # noqa: F405 - no development secret survives: each is read again
     "MODEL_API_KEY": env("FAULTDESK_MODEL_API_KEY", default=""),
     "METRICS_TOKEN": env("FAULTDESK_METRICS_TOKEN", default=""),
     "PUBLIC_BASE_URL": env("FAULTDESK_PUBLIC_BASE_URL", default=""),
+    # Where the credentials above are sent: no loopback default of the development stack.
+    "REFSERVICE_URL": env("REFSERVICE_URL", default=""),
+    "HELPDESK_URL": env("HELPDESK_URL", default=""),
+    "MODEL_BASE_URL": env("FAULTDESK_MODEL_BASE_URL", default=""),
 }
 
 # --- transport security: TLS is terminated by a proxy that sets X-Forwarded-Proto -------------
