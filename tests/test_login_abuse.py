@@ -84,3 +84,21 @@ def test_weak_passwords_are_refused(requester, password, why):
     with pytest.raises(ValidationError, match=why):
         validate_password(password, user=requester)
     validate_password("Fuser-warmup-2026-ok", user=requester)
+
+
+def test_a_client_sent_x_forwarded_for_does_not_escape_the_rate(client, db, low_rates):
+    codes = [client.get("/api/schema/", REMOTE_ADDR="10.0.0.11", HTTP_X_FORWARDED_FOR=f"203.0.113.{i}").status_code
+             for i in range(4)]
+    assert codes == [200] * 3 + [429]
+
+
+def test_behind_one_trusted_proxy_the_forwarded_address_is_the_client(client, requester, settings):
+    from django.test import RequestFactory
+
+    from apps.accounts.lockout import client_ip
+
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    request = RequestFactory().get("/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="6.6.6.6, 198.51.100.7")
+    assert client_ip(request) == "198.51.100.7"  # what the proxy saw, not what the client claimed
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 0}
+    assert client_ip(request) == "10.0.0.1"

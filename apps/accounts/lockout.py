@@ -44,6 +44,19 @@ def lockout_username(request: HttpRequest, credentials: dict | None) -> str | No
     return name.replace("\x00", "")[:MAX_USERNAME]
 
 
+def client_ip(request: HttpRequest) -> str:
+    """The client's address for lockouts (``AXES_CLIENT_IP_CALLABLE``), as DRF's throttles see it:
+    the peer's address, or behind ``NUM_PROXIES`` trusted proxies the address the outermost of
+    them saw in ``X-Forwarded-For`` — never a value the client itself put there."""
+    proxies = settings.REST_FRAMEWORK.get("NUM_PROXIES") or 0
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    if proxies and forwarded:
+        addresses = [a.strip() for a in forwarded.split(",") if a.strip()]
+        if addresses:
+            return addresses[-min(proxies, len(addresses))]
+    return request.META.get("REMOTE_ADDR", "")
+
+
 class LockoutAwareBasicAuthentication(BasicAuthentication):
     """DRF's HTTP Basic, authenticating against the underlying Django request, so that
     django-axes counts the failure and its middleware sees a lockout (DRF's own ``Request``

@@ -148,6 +148,7 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "apps.accounts.lockout.lockout_response"
 AXES_USERNAME_CALLABLE = "apps.accounts.lockout.lockout_username"
+AXES_CLIENT_IP_CALLABLE = "apps.accounts.lockout.client_ip"
 AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"
@@ -185,6 +186,9 @@ REST_FRAMEWORK = {
         "rest_framework.throttling.AnonRateThrottle",
         "rest_framework.throttling.UserRateThrottle",
     ],
+    # Proxies in front of the web process that append X-Forwarded-For (0: none — the address is the
+    # peer's, and a client-sent X-Forwarded-For is ignored; set 1 behind one TLS proxy).
+    "NUM_PROXIES": env.int("FAULTDESK_TRUSTED_PROXIES", default=0),
     "DEFAULT_THROTTLE_RATES": {
         "anon": env("FAULTDESK_API_RATE_ANON", default="60/minute"),
         "user": env("FAULTDESK_API_RATE_USER", default="600/minute"),
