@@ -195,3 +195,18 @@ def test_shown_parameters_changed_after_the_grant_invalidate_it_at_the_intent(re
     assert first.status == ApprovalStatus.INVALIDATED and "differ from the ones it binds" in first.reason
     assert not Action.objects.filter(task=task).exists() and _sent(refadmin) == []
     assert task.status == reducer.WAITING_APPROVAL
+
+
+def test_a_ticket_system_changed_after_the_approval_is_asked_again(requester, approver, device, kb, refservice,
+                                                                   refadmin, tenant):
+    from apps.accounts.models import Tenant
+
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
+    first = _approve(approver, task)
+    assert "in the reference ticket service" in first.side_effects
+    Tenant.objects.filter(pk=tenant.pk).update(ticket_system="helpdesk")  # a platform admin's change
+    task = drive(task.pk)
+    first.refresh_from_db()
+    assert first.status == ApprovalStatus.INVALIDATED and "ticket system changed" in first.reason
+    assert not Action.objects.filter(task=task).exists() and _sent(refadmin) == []
+    assert task.status == reducer.WAITING_APPROVAL and "django-helpdesk" in _pending(task).side_effects

@@ -716,11 +716,19 @@ def _commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approv
                           payload={"approval_id": str(approval.pk), "reason": reason},
                           side_effects=_invalidating(approval, reason))
         return True
+    # The ticket system this action goes to, fixed now (a compensation: where its ticket is). The
+    # approval's effects name the system it was asked for: another one is not what was approved.
+    connector = compensates.connector if compensates is not None else task.tenant.ticket_system
+    if approval is not None and f"in {CONNECTORS[connector].label}" not in approval.side_effects:
+        reason = f"the ticket system changed since approval (now {CONNECTORS[connector].label})"
+        task_append_event(task=task, event_type="approval.invalidated", actor=_actor(lease),
+                          lease_generation=lease.generation,
+                          payload={"approval_id": str(approval.pk), "reason": reason},
+                          side_effects=_invalidating(approval, reason))
+        return True
     action_id = uuid.uuid4()
     key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
                           digest=digest, intent_seq=task.version + 1)
-    # The ticket system this action goes to, fixed now (a compensation: where its ticket is).
-    connector = compensates.connector if compensates is not None else task.tenant.ticket_system
     reused = Action.objects.for_tenant(task.tenant_id).filter(idempotency_key=key).first()
     if reused is not None:
         # One key, one logical action: a key already bound to other parameters (or to another
