@@ -26,14 +26,20 @@ RETRYABLE_SQLSTATES = {
 }
 
 
+#: Seconds a new connection may take before it fails (libpq ``connect_timeout``).
+CONNECT_TIMEOUT_SECONDS = 5
+
+
 def timeout_options(db: dict, *, statement_ms: int, lock_ms: int, idle_in_transaction_ms: int) -> dict:
     """``db`` (a Django DATABASES entry) with the three session timeouts added to its psycopg
-    ``OPTIONS["options"]`` (milliseconds; 0 turns one off). Options the URL already carries stay."""
+    ``OPTIONS["options"]`` (milliseconds; 0 turns one off), and a ``connect_timeout`` of
+    :data:`CONNECT_TIMEOUT_SECONDS` unless the URL sets one. Options the URL already carries stay."""
     options = dict(db.get("OPTIONS") or {})
     given = options.get("options", "")
     ours = (f"-c statement_timeout={int(statement_ms)} -c lock_timeout={int(lock_ms)} "
             f"-c idle_in_transaction_session_timeout={int(idle_in_transaction_ms)}")
     options["options"] = f"{given} {ours}".strip()
+    options.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)  # an unreachable server is an error, soon
     return {**db, "OPTIONS": options}
 
 
