@@ -193,7 +193,8 @@ def committed(requester, approver, device, kb, refservice):
 def drive(task_id, *, rounds: int = 30):
     """Run agent, tools, outbox and reconciler steps in-process until the task stops moving.
     Returns the task as it then stands."""
-    from apps.outbox.services import actions_reconcile, outbox_dispatch_batch
+    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.unknown_outcomes import actions_reconcile
     from apps.tasks.controller import agent_run, context_read
     from apps.tasks.models import Task
 

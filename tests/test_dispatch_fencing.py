@@ -19,6 +19,7 @@ from apps.approvals.services import approval_decide
 from apps.devices.services import device_update_state
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.outbox import services as outbox
+from apps.outbox import unknown_outcomes
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.models import Task
@@ -179,7 +180,7 @@ def test_reconciler_not_found_while_the_request_is_still_in_flight(committed, re
     assert action.status == ActionStatus.UNKNOWN
     assert Task.objects.get(pk=committed.pk).status == reducer.WAITING_RECONCILIATION
 
-    outbox.actions_reconcile()  # nothing found by key: the same row is re-queued
+    unknown_outcomes.actions_reconcile()  # nothing found by key: the same row is re-queued
     assert OutboxMessage.objects.get(action=action).status == OutboxStatus.PENDING
     task_cancel(principal=p(requester), task_id=committed.pk, reason="no longer needed")
     results = {}
@@ -322,7 +323,7 @@ def test_reconciler_settles_a_cancelled_tasks_unknown_action_without_sending(com
     state): it fences the key and records "not executed"."""
     _unknown(monkeypatch)
     task_cancel(principal=p(requester), task_id=committed.pk, reason="no longer needed")
-    outbox.actions_reconcile()
+    unknown_outcomes.actions_reconcile()
     action = Action.objects.get(task=committed)
     assert action.status == ActionStatus.NOT_SENT
     assert OutboxMessage.objects.get(action=action).status == OutboxStatus.FAILED
@@ -350,7 +351,7 @@ def test_unknown_loop_ends_at_the_deadline_with_an_explicit_decision(committed, 
     Task.objects.filter(pk=committed.pk).update(deadline_at=timezone.now() - timedelta(seconds=1))
     for _ in range(10):
         outbox.outbox_dispatch_batch()
-        outbox.actions_reconcile()
+        unknown_outcomes.actions_reconcile()
     assert ActionAttempt.objects.filter(action__task=committed).count() == 1
     task = Task.objects.get(pk=committed.pk)
     assert task.status == reducer.FAILED
@@ -365,7 +366,7 @@ def test_unknown_loop_ends_after_the_attempts_are_used(committed, monkeypatch):
     monkeypatch.setattr(ReferenceTicketConnector, "create_ticket", hung)
     for _ in range(outbox.MAX_ATTEMPTS + 5):
         outbox.outbox_dispatch_batch()
-        outbox.actions_reconcile()
+        unknown_outcomes.actions_reconcile()
     assert ActionAttempt.objects.filter(action__task=committed).count() == outbox.MAX_ATTEMPTS
     retries = TaskEvent.objects.filter(task=committed, type="reconciliation.retry")
     assert retries.count() == outbox.MAX_ATTEMPTS - 1

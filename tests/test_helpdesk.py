@@ -19,6 +19,7 @@ from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
 from apps.outbox import services as outbox
+from apps.outbox import unknown_outcomes
 from apps.tasks import reducer
 from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
@@ -119,7 +120,7 @@ def test_response_lost_after_helpdesk_committed_is_adopted_by_reconciliation(com
     assert action.status == ActionStatus.UNKNOWN
     assert Task.objects.get(pk=committed.pk).status == reducer.WAITING_RECONCILIATION
     [ticket] = _tickets_for(action.idempotency_key)  # helpdesk did create it
-    outbox.actions_reconcile()
+    unknown_outcomes.actions_reconcile()
     action.refresh_from_db()
     assert action.status == ActionStatus.SUCCEEDED and action.external_id == str(ticket["id"])
     assert TaskEvent.objects.get(task=committed, type="receipt.recorded").actor == "reconciler"
@@ -140,7 +141,7 @@ def test_resend_after_an_unanswered_request_looks_the_key_up_first(committed, hd
         outbox.outbox_dispatch_batch()
     action = Action.objects.get(task=committed)
     assert action.status == ActionStatus.UNKNOWN
-    outbox.actions_reconcile()  # nothing found: re-queued with the same key
+    unknown_outcomes.actions_reconcile()  # nothing found: re-queued with the same key
     assert outbox.outbox_dispatch_batch() == 1
     message = action.outbox
     message.refresh_from_db()
@@ -180,11 +181,11 @@ def test_cancel_with_an_unanswered_request_waits_then_records_not_executed(commi
         mp.setattr(HelpdeskConnector, "create_ticket", lost)
         outbox.outbox_dispatch_batch()
     task_cancel(principal=p(requester), task_id=committed.pk, reason="fixed itself")
-    outbox.actions_reconcile()  # cancelled: settle without resending, but not provable yet
+    unknown_outcomes.actions_reconcile()  # cancelled: settle without resending, but not provable yet
     action = Action.objects.get(task=committed)
     assert action.status == ActionStatus.UNKNOWN
     time.sleep(1.1)
-    outbox.actions_reconcile()
+    unknown_outcomes.actions_reconcile()
     action.refresh_from_db()
     assert action.status == ActionStatus.NOT_SENT
     assert _tickets_for(action.idempotency_key) == []

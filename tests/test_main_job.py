@@ -251,8 +251,9 @@ def test_a_stale_dispatcher_records_nothing_after_another_recorded_the_receipt(s
 
 
 def test_reconciler_carries_on_past_an_action_it_cannot_settle(submitted, approver, refservice, refadmin, monkeypatch):
-    from apps.outbox import services as outbox_services
-    from apps.outbox.services import actions_reconcile, outbox_dispatch_batch
+    from apps.outbox import unknown_outcomes as outbox_services
+    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.unknown_outcomes import actions_reconcile
     from apps.tasks.controller import agent_run
 
     task = drive(submitted.pk)

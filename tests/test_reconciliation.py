@@ -13,6 +13,7 @@ from apps.actions import errors
 from apps.actions.models import Action, ActionStatus
 from apps.events.models import TaskEvent
 from apps.outbox import services as outbox
+from apps.outbox import unknown_outcomes
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.reconciliation import reconciliation_list, reconciliation_resolve
 from apps.tasks import reducer
@@ -62,7 +63,7 @@ def test_failed_lookups_escalate_to_a_person(committed, admin_user, refadmin, lo
     [row] = reconciliation_list(principal=p(admin_user))
     assert (row.action.pk, row.needs_person) == (action.pk, False)
     for _ in range(3):
-        outbox.actions_reconcile()
+        unknown_outcomes.actions_reconcile()
     action.refresh_from_db()
     assert action.reconcile_attempts == 3 and action.last_reconcile_error["class"] == "OutcomeUnknown"
     [row] = reconciliation_list(principal=p(admin_user))

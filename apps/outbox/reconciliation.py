@@ -2,7 +2,7 @@
 recorded resolutions, "executed, here is the ticket" and "not executed" (DESIGN.md §6; spec
 §16.4 "结果未知", table 16.5 row "remote done, response lost"; issue 4 item 4).
 
-The reconciler (:func:`apps.outbox.services.actions_reconcile`) settles most unknown outcomes by
+The reconciler (:func:`apps.outbox.unknown_outcomes.actions_reconcile`) settles most unknown outcomes by
 itself: it looks the action up by key and adopts the ticket, or re-sends with the same key. An
 action waits for a person when its tool has no result lookup, or when the lookups have failed
 ``FAULTDESK["RECONCILE_ESCALATE_AFTER"]`` times. An admin may resolve any unknown action, and a
@@ -31,7 +31,8 @@ from apps.accounts.principal import Principal
 from apps.actions import errors
 from apps.actions.models import Action, ActionStatus
 from apps.actions.registry import tool_get
-from apps.outbox.services import ActionChanged, action_settle_unknown, receipt_record
+from apps.outbox.services import receipt_record
+from apps.outbox.unknown_outcomes import ActionChanged, action_settle_unknown
 from apps.tickets.connectors import Receipt, connector_for
 
 MAX_NOTE = 1000

@@ -27,6 +27,6 @@ def dispatch_pending() -> int:
 
 @shared_task(name="apps.outbox.tasks.reconcile_unknown")
 def reconcile_unknown() -> int:
-    from apps.outbox.services import actions_reconcile
+    from apps.outbox.unknown_outcomes import actions_reconcile
 
     return actions_reconcile()
