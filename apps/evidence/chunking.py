@@ -7,7 +7,7 @@ the normalised document text, so that a citation can say "document, version, sec
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 
 MAX_CHUNK_CHARS = 1200
@@ -28,9 +28,14 @@ class ChunkSpec:
 
 @dataclass(frozen=True)
 class ParsedDocument:
+    """A parsed file: ``text`` is what offsets refer to (front matter removed); ``metadata`` is
+    the governance metadata as written in the file (unnormalised; see
+    :func:`apps.evidence.governance.metadata_normalise`)."""
+
     title: str
     text: str
     chunks: list[ChunkSpec]
+    metadata: dict = field(default_factory=dict)
 
 
 def _split_long(start: int, body: str) -> list[tuple[int, str]]:
@@ -172,7 +177,24 @@ def pdf_to_markdown(data: bytes, *, fallback_title: str) -> str:
     body = "\n\n".join(f"## Page {i}\n\n{text}" for i, text in pages if text)
     if not body:
         raise UnreadableDocument("the PDF has no extractable text (scanned images need OCR first)")
-    return f"# {title}\n\n{body}\n"
+    return _pdf_front_matter(reader.metadata) + f"# {title}\n\n{body}\n"
+
+
+def _pdf_front_matter(info) -> str:
+    """The PDF's document-information entries named after governance fields (``/doc_id``,
+    ``/governance_status``...) as a YAML front matter block ("" when it has none)."""
+    import yaml
+
+    from apps.evidence.governance import FIELDS
+
+    found = {}
+    for key, value in (info or {}).items():
+        name = str(key).lstrip("/").lower()
+        if name in FIELDS and isinstance(value, str) and value.strip():
+            found[name] = value.strip()
+    if not found:
+        return ""
+    return "---\n" + yaml.safe_dump(found, allow_unicode=True, sort_keys=True) + "---\n"
 
 
 def read_source(name: str, data: bytes) -> str:
@@ -194,13 +216,19 @@ def _stem(name: str) -> str:
 
 def parse_document(name: str, raw: str) -> ParsedDocument:
     """Parse a file's text by its extension (``.md``, ``.html``/``.htm``, ``.txt``; ``.pdf`` after
-    :func:`read_source`, as Markdown with a section per page)."""
+    :func:`read_source`, as Markdown with a section per page), with its governance metadata: a
+    YAML front matter block in Markdown, text and PDF (:func:`read_source` writes a PDF's
+    information entries as one), ``<meta name="faultdesk:...">`` tags in HTML. Raises
+    :class:`~apps.evidence.governance.MetadataInvalid` for front matter that cannot be read."""
+    from apps.evidence.governance import front_matter_split, html_metadata
+
     stem = _stem(name)
     lower = name.lower()
     if lower.endswith((".html", ".htm")):
-        return chunk_markdown(html_to_markdown(raw), fallback_title=stem)
+        return replace(chunk_markdown(html_to_markdown(raw), fallback_title=stem), metadata=html_metadata(raw))
+    metadata, raw = front_matter_split(raw)
     if lower.endswith((".md", ".pdf")):
-        return chunk_markdown(raw, fallback_title=stem)
+        return replace(chunk_markdown(raw, fallback_title=stem), metadata=metadata)
     # Plain text: paragraphs only, the first line is the title.
     text = raw.replace("\r\n", "\n")
     first = text.strip().split("\n", 1)[0].strip() or stem
@@ -208,4 +236,4 @@ def parse_document(name: str, raw: str) -> ParsedDocument:
         ChunkSpec(ordinal=i, section="Text", start=s, end=s + len(p.strip()), text=p.strip())
         for i, (s, p) in enumerate(_split_long(0, text))
     ]
-    return ParsedDocument(title=first[:300], text=text, chunks=specs)
+    return ParsedDocument(title=first[:300], text=text, chunks=specs, metadata=metadata)

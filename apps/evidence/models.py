@@ -3,6 +3,7 @@ reference": source, version, location, access scope, content digest)."""
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
@@ -21,6 +22,23 @@ class Document(models.Model):
     scope = models.CharField(max_length=32, choices=AccessScope.choices, default=AccessScope.PUBLIC)
     current_version = models.PositiveIntegerField(default=0)
     retired = models.BooleanField(default=False)
+    # Governance metadata of the current version (apps.evidence.governance; the seed projection's fields).
+    doc_id = models.CharField(max_length=200, blank=True)
+    locale = models.CharField(max_length=16, default="en")
+    owner = models.CharField(max_length=200, blank=True)
+    governance_status = models.CharField(max_length=32, default="APPROVED")
+    publication_status = models.CharField(max_length=32, default="PUBLISHED")
+    freshness_status = models.CharField(max_length=32, default="CURRENT")
+    effective_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_verified_at = models.DateTimeField(null=True, blank=True)
+    review_due_at = models.DateTimeField(null=True, blank=True)
+    safety_class = models.CharField(max_length=64, blank=True)
+    requires_human_gate = models.BooleanField(default=False)
+    device_kinds = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    alert_codes = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    #: every metadata field as ingested (apps.evidence.governance.metadata_normalise)
+    metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -39,6 +57,8 @@ class DocumentVersion(models.Model):
     version = models.PositiveIntegerField()
     content_digest = models.CharField(max_length=64)
     content = models.TextField()
+    #: the governance metadata this version was ingested with (part of its digest)
+    metadata = models.JSONField(default=dict, blank=True)
     ingested_at = models.DateTimeField(auto_now_add=True)
 
     objects = scoped_manager("document__tenant_id")
@@ -57,7 +77,9 @@ class Chunk(models.Model):
     """A retrievable piece of one document version, with its location.
 
     ``tenant`` and ``scope`` are copied from the document so the ranking query filters on the
-    chunk row itself (permissions applied in SQL before ranking, DESIGN.md §9).
+    chunk row itself (permissions applied in SQL before ranking, DESIGN.md §9). So are the
+    governance fields retrieval filters on (``governed``: approved and published; the dates in
+    force) and what the document applies to (``locale``, ``device_kinds``, ``alert_codes``).
     """
 
     document_version = models.ForeignKey(DocumentVersion, on_delete=models.CASCADE, related_name="chunks")
@@ -72,6 +94,12 @@ class Chunk(models.Model):
     content_digest = models.CharField(max_length=64)
     embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS)
     search_vector = SearchVectorField(null=True)
+    locale = models.CharField(max_length=16, default="en")
+    governed = models.BooleanField(default=True, help_text="approved and published")
+    effective_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    device_kinds = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    alert_codes = ArrayField(models.CharField(max_length=64), default=list, blank=True)
 
     objects = TenantScopedManager()
 

@@ -10,11 +10,14 @@ are ranked exactly, and an HNSW answer cut short by the filter is redone exactly
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
 from django.db import connection, transaction
+from django.utils import timezone
 
 from apps.evidence.embedding import embed_query
 from apps.evidence.models import Chunk
+from apps.evidence.textsearch import cjk_tsquery
 
 RRF_K = 60
 CANDIDATES = 50
@@ -47,7 +50,11 @@ class EvidenceRef:
         return asdict(self)
 
 
-_PERMITTED = "c.tenant_id = %(tenant)s AND c.scope = ANY(%(scopes)s) AND c.is_current"
+#: Readable and in force: the tenant, the reader's scopes, the current version, approved and
+#: published, effective and not expired at ``now`` (apps.evidence.governance).
+_IN_FORCE = ("c.is_current AND c.governed AND (c.effective_at IS NULL OR c.effective_at <= %(now)s) "
+             "AND (c.expires_at IS NULL OR c.expires_at > %(now)s)")
+_PERMITTED = f"c.tenant_id = %(tenant)s AND c.scope = ANY(%(scopes)s) AND {_IN_FORCE}"
 
 #: Vector candidates through the HNSW index, filtered. pgvector 0.6 has no iterative index scan:
 #: the scan stops after ``hnsw.ef_search`` neighbours and the filter runs on those, so rare
@@ -66,7 +73,8 @@ SELECT id FROM permitted ORDER BY embedding <=> %(qvec)s::vector, id LIMIT %(can
 
 _TEXT_SQL = f"""
 WITH q AS (
-    SELECT to_tsquery('english', replace(plainto_tsquery('english', %(qtext)s)::text, '&', '|')) AS tsq
+    SELECT to_tsquery('english', replace(plainto_tsquery('english', %(qtext)s)::text, '&', '|'))
+           || to_tsquery('simple', %(qcjk)s) AS tsq
 )
 SELECT c.id FROM evidence_chunk c, q
 WHERE {_PERMITTED} AND c.search_vector @@ q.tsq
@@ -75,7 +83,7 @@ LIMIT %(cand)s
 """  # noqa: S608 - constant fragments; every value is a bound parameter
 
 _COUNT_SQL = f"""
-SELECT count(*) FILTER (WHERE {_PERMITTED}), count(*) FILTER (WHERE c.tenant_id = %(tenant)s AND c.is_current)
+SELECT count(*) FILTER (WHERE {_PERMITTED}), count(*) FILTER (WHERE {_IN_FORCE})
 FROM evidence_chunk c WHERE c.tenant_id = %(tenant)s
 """  # noqa: S608 - constant fragments; every value is a bound parameter
 
@@ -85,7 +93,8 @@ EXACT_SELECTIVITY = 0.2
 EXACT_MAX_ROWS = 5000
 
 
-def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int) -> tuple[list[int], str]:
+def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
+                      now: datetime | None = None) -> tuple[list[int], str]:
     """The ``limit`` permitted chunks nearest to ``qvec`` (a pgvector literal), nearest first, and
     the strategy used: ``"exact"`` or ``"hnsw"``.
 
@@ -93,8 +102,9 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int) -> 
     the scopes permit (issue 6 item 2). Rare permitted rows (under :data:`EXACT_SELECTIVITY` of the
     tenant's chunks, or at most :data:`EXACT_MAX_ROWS`) are ranked exactly; otherwise the HNSW
     index answers, and a short answer (the filter removed too many of its neighbours) is redone
-    exactly. ``cur`` is a cursor inside a transaction."""
-    params = {"tenant": tenant_id, "scopes": list(scopes), "qvec": qvec, "cand": limit}
+    exactly. Only chunks in force at ``now`` (default: the current time) are candidates.
+    ``cur`` is a cursor inside a transaction."""
+    params = {"tenant": tenant_id, "scopes": list(scopes), "qvec": qvec, "cand": limit, "now": now or timezone.now()}
     cur.execute(_COUNT_SQL, params)
     permitted, total = cur.fetchone()
     wanted = min(limit, permitted)
@@ -112,9 +122,12 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int) -> 
     return ids, "hnsw"
 
 
-def text_candidates(cur, *, tenant_id: int, scopes, query: str, limit: int) -> list[int]:
-    """The ``limit`` permitted chunks best matching ``query`` in full text, best first."""
-    cur.execute(_TEXT_SQL, {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": limit})
+def text_candidates(cur, *, tenant_id: int, scopes, query: str, limit: int, now: datetime | None = None) -> list[int]:
+    """The ``limit`` permitted chunks in force at ``now`` best matching ``query`` in full text,
+    best first: its English words (any of them) and its Chinese words (segmented,
+    :mod:`apps.evidence.textsearch`)."""
+    cur.execute(_TEXT_SQL, {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": limit,
+                            "qcjk": cjk_tsquery(query), "now": now or timezone.now()})
     return [r[0] for r in cur.fetchall()]
 
 

@@ -13,15 +13,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.contrib.postgres.search import SearchVector
-from django.db import transaction
+from django.db import connection, transaction
 
 from apps.accounts.models import AccessScope, Tenant
 from apps.evidence.chunking import UnreadableDocument, parse_document, read_source
 from apps.evidence.embedding import embed_texts
+from apps.evidence.governance import (
+    DATE_FIELDS,
+    GOVERNANCE_APPROVED,
+    PUBLISHED_PREFIX,
+    MetadataInvalid,
+    metadata_normalise,
+)
 from apps.evidence.models import Chunk, Document, DocumentVersion
+from apps.evidence.projection import projection_documents
+from apps.evidence.textsearch import segmented
 
-SUPPORTED_SUFFIXES = (".md", ".txt", ".html", ".htm", ".pdf")
+SUPPORTED_SUFFIXES = (".md", ".txt", ".html", ".htm", ".pdf", ".json")
 
 
 def sha256_text(text: str) -> str:
@@ -40,19 +48,40 @@ class IngestReport:
     failed: int = 0
 
 
-def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tuple[Document, str]:
-    """Ingest one document's text. Returns ``(document, outcome)`` with outcome ``"created"``,
+def _digest(text: str, metadata: dict) -> str:
+    """A version's digest: its text and, when it has any, its governance metadata (a change of
+    status or dates is a new version, so a citation says which metadata it was made under)."""
+    import rfc8785
+
+    if metadata == metadata_normalise({}, text=text):
+        return sha256_text(text)  # no metadata of its own: the digest of earlier builds
+    return sha256_text(text + "\n" + rfc8785.dumps(metadata).decode())
+
+
+#: Document columns copied from the normalised metadata
+_DOCUMENT_FIELDS = ("doc_id", "locale", "owner", "governance_status", "publication_status", "freshness_status",
+                    "effective_at", "expires_at", "last_verified_at", "review_due_at", "safety_class",
+                    "requires_human_gate", "device_kinds", "alert_codes")
+
+
+def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str,
+                    parse_as: str | None = None) -> tuple[Document, str]:
+    """Ingest one document's text with its governance metadata (front matter; see
+    :mod:`apps.evidence.governance`). Returns ``(document, outcome)`` with outcome ``"created"``,
     ``"updated"`` or ``"unchanged"``; ``document.embedded_chunks`` says how many chunks were
     embedded (an unchanged document: none; an updated one: only its new or changed chunks).
+    ``parse_as``: the file name whose extension says how to parse ``raw`` (default ``source``).
 
-    Raises ``ValueError`` for an unknown scope or a document without text.
+    Raises ``ValueError`` for an unknown scope, a document without text or metadata that cannot be
+    read (:class:`~apps.evidence.governance.MetadataInvalid`).
     """
     if scope not in AccessScope.values:
         raise ValueError(f"unknown scope {scope!r}; expected one of {AccessScope.values}")
-    parsed = parse_document(source, raw)
+    parsed = parse_document(parse_as or source, raw)
     if not parsed.chunks:
         raise ValueError(f"{source}: no text to ingest")
-    digest = sha256_text(parsed.text)
+    meta = metadata_normalise(parsed.metadata, text=parsed.text)
+    digest = _digest(parsed.text, meta)
     existing = Document.objects.filter(tenant=tenant, source=source).first()
     if existing is not None and not existing.retired:
         current = existing.versions.filter(version=existing.current_version).first()
@@ -73,8 +102,11 @@ def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tup
             document = Document.objects.select_for_update().get(pk=existing.pk)
             outcome = "updated"
         version = DocumentVersion.objects.create(
-            document=document, version=document.current_version + 1, content_digest=digest, content=parsed.text
+            document=document, version=document.current_version + 1, content_digest=digest, content=parsed.text,
+            metadata=meta,
         )
+        governed = meta["governance_status"] == GOVERNANCE_APPROVED and \
+            meta["publication_status"].startswith(PUBLISHED_PREFIX)
         Chunk.objects.filter(document_version__document=document, is_current=True).update(is_current=False)
         Chunk.objects.bulk_create(
             [
@@ -90,21 +122,48 @@ def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str) -> tup
                     text=spec.text,
                     content_digest=sha256_text(spec.text),
                     embedding=vector,
+                    locale=meta["locale"],
+                    governed=governed,
+                    effective_at=meta["effective_at"],
+                    expires_at=meta["expires_at"],
+                    device_kinds=meta["device_kinds"],
+                    alert_codes=meta["alert_codes"],
                 )
                 for spec, vector in zip(parsed.chunks, vectors, strict=True)
             ]
         )
-        Chunk.objects.filter(document_version=version).update(
-            search_vector=SearchVector("section", weight="A", config="english")
-            + SearchVector("text", weight="B", config="english")
-        )
+        _index_text(version)
         document.title = parsed.title[:300]
         document.scope = scope
         document.retired = False
         document.current_version = version.version
-        document.save(update_fields=["title", "scope", "retired", "current_version", "updated_at"])
+        for name in _DOCUMENT_FIELDS:
+            value = meta[name]
+            setattr(document, name, "" if value is None and name not in DATE_FIELDS else value)
+        document.metadata = meta
+        document.save(update_fields=["title", "scope", "retired", "current_version", "metadata", "updated_at",
+                                     *_DOCUMENT_FIELDS])
     document.embedded_chunks = len(missing)  # how many chunks this call embedded (the rest were reused)
     return document, outcome
+
+
+def _index_text(version: DocumentVersion) -> None:
+    """Set the full-text vectors of ``version``'s chunks: the section (weight A) and text (B) in
+    the ``english`` configuration, and their Chinese words (:mod:`apps.evidence.textsearch`, B) in
+    the ``simple`` one."""
+    rows = list(Chunk.objects.filter(document_version=version).values_list("pk", "section", "text"))
+    ids = [r[0] for r in rows]
+    cjk = [segmented(f"{r[1]} {r[2]}") for r in rows]
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            UPDATE evidence_chunk c SET search_vector =
+                setweight(to_tsvector('english', c.section), 'A') || setweight(to_tsvector('english', c.text), 'B')
+                || setweight(to_tsvector('simple', u.words), 'B')
+            FROM unnest(%s::bigint[], %s::text[]) AS u(id, words) WHERE c.id = u.id
+            """,
+            [ids, cjk],
+        )
 
 
 def _previous_vectors(document: Document | None) -> dict[str, list[float]]:
@@ -187,22 +246,28 @@ def path_ingest(
         try:
             if problem:
                 raise UnreadableDocument(problem)
-            raw = read_source(file.name, _read_capped(file))
-        except UnreadableDocument as exc:
+            if file.suffix.lower() == ".json":
+                # A documentation projection: one file, one document per doc_id@version:locale.
+                items = [(f"{source}#{d.key}", d.markdown, f"{d.key}.md")
+                         for d in projection_documents(_read_capped(file))]
+            else:
+                items = [(source, read_source(file.name, _read_capped(file)), source)]
+        except (UnreadableDocument, MetadataInvalid) as exc:
             report.failed += 1
             if progress:
                 progress(i, len(files), source, f"failed: {exc}")
             continue
-        try:
-            document, outcome = document_ingest(tenant=tenant, source=source, raw=raw.replace("\x00", ""),
-                                                scope=scope)
-        except ValueError as exc:  # e.g. no text to ingest
-            report.failed += 1
+        for item_source, raw, parse_as in items:
+            try:
+                document, outcome = document_ingest(tenant=tenant, source=item_source, parse_as=parse_as,
+                                                    raw=raw.replace("\x00", ""), scope=scope)
+            except ValueError as exc:  # e.g. no text to ingest, unreadable front matter (MetadataInvalid)
+                report.failed += 1
+                if progress:
+                    progress(i, len(files), item_source, f"failed: {exc}")
+                continue
+            setattr(report, outcome, getattr(report, outcome) + 1)
+            report.chunks_embedded += getattr(document, "embedded_chunks", 0)
             if progress:
-                progress(i, len(files), source, f"failed: {exc}")
-            continue
-        setattr(report, outcome, getattr(report, outcome) + 1)
-        report.chunks_embedded += getattr(document, "embedded_chunks", 0)
-        if progress:
-            progress(i, len(files), source, outcome)
+                progress(i, len(files), item_source, outcome)
     return report
