@@ -11,7 +11,7 @@ from django.urls import reverse
 from apps.accounts.models import AccessScope, Role
 from apps.events.models import TaskEvent
 from apps.evidence.guard import injection_flags
-from apps.evidence.models import Chunk, Document
+from apps.evidence.models import EMBEDDING_DIMENSIONS, Chunk, Document
 from apps.evidence.services import document_ingest, path_ingest
 from apps.llm.drafter import render_prompt
 from apps.tasks.services import task_submit
@@ -94,7 +94,7 @@ def test_k_above_the_candidate_depth_still_returns_k(tenant, monkeypatch):
     doc = Document.objects.create(tenant=tenant, source="public/s.md", title="s", scope="public", current_version=1)
     version = DocumentVersion.objects.create(document=doc, version=1, content_digest="x", content="x")
     rng = np.random.default_rng(3)
-    vecs = rng.normal(size=(70, 384))
+    vecs = rng.normal(size=(70, EMBEDDING_DIMENSIONS))
     Chunk.objects.bulk_create([Chunk(document_version=version, tenant=tenant, scope="public", ordinal=i, section="s",
                                      start_offset=0, end_offset=1, text=f"t{i}", content_digest="x",
                                      embedding=(v / np.linalg.norm(v)).tolist()) for i, v in enumerate(vecs)])

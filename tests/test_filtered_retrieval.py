@@ -11,9 +11,9 @@ import pytest
 from django.db import connection, transaction
 
 from apps.evidence import selectors
-from apps.evidence.models import Chunk, Document, DocumentVersion
+from apps.evidence.models import EMBEDDING_DIMENSIONS, Chunk, Document, DocumentVersion
 
-DIM = 384
+DIM = EMBEDDING_DIMENSIONS
 
 
 def _corpus(tenant, sizes: dict[str, int], seed: int = 7) -> dict[int, np.ndarray]:

@@ -38,6 +38,12 @@ QUERIES = [
 
 
 # --- 1. embed_query on its own torch thread count ---------------------------------------------------
+# (the torch-backed model, all-MiniLM-L6-v2; the default use-multilingual-v3 is numpy on one thread)
+
+
+@pytest.fixture(autouse=True)
+def _torch_backed_embedding(settings):
+    settings.FAULTDESK = {**settings.FAULTDESK, "EMBEDDING_MODEL": embedding.MINILM_MODEL}
 
 @pytest.fixture
 def torch_default():
@@ -116,7 +122,7 @@ def test_query_threads_setting_is_applied_during_the_call_and_undone_after(
 
     monkeypatch.setattr(embedding, "embed_texts", spy)
     vec = embedding.embed_query("paper jam in tray 2")
-    assert len(vec) == 384
+    assert len(vec) == embedding.DIMENSIONS
     assert seen == [torch_default if expected == "default" else expected]
     assert torch.get_num_threads() == torch_default
 
@@ -135,7 +141,7 @@ def test_a_failing_query_embedding_restores_the_thread_count_and_releases_the_lo
     assert torch.get_num_threads() == torch_default
     monkeypatch.undo()
     # the lock was released: the next query (in another thread) does not hang
-    assert len(_run_in_thread(lambda: embedding.embed_query("paper jam"), timeout=60)) == 384
+    assert len(_run_in_thread(lambda: embedding.embed_query("paper jam"), timeout=60)) == embedding.DIMENSIONS
 
 
 def test_queries_and_a_batch_in_concurrent_threads_neither_deadlock_nor_change_results(torch_default):

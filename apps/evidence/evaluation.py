@@ -90,3 +90,100 @@ def evaluate(*, tenant_id: int, questions: list[dict]) -> list[Scores]:
                     sums[method][j] += value
     n = len(questions)
     return [Scores(m, n, *(round(x / n, 4) for x in sums[m])) for m in METHODS]
+
+
+# --- the report eval: relevance, abstention and the composed answer ----------------------------
+
+EVAL_DIR = Path(__file__).resolve().parent / "eval"
+#: groups whose reports should be answered, and those that should be told "nothing covers this"
+ANSWER_GROUPS = ("answerable", "answerable_other_alert", "answerable_zh", "answerable_zh_other_alert", "stale_only")
+ABSTAIN_GROUPS = ("not_permitted", "unanswerable")
+
+
+def reports_load(directory: Path = EVAL_DIR) -> list[dict]:
+    """The labelled reports of every ``reports*.json`` in ``directory``: ``[{"id", "group",
+    "report", "language", "device": {...}, "scopes", "relevant": [source], "expect"}]``. Raises
+    ``ValueError`` for a malformed entry or a repeated id."""
+    items, seen = [], set()
+    for path in sorted(directory.glob("reports*.json")):
+        for i, item in enumerate(json.loads(path.read_text(encoding="utf-8"))):
+            if not (isinstance(item.get("report"), str) and item.get("group") and isinstance(item.get("scopes"), list)
+                    and item.get("expect") in ("answer", "abstain") and isinstance(item.get("device"), dict)):
+                raise ValueError(f"{path.name} entry {i}: needs report, group, device, scopes and expect")
+            if item["id"] in seen:
+                raise ValueError(f"{path.name}: id {item['id']} repeated")
+            seen.add(item["id"])
+            items.append(item)
+    return items
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """What the product did with one labelled report."""
+
+    id: str
+    group: str
+    expect: str
+    outcome: str
+    documents: list[str]
+    first_relevant_rank: int | None
+    stale_marked: bool
+    signals: dict
+
+
+def report_run(*, tenant_id: int, item: dict) -> ReportOutcome:
+    """Run :func:`apps.evidence.relevance.evidence_select` on one labelled report."""
+    from apps.evidence.relevance import evidence_select
+
+    sel = evidence_select(tenant_id=tenant_id, scopes=item["scopes"], report=item["report"], device=item["device"])
+    docs = list(dict.fromkeys(r.source for r in sel.refs))
+    relevant = item.get("relevant") or []
+    rank = next((i for i, src in enumerate(docs, start=1) if any(_matches(src, r) for r in relevant)), None)
+    return ReportOutcome(item["id"], item["group"], item["expect"], sel.outcome, docs, rank,
+                         any(r.stale for r in sel.refs), sel.signals)
+
+
+@dataclass(frozen=True)
+class GroupScores:
+    """Per-group figures: recall@1, recall@5 and MRR over the answerable reports (an abstention
+    counts as a miss), and the share of reports handled as expected (answered, or abstained)."""
+
+    group: str
+    n: int
+    recall_at_1: float
+    recall_at_5: float
+    mrr: float
+    as_expected: float
+
+
+def report_scores(outcomes: list[ReportOutcome]) -> tuple[list[GroupScores], dict]:
+    """``(per-group scores, totals)``; totals hold abstention precision and recall (an abstention
+    is positive), the answered share of the answerable reports, and the stale-mark rate."""
+    groups: dict[str, list[ReportOutcome]] = {}
+    for o in outcomes:
+        groups.setdefault(o.group, []).append(o)
+    rows = []
+    for group, items in sorted(groups.items()):
+        n = len(items)
+        expected = sum((o.outcome == "no_procedure") == (o.expect == "abstain") for o in items) / n
+        if items[0].expect == "answer":
+            r1 = sum(o.first_relevant_rank == 1 and o.outcome == "answered" for o in items) / n
+            r5 = sum(o.first_relevant_rank is not None and o.first_relevant_rank <= 5 for o in items) / n
+            mrr = sum(1 / o.first_relevant_rank for o in items if o.first_relevant_rank) / n
+        else:
+            r1 = r5 = mrr = float("nan")
+        rows.append(GroupScores(group, n, round(r1, 4), round(r5, 4), round(mrr, 4), round(expected, 4)))
+    abstained = [o for o in outcomes if o.outcome == "no_procedure"]
+    should = [o for o in outcomes if o.expect == "abstain"]
+    answerable = [o for o in outcomes if o.expect == "answer"]
+    stale = [o for o in outcomes if o.group == "stale_only" and o.outcome == "answered"]
+    totals = {
+        "abstention_precision": round(sum(o.expect == "abstain" for o in abstained) / len(abstained), 4)
+        if abstained else float("nan"),
+        "abstention_recall": round(sum(o.outcome == "no_procedure" for o in should) / len(should), 4)
+        if should else float("nan"),
+        "answered_of_answerable": round(sum(o.outcome == "answered" for o in answerable) / len(answerable), 4)
+        if answerable else float("nan"),
+        "stale_marked": round(sum(o.stale_marked for o in stale) / len(stale), 4) if stale else float("nan"),
+    }
+    return rows, totals

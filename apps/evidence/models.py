@@ -12,7 +12,7 @@ from pgvector.django import HnswIndex, VectorField
 from apps.accounts.models import AccessScope
 from apps.accounts.scoping import TenantScopedManager, scoped_manager
 
-EMBEDDING_DIMENSIONS = 384
+EMBEDDING_DIMENSIONS = 512  # apps.evidence.embedding.DIMENSIONS; shorter embeddings are zero-padded
 
 
 class Document(models.Model):
@@ -92,7 +92,10 @@ class Chunk(models.Model):
     end_offset = models.PositiveIntegerField()
     text = models.TextField()
     content_digest = models.CharField(max_length=64)
-    embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS)
+    #: None while the chunk awaits (re-)embedding (``manage.py reembed``)
+    embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS, null=True)
+    #: the model that made ``embedding`` (apps.evidence.embedding); queries compare like with like
+    embedding_model = models.CharField(max_length=200, default="use-multilingual-v3")
     search_vector = SearchVectorField(null=True)
     locale = models.CharField(max_length=16, default="en")
     governed = models.BooleanField(default=True, help_text="approved and published")

@@ -15,7 +15,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.evidence.embedding import embed_query
+from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.models import Chunk
 from apps.evidence.textsearch import cjk_tsquery
 
@@ -27,8 +27,12 @@ CANDIDATES = 50
 class EvidenceRef:
     """A citation-ready reference to one chunk version (spec table 16.2 "证据引用").
 
-    ``score`` is the fused RRF score; ``vector_rank``/``text_rank`` are 1-based ranks in each list
-    (None when absent from it).
+    ``score`` is the fused RRF score (:func:`evidence_rank`) or the raw cosine similarity to the
+    report (:func:`apps.evidence.relevance.evidence_select`); ``vector_rank``/``text_rank`` are
+    1-based ranks in each list (None when absent from it). ``excerpt`` is the chunk's whole text,
+    so a quoted span's offsets are offsets in the chunk version. ``stale`` marks evidence past its
+    review date or not CURRENT (``stale_reason`` says which); ``requires_human_gate``: an action
+    citing it needs a person's approval whatever the policy says.
     """
 
     chunk_id: int
@@ -45,6 +49,12 @@ class EvidenceRef:
     vector_rank: int | None
     text_rank: int | None
     excerpt: str
+    locale: str = "en"
+    doc_id: str = ""
+    stale: bool = False
+    stale_reason: str = ""
+    requires_human_gate: bool = False
+    owner: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -60,14 +70,15 @@ _PERMITTED = f"c.tenant_id = %(tenant)s AND c.scope = ANY(%(scopes)s) AND {_IN_F
 #: the scan stops after ``hnsw.ef_search`` neighbours and the filter runs on those, so rare
 #: permitted chunks can come back short.
 _VEC_HNSW_SQL = f"""
-SELECT c.id FROM evidence_chunk c WHERE {_PERMITTED}
+SELECT c.id FROM evidence_chunk c WHERE {_PERMITTED} AND c.embedding_model = %(emodel)s
 ORDER BY c.embedding <=> %(qvec)s::vector LIMIT %(cand)s
 """  # noqa: S608 - constant fragments; every value is a bound parameter
 
 #: Exact vector candidates: the permitted rows first (a materialized CTE the index cannot see), then
 #: the distance order over them. Complete by construction; cost grows with the permitted rows.
 _VEC_EXACT_SQL = f"""
-WITH permitted AS MATERIALIZED (SELECT c.id, c.embedding FROM evidence_chunk c WHERE {_PERMITTED})
+WITH permitted AS MATERIALIZED (SELECT c.id, c.embedding FROM evidence_chunk c
+                                WHERE {_PERMITTED} AND c.embedding_model = %(emodel)s)
 SELECT id FROM permitted ORDER BY embedding <=> %(qvec)s::vector, id LIMIT %(cand)s
 """  # noqa: S608 - constant fragments; every value is a bound parameter
 
@@ -94,7 +105,7 @@ EXACT_MAX_ROWS = 5000
 
 
 def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
-                      now: datetime | None = None) -> tuple[list[int], str]:
+                      now: datetime | None = None, model: str | None = None) -> tuple[list[int], str]:
     """The ``limit`` permitted chunks nearest to ``qvec`` (a pgvector literal), nearest first, and
     the strategy used: ``"exact"`` or ``"hnsw"``.
 
@@ -102,9 +113,11 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
     the scopes permit (issue 6 item 2). Rare permitted rows (under :data:`EXACT_SELECTIVITY` of the
     tenant's chunks, or at most :data:`EXACT_MAX_ROWS`) are ranked exactly; otherwise the HNSW
     index answers, and a short answer (the filter removed too many of its neighbours) is redone
-    exactly. Only chunks in force at ``now`` (default: the current time) are candidates.
-    ``cur`` is a cursor inside a transaction."""
-    params = {"tenant": tenant_id, "scopes": list(scopes), "qvec": qvec, "cand": limit, "now": now or timezone.now()}
+    exactly. Only chunks in force at ``now`` (default: the current time) and embedded by ``model``
+    (default: the configured one; ``qvec`` must be its embedding) are candidates. ``cur`` is a
+    cursor inside a transaction."""
+    params = {"tenant": tenant_id, "scopes": list(scopes), "qvec": qvec, "cand": limit, "now": now or timezone.now(),
+              "emodel": model or model_configured()}
     cur.execute(_COUNT_SQL, params)
     permitted, total = cur.fetchone()
     wanted = min(limit, permitted)

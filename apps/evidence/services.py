@@ -17,7 +17,7 @@ from django.db import connection, transaction
 
 from apps.accounts.models import AccessScope, Tenant
 from apps.evidence.chunking import UnreadableDocument, parse_document, read_source
-from apps.evidence.embedding import embed_texts
+from apps.evidence.embedding import embed_texts, model_configured
 from apps.evidence.governance import (
     DATE_FIELDS,
     GOVERNANCE_APPROVED,
@@ -90,7 +90,8 @@ def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str,
     # Embed outside the transaction: it is the slow part and touches no rows. Only chunks whose
     # embedded text is new are embedded; an unchanged chunk of the previous version keeps its vector.
     inputs = [f"{parsed.title}. {c.section}. {c.text}" for c in parsed.chunks]
-    known = _previous_vectors(existing)
+    model = model_configured()
+    known = _previous_vectors(existing, model=model)
     missing = [t for t in dict.fromkeys(inputs) if sha256_text(t) not in known]
     fresh = dict(zip(missing, embed_texts(missing), strict=True)) if missing else {}
     vectors = [fresh[t] if t in fresh else known[sha256_text(t)] for t in inputs]
@@ -122,6 +123,7 @@ def document_ingest(*, tenant: Tenant, source: str, raw: str, scope: str,
                     text=spec.text,
                     content_digest=sha256_text(spec.text),
                     embedding=vector,
+                    embedding_model=model,
                     locale=meta["locale"],
                     governed=governed,
                     effective_at=meta["effective_at"],
@@ -166,14 +168,36 @@ def _index_text(version: DocumentVersion) -> None:
         )
 
 
-def _previous_vectors(document: Document | None) -> dict[str, list[float]]:
-    """``{sha256 of the embedded text: vector}`` of the document's current chunks (empty for a new
-    or retired document), so an updated version re-embeds only its changed chunks."""
+def _previous_vectors(document: Document | None, *, model: str) -> dict[str, list[float]]:
+    """``{sha256 of the embedded text: vector}`` of the document's current chunks embedded by
+    ``model`` (empty for a new or retired document), so an updated version re-embeds only its
+    changed chunks."""
     if document is None or document.retired:
         return {}
-    rows = Chunk.objects.filter(document_version__document=document, is_current=True).values_list(
-        "section", "text", "embedding")
+    rows = Chunk.objects.filter(document_version__document=document, is_current=True, embedding_model=model,
+                                embedding__isnull=False).values_list("section", "text", "embedding")
     return {sha256_text(f"{document.title}. {section}. {text}"): list(vector) for section, text, vector in rows}
+
+
+def chunks_reembed(*, batch: int = 256, progress: Callable[[int, int], None] | None = None) -> int:
+    """Embed every chunk (current or not, every tenant) whose vector is missing or was made by
+    another model than :func:`~apps.evidence.embedding.model_configured`, in batches of
+    ``batch``. Returns the number of chunks embedded; ``progress(done, total)`` after each batch."""
+    model = model_configured()
+    stale = Chunk.objects.exclude(embedding_model=model) | Chunk.objects.filter(embedding__isnull=True)
+    ids = list(stale.order_by("pk").values_list("pk", flat=True))
+    done = 0
+    for start in range(0, len(ids), batch):
+        rows = list(Chunk.objects.filter(pk__in=ids[start:start + batch])
+                    .select_related("document_version__document").order_by("pk"))
+        vectors = embed_texts([f"{c.document_version.document.title}. {c.section}. {c.text}" for c in rows])
+        with transaction.atomic():
+            for c, v in zip(rows, vectors, strict=True):
+                Chunk.objects.filter(pk=c.pk).update(embedding=v, embedding_model=model)
+        done += len(rows)
+        if progress:
+            progress(done, len(ids))
+    return done
 
 
 def document_retire(*, tenant: Tenant, source: str) -> Document:

@@ -123,7 +123,7 @@ def _kb_sentences() -> list[tuple[str, str]]:
 
 
 class _Corpus:
-    """The base sentences, their embeddings (``(n, 384)`` float32, unit length) and the generator
+    """The base sentences, their embeddings (``(n, 512)`` float32, unit length) and the generator
     of synthetic chunks."""
 
     def __init__(self, sentences: list[tuple[str, str]], vectors: np.ndarray):
@@ -133,7 +133,7 @@ class _Corpus:
         self.rng = np.random.default_rng(SEED)
 
     def chunks(self, n: int) -> tuple[list[str], list[str], np.ndarray]:
-        """``n`` synthetic chunks: ``(sections, texts, vectors)`` with ``vectors`` ``(n, 384)``
+        """``n`` synthetic chunks: ``(sections, texts, vectors)`` with ``vectors`` ``(n, 512)``
         float32 of unit length."""
         rng = self.rng
         picks = rng.integers(0, len(self.texts), size=(n, 3))

@@ -307,8 +307,10 @@ FAULTDESK = {
     "MODEL_MAX_REASKS": env.int("FAULTDESK_MODEL_MAX_REASKS", default=2),
     # how often a worker waiting on a model call checks whether its task was cancelled
     "CANCEL_POLL_SECONDS": env.float("FAULTDESK_CANCEL_POLL_SECONDS", default=0.25),
-    "EMBEDDING_MODEL": "all-MiniLM-L6-v2",
-    # torch intra-op threads for embedding one retrieval query (0 = torch's default, one per core).
+    # use-multilingual-v3 (default; English and Chinese), all-MiniLM-L6-v2 (English only) or
+    # openai:<base URL>#<model> (an OpenAI-compatible /v1/embeddings); `manage.py reembed` after a change.
+    "EMBEDDING_MODEL": env.str("FAULTDESK_EMBEDDING_MODEL", default="use-multilingual-v3"),
+    # torch intra-op threads for embedding one query with all-MiniLM-L6-v2 (0 = torch's default, one per core).
     # One sentence is too small to split: on this 2-core machine, next to the web, PostgreSQL and
     # the other workers, two threads spin-wait on each other and a query took ~175 ms instead of
     # ~18 ms (docs/performance.md). Batches (document ingest) keep torch's default.

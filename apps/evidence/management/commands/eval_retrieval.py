@@ -1,12 +1,16 @@
-"""``python manage.py eval_retrieval``: recall@5, MRR and nDCG@10 of vector-only, full-text-only
-and hybrid retrieval over the labelled question set (apps.evidence.evaluation)."""
+"""``python manage.py eval_retrieval``: the labelled report eval (apps.evidence.evaluation) —
+recall@1, recall@5 and MRR per group, abstention precision and recall, the answered share of the
+answerable reports and the operating point (the relevance thresholds) — then recall@5, MRR and
+nDCG@10 of vector-only, full-text-only and hybrid retrieval over the question set. ``--sweep``
+also prints the figures at neighbouring operating points (the calibration)."""
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.accounts.models import AccessScope, Tenant
-from apps.evidence.evaluation import QUESTIONS, evaluate, questions_load
+from apps.evidence import relevance
+from apps.evidence.evaluation import QUESTIONS, evaluate, questions_load, report_run, report_scores, reports_load
 from apps.evidence.services import path_ingest
 from apps.tasks.demo_data import KB_DIR
 
@@ -19,8 +23,9 @@ class Command(BaseCommand):
                             help="tenant whose corpus is scored (default: 'eval', created and ingested "
                                  "from apps/evidence/kb when missing; unchanged documents cost nothing)")
         parser.add_argument("--questions", default=str(QUESTIONS))
+        parser.add_argument("--sweep", action="store_true", help="also score neighbouring operating points")
 
-    def handle(self, *args, tenant, questions, **options):
+    def handle(self, *args, tenant, questions, sweep=False, **options):
         from pathlib import Path
 
         try:
@@ -37,7 +42,41 @@ class Command(BaseCommand):
                 report = path_ingest(tenant=t, path=KB_DIR / scope, scope=scope)
                 self.stdout.write(f"corpus {scope}: {report.created} created, {report.updated} updated, "
                                   f"{report.unchanged} unchanged")
+        reports = reports_load()
+        self._reports(t, reports)
+        if sweep:
+            self._sweep(t, reports)
         self.stdout.write(f"{len(items)} questions, tenant {t.slug}")
         self.stdout.write(f"{'method':8s} {'recall@5':>9s} {'MRR':>7s} {'nDCG@10':>8s}")
         for s in evaluate(tenant_id=t.pk, questions=items):
             self.stdout.write(f"{s.method:8s} {s.recall_at_5:9.4f} {s.mrr:7.4f} {s.ndcg_at_10:8.4f}")
+
+    def _reports(self, t, reports) -> None:
+        outcomes = [report_run(tenant_id=t.pk, item=item) for item in reports]
+        rows, totals = report_scores(outcomes)
+        self.stdout.write(f"{len(reports)} labelled reports, tenant {t.slug}")
+        self.stdout.write(f"{'group':28s} {'n':>4s} {'recall@1':>9s} {'recall@5':>9s} {'MRR':>7s} {'as expected':>12s}")
+        for r in rows:
+            self.stdout.write(f"{r.group:28s} {r.n:4d} {r.recall_at_1:9.4f} {r.recall_at_5:9.4f} {r.mrr:7.4f} "
+                              f"{r.as_expected:12.4f}")
+        for key, value in totals.items():
+            self.stdout.write(f"{key:28s} {value:.4f}")
+        self.stdout.write(
+            f"operating point: min similarity {relevance.MIN_SIMILARITY} (Chinese {relevance.MIN_SIMILARITY_ZH}), "
+            f"alert margin {relevance.ALERT_MARGIN}, vague at {relevance.VAGUE_SIMILARITY}, "
+            f"withheld margin {relevance.WITHHELD_MARGIN}")
+
+    def _sweep(self, t, reports) -> None:
+        keep = (relevance.MIN_SIMILARITY, relevance.MIN_SIMILARITY_ZH, relevance.ALERT_MARGIN)
+        self.stdout.write(f"{'min sim':>8s} {'zh':>5s} {'margin':>7s} {'answered':>9s} {'abstained':>10s}")
+        try:
+            for shift in (-0.06, -0.03, 0.0, 0.03, 0.06):
+                for margin in (0.0, 0.04, 0.08):
+                    relevance.MIN_SIMILARITY, relevance.MIN_SIMILARITY_ZH = keep[0] + shift, keep[1] + shift
+                    relevance.ALERT_MARGIN = margin
+                    _, totals = report_scores([report_run(tenant_id=t.pk, item=i) for i in reports])
+                    self.stdout.write(f"{relevance.MIN_SIMILARITY:8.2f} {relevance.MIN_SIMILARITY_ZH:5.2f} "
+                                      f"{margin:7.2f} {totals['answered_of_answerable']:9.4f} "
+                                      f"{totals['abstention_recall']:10.4f}")
+        finally:
+            relevance.MIN_SIMILARITY, relevance.MIN_SIMILARITY_ZH, relevance.ALERT_MARGIN = keep

@@ -1,0 +1,398 @@
+"""Relevant evidence or an honest "nothing covers this" (DESIGN.md §9; spec §16.6).
+
+:func:`evidence_select` answers one question for a task: which procedures bear on *this device*
+and *this report*, and if none the reader may read does, say so. It uses what separates evidence
+from text that merely resembles it:
+
+* **what a document applies to** — its ``device_kinds`` and ``alert_codes`` (governance metadata).
+  A document written for other kinds of device is not a candidate; one that names no kind is, on
+  similarity alone;
+* **exact alert codes** — the device's current code, and any code the report itself names ("error
+  50.2" for a printer whose documents list ``PRN-FUSER-50.2``);
+* **raw similarity** of the report to each candidate chunk (cosine of the embeddings, not the
+  fused rank, which says nothing about relevance), helped by the full-text leg;
+* **how specific the report is** — its similarity to a set of generic complaints ("it is broken
+  and shows an error"). A vague report is about the device's current alert; a specific report that
+  matches nothing is about something no procedure covers;
+* **a count-only check** of the scopes the reader lacks: whether a document there covers the
+  report. Only the count and the scope's name are recorded, never its content.
+
+The report and the device's alert are matched separately and combined so that neither drowns the
+other: the alert's document wins when the report is vague or fits it about as well as the best
+match; a report about another fault than the current alert finds its own procedure.
+
+The result is recorded with ``evidence.retrieved``: the cited chunks (at most two per document, up
+to four of a primary document the report is plainly about), the outcome (``answered`` or
+``no_procedure``), why, and the signals it was decided on — so an admin can see the operating
+point on the trace. Thresholds are calibrated on the labelled eval (``manage.py eval_retrieval``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from apps.evidence.embedding import embed_query, embed_texts, model_configured
+from apps.evidence.governance import evidence_standing, is_chinese
+from apps.evidence.models import Chunk, Document
+from apps.evidence.selectors import _IN_FORCE, _PERMITTED, EvidenceRef, text_candidates, vector_literal
+
+#: A report whose best similarity to a candidate chunk is below this is about something the
+#: candidates do not cover (unless it is vague and the device's alert is covered).
+#: Calibrated on the repo's eval with use-multilingual-v3 (``manage.py eval_retrieval --sweep``).
+MIN_SIMILARITY = 0.26
+#: For Chinese reports (cross-lingual matches score lower).
+MIN_SIMILARITY_ZH = 0.30
+#: The alert's document is preferred while the report fits it within this much of the best match.
+ALERT_MARGIN = 0.04
+#: A report at least this similar to a generic complaint is vague: it is about the current alert.
+VAGUE_SIMILARITY = 0.45
+#: A document in a scope the reader lacks that fits the report this much better than the best
+#: readable one means the readable ones do not cover it.
+WITHHELD_MARGIN = 0.05
+#: Bonus to a document's similarity for a chunk among the first few full-text matches.
+TEXT_BONUS = 0.05
+TEXT_DEPTH = 5
+#: Chunks of one document among the citations (more for a primary document the report names).
+PER_DOCUMENT = 2
+PER_PRIMARY = 4
+
+#: Generic complaints: reports that say something is wrong without saying what.
+GENERIC_COMPLAINTS = (
+    "it is broken and not working",
+    "the device shows an error and does not work",
+    "there is an alarm on it, please fix",
+    "something is wrong with it again",
+    "error light is on, please help",
+    "坏了，不能用了",
+    "设备报错了，请处理",
+    "又出问题了，有告警",
+)
+
+#: Section roles by heading words (English and Chinese)
+_ROLES = (
+    ("codes", re.compile(r"alert code|error code|codes\b|告警代码|报警代码|错误代码|代码", re.I)),
+    ("safety", re.compile(r"safety|warning|安全|注意事项|警告", re.I)),
+    ("escalation", re.compile(r"escalat|升级|上报", re.I)),
+    ("ticket", re.compile(r"ticket|工单", re.I)),
+    ("steps", re.compile(r"procedure|diagnos|response|recover|steps|fix|repair|restore|clear|replace|"
+                         r"处理|步骤|诊断|处置|恢复|排查|更换|清除|响应|程序", re.I)),
+)
+
+
+def section_role(section: str) -> str:
+    """The role of a section by its heading: ``codes``, ``safety``, ``escalation``, ``ticket``,
+    ``steps`` or ``other``."""
+    for role, rx in _ROLES:
+        if rx.search(section or ""):
+            return role
+    return "other"
+
+
+@dataclass
+class _Doc:
+    document_id: int
+    doc_id: str
+    locale: str
+    scope: str
+    kinds: list[str]
+    codes: list[str]
+    chunks: dict[int, float] = field(default_factory=dict)  # chunk id -> cosine to the report
+    text_rank: int | None = None
+    alert_hit: bool = False
+    report_code: str | None = None
+
+    @property
+    def similarity(self) -> float:
+        best = max(self.chunks.values(), default=0.0)
+        return best + (TEXT_BONUS if self.text_rank is not None and self.text_rank <= TEXT_DEPTH else 0.0)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What :func:`evidence_select` decided.
+
+    ``outcome``: ``"answered"`` (``refs`` bear on the report) or ``"no_procedure"`` (``refs`` is
+    empty). ``reason``: one sentence for the requester, the approver and the trace. ``primary``:
+    ``{"document_id", "doc_id", "source", "title", "locale", "why"}`` of the document the answer
+    is built from, or None. ``withheld``: ``{"documents": n, "scopes": [..]}``, a count of
+    documents in scopes the reader lacks that would cover the report (never their content).
+    ``signals``: the figures the decision was made on (similarities, thresholds, flags).
+    """
+
+    outcome: str
+    refs: list[EvidenceRef]
+    reason: str
+    primary: dict | None
+    withheld: dict
+    signals: dict
+    query: dict
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["refs"] = [r.as_dict() for r in self.refs]
+        return d
+
+
+_CANDIDATE_SQL = f"""
+SELECT c.id, d.id, d.doc_id, c.locale, c.scope, c.device_kinds, c.alert_codes,
+       CASE WHEN c.embedding_model = %(emodel)s THEN 1 - (c.embedding <=> %(qvec)s::vector) ELSE 0 END
+FROM evidence_chunk c
+JOIN evidence_documentversion v ON v.id = c.document_version_id
+JOIN evidence_document d ON d.id = v.document_id
+WHERE {_PERMITTED} AND (%(kind)s::text IS NULL OR %(kind)s = ANY(c.device_kinds))
+"""  # noqa: S608 - constant fragments; every value is a bound parameter
+
+#: Chunks in force in scopes the reader lacks whose document applies to the device (count-only check).
+_WITHHELD_SQL = f"""
+SELECT c.scope, d.id,
+       max(CASE WHEN c.embedding_model = %(emodel)s THEN 1 - (c.embedding <=> %(qvec)s::vector) ELSE 0 END),
+       bool_or(%(code)s::text IS NOT NULL AND %(code)s = ANY(c.alert_codes)),
+       array_agg(DISTINCT code) FILTER (WHERE code IS NOT NULL)
+FROM evidence_chunk c
+JOIN evidence_documentversion v ON v.id = c.document_version_id
+JOIN evidence_document d ON d.id = v.document_id
+LEFT JOIN LATERAL unnest(c.alert_codes) AS code ON true
+WHERE c.tenant_id = %(tenant)s AND NOT (c.scope = ANY(%(scopes)s)) AND {_IN_FORCE}
+  AND (%(kind)s::text IS NULL OR %(kind)s = ANY(c.device_kinds) OR c.device_kinds = '{{}}')
+GROUP BY c.scope, d.id
+"""  # noqa: S608 - constant fragments; every value is a bound parameter
+
+_CODE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]*[A-Za-z0-9]|\d")
+
+
+def _generic_vectors(model: str) -> list[list[float]]:
+    if model not in _GENERIC:
+        _GENERIC[model] = embed_texts(list(GENERIC_COMPLAINTS), model=model)
+    return _GENERIC[model]
+
+
+_GENERIC: dict[str, list[list[float]]] = {}
+
+
+def _dot(a, b) -> float:
+    return float(sum(x * y for x, y in zip(a, b, strict=True)))
+
+
+def report_codes(report: str, codes: set[str]) -> set[str]:
+    """The alert codes of ``codes`` that ``report`` names: written whole ("PRN-FUSER-50.2", any
+    case), or by their distinctive tail ("error 50.2", "13.B") when that tail is at least three
+    characters with a digit and belongs to one code only."""
+    text = report.upper()
+    found = {c for c in codes if re.search(rf"(?<![A-Z0-9]){re.escape(c)}(?![A-Z0-9])", text)}
+    tails: dict[str, set[str]] = {}
+    for c in codes:
+        tail = c.rsplit("-", 1)[-1]
+        if len(tail) >= 3 and any(ch.isdigit() for ch in tail):
+            tails.setdefault(tail, set()).add(c)
+    for tok in _CODE_TOKEN.findall(text):
+        if tok in tails and len(tails[tok]) == 1:
+            found |= tails[tok]
+    return found
+
+
+def evidence_select(
+    *, tenant_id: int, scopes, report: str, device: dict | None, k: int = 5, now: datetime | None = None,
+    model: str | None = None,
+) -> Selection:
+    """Select the evidence that bears on ``report`` about ``device`` for a reader of ``tenant_id``
+    with ``scopes``, or decide that nothing the reader may read covers it.
+
+    ``report``: what the requester wrote (and answered since). ``device``: the device reading
+    (``kind``, ``alert_code``, ``alert_message``...; None when there is no device). ``model``: the
+    embedding model (the task's pinned one; default the configured one). Returns a
+    :class:`Selection` with at most ``k`` references, best first. Reads in one transaction; embeds
+    the report once."""
+    now = now or timezone.now()
+    device = device or {}
+    kind = (device.get("kind") or "").strip().lower() or None
+    alert = (device.get("alert_code") or "").strip().upper() or None
+    report = (report or "").strip()
+    query = {"report": report, "device_kind": kind, "alert_code": alert,
+             "alert_message": device.get("alert_message") or ""}
+    scopes = list(scopes or [])
+    chinese = is_chinese(report)
+    if not scopes:
+        return _nothing(query, "no_scopes", "You may read no procedures in this tenant.", {}, {})
+    text = report or " ".join(p for p in (kind, alert, device.get("alert_message")) if p)
+    model = model or model_configured()
+    qvec = vector_literal(embed_query(text, model=model))
+    params = {"tenant": tenant_id, "scopes": scopes, "qvec": qvec, "kind": kind, "now": now, "code": alert,
+              "emodel": model}
+    docs: dict[int, _Doc] = {}
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_CANDIDATE_SQL, params)
+        for cid, did, doc_id, locale, scope, kinds, codes, cos in cur.fetchall():
+            d = docs.setdefault(did, _Doc(did, doc_id, locale, scope, list(kinds), list(codes)))
+            d.chunks[cid] = float(cos)
+        if kind is not None:
+            # Documents that name no device kind are candidates on similarity alone.
+            cur.execute(_CANDIDATE_SQL.replace("%(kind)s = ANY(c.device_kinds)", "c.device_kinds = '{}'"),
+                        {**params, "kind": None} | {"kind": kind})
+            for cid, did, doc_id, locale, scope, kinds, _codes, cos in cur.fetchall():
+                if not kinds:
+                    d = docs.setdefault(did, _Doc(did, doc_id, locale, scope, [], []))
+                    d.chunks[cid] = float(cos)
+        text_ids = text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=text, limit=50, now=now) \
+            if report else []
+        cur.execute(_WITHHELD_SQL, params)
+        withheld_rows = cur.fetchall()
+    chunk_doc = {cid: d for d in docs.values() for cid in d.chunks}
+    for rank, cid in enumerate(text_ids, start=1):
+        d = chunk_doc.get(cid)
+        if d is not None and d.text_rank is None:
+            d.text_rank = rank
+    hidden = [(scope, did, float(cos or 0.0), bool(hit), set(codes or ()))
+              for scope, did, cos, hit, codes in withheld_rows]
+    named = report_codes(report, {c for d in docs.values() for c in d.codes} | {c for h in hidden for c in h[4]})
+    for d in docs.values():
+        d.alert_hit = alert is not None and alert in d.codes
+        hit = named & set(d.codes)
+        d.report_code = sorted(hit)[0] if hit else None
+    # One language per document: a translation stands in for its original in the report's language.
+    docs = _one_locale_each(docs, "zh-CN" if chinese else "en")
+    vagueness = max((_dot(v, _vector(qvec)) for v in _generic_vectors(model)), default=0.0) if report else 1.0
+    vague = not report or vagueness >= VAGUE_SIMILARITY
+    threshold = MIN_SIMILARITY_ZH if chinese else MIN_SIMILARITY
+    ranked = sorted(docs.values(), key=lambda d: (-d.similarity, d.document_id))
+    best = ranked[0] if ranked else None
+    best_sim = best.similarity if best else 0.0
+    alert_doc = next((d for d in ranked if d.alert_hit), None)
+    named_doc = next((d for d in ranked if d.report_code), None)
+    # The count-only check: documents in scopes the reader lacks that cover this report better.
+    covering = [h for h in hidden if (named & h[4]) or (h[3] and (vague or h[2] >= best_sim))
+                or (h[2] >= threshold and h[2] >= best_sim + WITHHELD_MARGIN)]
+    withheld = {"documents": len({h[1] for h in covering}), "scopes": sorted({h[0] for h in covering})}
+    signals = {
+        "best_similarity": round(best_sim, 4) if best else None,
+        "alert_similarity": round(alert_doc.similarity, 4) if alert_doc else None,
+        "withheld_similarity": round(max((h[2] for h in hidden), default=0.0), 4),
+        "vagueness": round(vagueness, 4), "threshold": threshold, "alert_margin": ALERT_MARGIN,
+        "withheld_margin": WITHHELD_MARGIN, "vague_threshold": VAGUE_SIMILARITY, "candidates": len(docs),
+        "chinese": chinese, "report_codes": sorted(named),
+    }
+    primary, why = None, ""
+    if named_doc is not None:
+        primary, why = named_doc, f"the report names {named_doc.report_code}"
+    elif withheld["documents"] and (named or not (alert_doc and vague)):
+        primary = None  # what covers the report is in a scope the reader lacks
+    elif alert_doc is not None and (vague or (alert_doc.similarity >= threshold
+                                             and alert_doc.similarity >= best_sim - ALERT_MARGIN)):
+        primary, why = alert_doc, f"the device reports {alert}, which it covers"
+    elif best is not None and best_sim >= threshold:
+        primary, why = best, "it matches the report best"
+    if primary is None:
+        subject = _subject(alert, kind)
+        if withheld["documents"]:
+            reason = (f"No procedure you may read covers {subject}; a procedure in a scope you cannot read "
+                      f"({', '.join(withheld['scopes'])}) does — its owners hold it.")
+        else:
+            reason = f"No procedure in the knowledge base covers {subject} as reported."
+        return _nothing(query, "no_procedure", reason, withheld, signals)
+    refs = _citations(primary, ranked, threshold=threshold, k=k, now=now,
+                      vague=vague, alert=primary.report_code or (alert if primary.alert_hit else None),
+                      decisive=bool(primary.report_code or primary.alert_hit))
+    doc = refs[0]
+    return Selection(
+        outcome="answered", refs=refs,
+        reason=f"{doc.document_title} v{doc.version} bears on this report: {why}.",
+        primary={"document_id": primary.document_id, "doc_id": primary.doc_id, "source": doc.source,
+                 "title": doc.document_title, "locale": primary.locale, "why": why},
+        withheld=withheld, signals=signals, query=query,
+    )
+
+
+def _vector(literal: str) -> list[float]:
+    return [float(x) for x in literal.strip("[]").split(",")]
+
+
+def _subject(alert: str | None, kind: str | None) -> str:
+    what = (kind or "device").replace("_", " ")
+    return f"{alert} on a {what}" if alert else f"this report about a {what}"
+
+
+def _nothing(query: dict, outcome: str, reason: str, withheld: dict, signals: dict) -> Selection:
+    return Selection(outcome="no_procedure", refs=[], reason=reason, primary=None,
+                     withheld=withheld or {"documents": 0, "scopes": []}, signals=signals, query=query)
+
+
+def _one_locale_each(docs: dict[int, _Doc], preferred: str) -> dict[int, _Doc]:
+    """Keep one document per ``doc_id``: the one in ``preferred`` locale when there is one (its
+    translation's code hits carry over)."""
+    by_id: dict[str, list[_Doc]] = {}
+    out = {}
+    for d in docs.values():
+        if d.doc_id:
+            by_id.setdefault(d.doc_id, []).append(d)
+        else:
+            out[d.document_id] = d
+    for group in by_id.values():
+        keep = next((d for d in group if d.locale == preferred), None) or max(group, key=lambda d: d.similarity)
+        keep.alert_hit = any(d.alert_hit for d in group)
+        keep.report_code = next((d.report_code for d in group if d.report_code), None)
+        out[keep.document_id] = keep
+    return out
+
+
+def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, now: datetime, vague: bool,
+               alert: str | None, decisive: bool) -> list[EvidenceRef]:
+    """The cited chunks: the primary document's code line, its best-matching steps, its safety
+    and escalation sections (up to :data:`PER_PRIMARY` when the report plainly names its subject,
+    else :data:`PER_DOCUMENT`), then the best chunks of other documents that also pass
+    ``threshold`` (at most :data:`PER_DOCUMENT` each), up to ``k``."""
+    chunks = {c.pk: c for c in Chunk.objects.select_related("document_version__document")
+              .filter(pk__in=[cid for d in ranked for cid in d.chunks])}
+    own = sorted(primary.chunks, key=lambda cid: (chunks[cid].ordinal, cid))
+    by_role: dict[str, list[int]] = {}
+    for cid in own:
+        by_role.setdefault(section_role(chunks[cid].section), []).append(cid)
+    picked: list[int] = []
+    if alert:
+        coded = [cid for cid in own if alert in chunks[cid].text.upper()]
+        code_chunk = next((cid for cid in coded if cid in by_role.get("codes", [])), coded[0] if coded else None)
+        if code_chunk is not None:
+            picked.append(code_chunk)
+    steps = by_role.get("steps", [])
+    if steps:
+        if vague and alert:
+            mentioning = [cid for cid in steps if alert in chunks[cid].text.upper()]
+            best_step = mentioning[0] if mentioning else steps[0]
+        else:
+            best_step = max(steps, key=lambda cid: (primary.chunks[cid], -chunks[cid].ordinal))
+        picked.append(best_step)
+    elif not picked:
+        picked.append(max(own, key=lambda cid: primary.chunks[cid]))
+    limit = PER_PRIMARY if decisive else PER_DOCUMENT
+    for role in ("safety", "escalation"):
+        if by_role.get(role) and len(picked) < limit:
+            picked.append(by_role[role][0])
+    picked = list(dict.fromkeys(picked))[:limit]
+    for d in ranked:
+        if d is primary or len(picked) >= k or d.similarity < threshold or d.alert_hit and primary.alert_hit:
+            continue
+        if d.similarity < primary.similarity - 2 * ALERT_MARGIN and not d.report_code:
+            continue
+        best_chunks = sorted(d.chunks, key=lambda cid: -d.chunks[cid])[:1]
+        picked += best_chunks[: k - len(picked)]
+    return [_ref(chunks[cid], cos=_cos_of(cid, ranked), now=now) for cid in picked[:k]]
+
+
+def _cos_of(cid: int, ranked: list[_Doc]) -> float:
+    return next((d.chunks[cid] for d in ranked if cid in d.chunks), 0.0)
+
+
+def _ref(c: Chunk, *, cos: float, now: datetime) -> EvidenceRef:
+    doc: Document = c.document_version.document
+    standing = evidence_standing(c.document_version.metadata or {}, now=now)
+    return EvidenceRef(
+        chunk_id=c.pk, document_id=doc.pk, document_title=doc.title, source=doc.source,
+        version=c.document_version.version, section=c.section, start=c.start_offset, end=c.end_offset,
+        scope=c.scope, content_digest=c.content_digest, score=round(cos, 6), vector_rank=None, text_rank=None,
+        excerpt=c.text, locale=c.locale, doc_id=doc.doc_id, stale=standing.stale,
+        stale_reason=standing.reason if standing.stale else "", requires_human_gate=doc.requires_human_gate,
+        owner=doc.owner,
+    )
