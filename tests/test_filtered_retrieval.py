@@ -9,8 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from apps.evidence import selectors
+from apps.evidence.embedding import model_configured
 from apps.evidence.models import EMBEDDING_DIMENSIONS, Chunk, Document, DocumentVersion
 
 DIM = EMBEDDING_DIMENSIONS
@@ -64,6 +66,7 @@ def test_10_permitted_among_2000_still_gives_5_equal_to_exact_search(tenant, for
             cur.execute("SET LOCAL enable_bitmapscan = off")
             cur.execute("SET LOCAL hnsw.ef_search = 40")
             cur.execute(selectors._VEC_HNSW_SQL, {"tenant": tenant.pk, "scopes": ["security"], "cand": 5,
+                                                  "now": timezone.now(), "emodel": model_configured(),
                                                   "qvec": "[" + ",".join(["0.05"] * DIM) + "]"})
             assert len(cur.fetchall()) < 5
     rng = np.random.default_rng(1)

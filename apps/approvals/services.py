@@ -89,6 +89,9 @@ class PolicyDecision:
     policy_version: int
     approver_roles: tuple[str, ...] = ROLES
     risk: str = "medium"
+    #: why a person must approve whatever the policy says (cited evidence with a human gate, or no
+    #: procedure covering the report); "" when the policy alone decided
+    forced_by: str = ""
 
 
 def policy_current(*, tenant_id: int) -> ApprovalPolicy:
@@ -110,16 +113,24 @@ def policy_rule(rules: dict, tool: str, risk: str) -> dict:
     return {**FALLBACK_RULE, **by_risk.get(risk, {}), **tools.get(tool, {})}
 
 
-def policy_decide(*, tenant_id: int, tool: str) -> PolicyDecision:
+def policy_decide(*, tenant_id: int, tool: str, evidence: list[dict] = (), no_procedure: str = "") -> PolicyDecision:
     """Decide whether ``tool`` needs a human approval in ``tenant_id``, for how long and from whom
-    (DESIGN.md §7; spec §16.6). Unknown tools and risk levels need an approval."""
+    (DESIGN.md §7; spec §16.6). Unknown tools and risk levels need an approval. So does an action
+    that cites evidence marked ``requires_human_gate`` (the documentation projection's human gate)
+    or that is proposed without a procedure (``no_procedure``: why none covers the report),
+    whatever the policy's rule says; ``forced_by`` records which."""
     from apps.actions.registry import TOOLS
 
     policy = policy_current(tenant_id=tenant_id)
     risk = TOOLS[tool].risk if tool in TOOLS else "high"
     rule = policy_rule(policy.rules, tool, risk)
+    gated = next((ref for ref in evidence if ref.get("requires_human_gate")), None)
+    forced = (f"the cited procedure {gated.get('document_title') or gated.get('source')} v{gated.get('version')} "
+              "requires a person's approval") if gated else \
+        (f"proposed without a procedure: {no_procedure}" if no_procedure else "")
     return PolicyDecision(
-        requires_approval=bool(rule["requires_approval"]),
+        forced_by=forced,
+        requires_approval=bool(rule["requires_approval"]) or bool(forced),
         ttl=timedelta(minutes=int(rule["ttl_minutes"])),
         policy_version=policy.version,
         approver_roles=tuple(rule["approver_roles"]),

@@ -136,6 +136,11 @@ def report_run(*, tenant_id: int, item: dict) -> ReportOutcome:
     from apps.evidence.relevance import evidence_select
 
     sel = evidence_select(tenant_id=tenant_id, scopes=item["scopes"], report=item["report"], device=item["device"])
+    return report_outcome(item, sel)
+
+
+def report_outcome(item: dict, sel) -> ReportOutcome:
+    """What ``sel`` (a :class:`~apps.evidence.relevance.Selection`) did with labelled ``item``."""
     docs = list(dict.fromkeys(r.source for r in sel.refs))
     relevant = item.get("relevant") or []
     rank = next((i for i, src in enumerate(docs, start=1) if any(_matches(src, r) for r in relevant)), None)

@@ -57,6 +57,8 @@ WITHHELD_MARGIN = 0.05
 #: Bonus to a document's similarity for a chunk among the first few full-text matches.
 TEXT_BONUS = 0.05
 TEXT_DEPTH = 5
+#: A later steps section is quoted instead of the first one only when it fits this much better.
+STEP_MARGIN = 0.05
 #: Chunks of one document among the citations (more for a primary document the report names).
 PER_DOCUMENT = 2
 PER_PRIMARY = 4
@@ -289,7 +291,8 @@ def evidence_select(
         subject = _subject(alert, kind)
         if withheld["documents"]:
             reason = (f"No procedure you may read covers {subject}; a procedure in a scope you cannot read "
-                      f"({', '.join(withheld['scopes'])}) does — its owners hold it.")
+                      f"({', '.join(withheld['scopes'])}) covers it, and the {' and '.join(withheld['scopes'])} "
+                      "team holds it.")
         else:
             reason = f"No procedure in the knowledge base covers {subject} as reported."
         return _nothing(query, "no_procedure", reason, withheld, signals)
@@ -344,8 +347,10 @@ def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, n
     and escalation sections (up to :data:`PER_PRIMARY` when the report plainly names its subject,
     else :data:`PER_DOCUMENT`), then the best chunks of other documents that also pass
     ``threshold`` (at most :data:`PER_DOCUMENT` each), up to ``k``."""
+    wanted = [*primary.chunks, *(max(d.chunks, key=d.chunks.get) for d in ranked if d is not primary and d.chunks)]
     chunks = {c.pk: c for c in Chunk.objects.select_related("document_version__document")
-              .filter(pk__in=[cid for d in ranked for cid in d.chunks])}
+              .defer("embedding", "search_vector", "document_version__content",
+                     "document_version__document__metadata").filter(pk__in=wanted)}
     own = sorted(primary.chunks, key=lambda cid: (chunks[cid].ordinal, cid))
     by_role: dict[str, list[int]] = {}
     for cid in own:
@@ -362,7 +367,11 @@ def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, n
             mentioning = [cid for cid in steps if alert in chunks[cid].text.upper()]
             best_step = mentioning[0] if mentioning else steps[0]
         else:
+            # The procedure's order unless another section fits the report clearly better: a
+            # technician diagnoses before replacing parts.
             best_step = max(steps, key=lambda cid: (primary.chunks[cid], -chunks[cid].ordinal))
+            if primary.chunks[best_step] < primary.chunks[steps[0]] + STEP_MARGIN:
+                best_step = steps[0]
         picked.append(best_step)
     elif not picked:
         picked.append(max(own, key=lambda cid: primary.chunks[cid]))

@@ -30,8 +30,13 @@ def evidence_detail(request, chunk_id: int):
         current = (Chunk.objects.for_tenant(p.tenant_id)
                    .filter(document_version__document=document, is_current=True, section=chunk.section,
                            scope__in=list(p.scopes)).first())
+    from django.utils import timezone
+
+    from apps.evidence.governance import evidence_standing
+
     response = render(request, "evidence/detail.html", {
         "chunk": chunk, "version": version, "document": document, "current": current,
+        "standing": evidence_standing(version.metadata or {}, now=timezone.now()),
         "superseded": not chunk.is_current and not document.retired,
     })
     patch_vary_headers(response, ("HX-Request",))

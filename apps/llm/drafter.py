@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from apps.evidence.chunking import first_statement
+from apps.evidence.guidance import guidance_build
 
 PROMPT_TEMPLATE_VERSION = "ticket-draft/2"
 LOCAL_MODEL_ID = "local-drafter/1"
@@ -65,9 +65,15 @@ def render_prompt(*, request: dict, device: dict, evidence: list[dict], answers:
 
 
 def local_draft(
-    *, request: dict, device: dict, evidence: list[dict], tenant: str, requester: str, answers: list[str] = ()
+    *, request: dict, device: dict, evidence: list[dict], tenant: str, requester: str, answers: list[str] = (),
+    selection: dict | None = None,
 ) -> dict:
     """Build a ticket draft by rules from the recorded context.
+
+    The description carries the same selection as the answer (``selection``: the relevance
+    decision recorded with the retrieval): the procedure's code line and its steps, quoted whole
+    with their citations, or — when no readable procedure covers the report — a plain statement
+    that the ticket is proposed without one, citing nothing.
 
     Returns ``{"ticket": {title, description, priority, device, tenant, requester, labels,
     evidence}, "alert_summary": str, "missing_information": [str], "model": str}``. Priority:
@@ -87,14 +93,10 @@ def local_draft(
     missing = []
     if len(symptom) < 12:
         missing.append("Describe the symptom in a sentence: what you see, since when, and what you tried.")
-    steps = []
-    for ref in evidence[:3]:
-        first = first_statement(ref["excerpt"], limit=160)
-        steps.append(f"- {first} [{ref['document_title']} v{ref['version']} §{ref['section']}]")
     description = (
         f"Reported by {requester}: {symptom}\n\n"
         f"Device state at read time (object version {device['version']}): {alert_summary}.\n\n"
-        "Relevant procedure from the knowledge base:\n" + "\n".join(steps)
+        + _procedure_text(evidence, device, selection)
     )
     labels = sorted({device["kind"], f"site:{device.get('site') or 'unknown'}", "faultdesk"})
     ticket = {
@@ -108,9 +110,33 @@ def local_draft(
         "labels": labels,
         "evidence": [str(ref["chunk_id"]) for ref in evidence[:5]],
     }
+    if not evidence:
+        ticket["labels"] = sorted({*labels, "no-procedure"})
     return {
         "ticket": ticket,
         "alert_summary": alert_summary,
         "missing_information": missing,
         "model": LOCAL_MODEL_ID,
     }
+
+
+def _procedure_text(evidence: list[dict], device: dict, selection: dict | None) -> str:
+    """The draft's procedure part: the selected procedure's code line, safety lines and steps,
+    quoted whole with ``[document vN §section]``; or why no procedure is cited."""
+    if not evidence:
+        reason = (selection or {}).get("reason") or "No procedure you may read covers this report."
+        return f"No procedure cited: {reason} A ticket is proposed without a procedure."
+    codes = ((selection or {}).get("signals") or {}).get("report_codes") or []
+    guide = guidance_build(evidence, alert_code=(codes[0] if codes else None) or device.get("alert_code") or None)
+    doc = guide["document"]
+
+    def cite(q) -> str:
+        return f"{q.text} [{doc['title']} v{doc['version']} §{q.section}]"
+
+    lines = [f"Procedure: {doc['title']} v{doc['version']} ({doc['source']})"
+             + (f" — STALE: {doc['stale_reason']}" if doc["stale"] else "")]
+    if guide["code"] is not None:
+        lines.append(f"Code: {cite(guide['code'])}")
+    lines += [f"Safety: {cite(q)}" for q in guide["safety"]]
+    lines += [f"{i}. {cite(q)}" for i, q in enumerate(guide["steps"], start=1)]
+    return "\n".join(lines)

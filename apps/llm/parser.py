@@ -24,8 +24,9 @@ DRAFT_SCHEMA = {
 def draft_validate(*, draft: dict, evidence_ids: set[str], device_asset_tag: str, tenant: str) -> list[str]:
     """Return the list of problems with ``draft`` (empty when valid).
 
-    Checks the JSON schema, that the ticket names the task's device and tenant, and that every
-    cited evidence id was retrieved for this task.
+    Checks the JSON schema, that the ticket names the task's device and tenant, that every cited
+    evidence id was retrieved for this task, and that it cites at least one when any was (a task
+    whose retrieval found no relevant procedure has none to cite, and its draft cites nothing).
     """
     problems = [
         f"{'/'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}"
@@ -41,4 +42,6 @@ def draft_validate(*, draft: dict, evidence_ids: set[str], device_asset_tag: str
     unknown = set(ticket["evidence"]) - evidence_ids
     if unknown:
         problems.append(f"cites evidence that was not retrieved: {sorted(unknown)}")
+    if evidence_ids and not ticket["evidence"]:
+        problems.append("cites no evidence, though relevant evidence was retrieved: cite the chunk_id values used")
     return problems

@@ -54,7 +54,7 @@ MODEL_OUTPUT_SCHEMA = {
         "description": {"type": "string", "minLength": 10, "maxLength": 8000},
         "priority": {"enum": ["P1", "P2", "P3", "P4"]},
         "alert_summary": {"type": "string", "maxLength": 1000},
-        "evidence": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5},
+        "evidence": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
         "missing_information": {"type": "array", "items": {"type": "string", "maxLength": 500}, "maxItems": 5},
     },
 }

@@ -8,11 +8,43 @@ ever filled from a receipt.
 
 from __future__ import annotations
 
-from apps.evidence.chunking import excerpt_body
+from apps.evidence.governance import is_chinese
+from apps.evidence.guidance import guidance_build
+
+#: the answer's own sentences in the requester's language (quoted procedure text stays as written)
+_TEXT = {
+    "en": {
+        "reports": "{tag} ({kind}) reports {code}",
+        "reports_none": "{tag} ({kind}) reports no alert code ({state}).",
+        "means": "The procedure says:",
+        "stale": "Note: this procedure is stale ({reason}); check it against the device before relying on it.",
+        "safety": "Safety first:",
+        "steps": "What to do now — {title} v{version}, § {section}:",
+        "escalate": "When to escalate:",
+        "also": "Also cited:",
+        "none": "{reason}",
+        "no_steps": "The ticket was proposed without a procedure; a technician will follow up.",
+        "done": "What faultdesk did:",
+    },
+    "zh": {
+        "reports": "{tag}（{kind}）报告告警 {code}",
+        "reports_none": "{tag}（{kind}）没有告警代码（状态：{state}）。",
+        "means": "处理规程中的说明：",
+        "stale": "注意：此规程已过期待复核（{reason}），使用前请对照设备确认。",
+        "safety": "先注意安全：",
+        "steps": "现在怎么做 — 《{title}》v{version}，§ {section}：",
+        "escalate": "何时升级：",
+        "also": "另见：",
+        "none": "{reason}",
+        "no_steps": "已在没有处理规程的情况下提出工单，技术人员会跟进。",
+        "done": "faultdesk 做了什么：",
+    },
+}
 
 
 def citations_from_evidence(evidence: list[dict]) -> list[dict]:
-    """Citations ``{n, chunk_id, document_title, version, section, source}`` in retrieval order."""
+    """Citations ``{n, chunk_id, document_id, document_title, version, section, source, stale}``
+    in retrieval order."""
     return [
         {
             "n": i,
@@ -22,47 +54,125 @@ def citations_from_evidence(evidence: list[dict]) -> list[dict]:
             "version": ref["version"],
             "section": ref["section"],
             "source": ref["source"],
+            "stale": bool(ref.get("stale")),
         }
         for i, ref in enumerate(evidence, start=1)
     ]
 
 
-def answer_compose(state: dict) -> dict:
-    """Build ``{"knowledge": {"text", "citations"}, "proposal": {...}|None, "change": {...}|None,
-    "status_note": str}`` from a reducer state. Pure: same state, same answer."""
+def answer_language(state: dict) -> str:
+    """``"zh"`` when the requester wrote in Chinese, else ``"en"``."""
+    request = state.get("request") or {}
+    text = " ".join([request.get("symptom") or "", *(state.get("answers") or [])])
+    return "zh" if is_chinese(text) else "en"
+
+
+def knowledge_compose(state: dict) -> dict:
+    """The sourced answer: ``{"text", "citations", "quotes", "outcome", "reason"}``. Every quoted
+    line is ``quotes[i]`` — chunk id, version, character range in the chunk's text and the text —
+    and carries its citation number in ``text`` as ``[n]``; an answer with no relevant evidence
+    says so (``outcome`` ``no_procedure``) and cites nothing. Pure."""
     evidence = state.get("evidence") or []
     device = state.get("device") or {}
+    selection = state.get("selection") or {}
+    t = _TEXT[answer_language(state)]
     citations = citations_from_evidence(evidence)
-    lines = []
+    number = {c["chunk_id"]: c["n"] for c in citations}
+    alert = device.get("alert_code") or ""
+    code = None
+    for c in (selection.get("signals") or {}).get("report_codes") or []:
+        code = code or c
+    guide = guidance_build(evidence, alert_code=code or alert or None)
+    quotes: list[dict] = []
+    lines: list[str] = []
+
+    def q(quote) -> str:
+        quotes.append({**quote.as_dict(), "n": number[quote.chunk_id]})
+        return f"“{quote.text}” [{number[quote.chunk_id]}]"
+
+    kind = (device.get("kind") or "device").replace("_", " ")
     if device:
-        lines.append(
-            f"{device.get('asset_tag')} was {device.get('state')} at object version {device.get('version')}"
-            + (f" with alert {device['alert_code']}" if device.get("alert_code") else "")
-            + "."
-        )
-    for c, ref in zip(citations, evidence, strict=False):
-        excerpt = " ".join(excerpt_body(ref["excerpt"]).split())
-        lines.append(f"[{c['n']}] {c['document_title']} (v{c['version']}, §{c['section']}): {excerpt[:220]}")
-    proposal = state.get("proposal")
+        if alert:
+            line = t["reports"].format(tag=device.get("asset_tag"), kind=kind, code=alert)
+            if device.get("alert_message"):
+                line += f" — {device['alert_message']}"
+            lines.append(line + ("。" if t is _TEXT["zh"] else "."))
+        else:
+            lines.append(t["reports_none"].format(tag=device.get("asset_tag"), kind=kind, state=device.get("state")))
+    outcome = selection.get("outcome") or ("answered" if evidence else "no_procedure")
+    if not evidence:
+        reason = selection.get("reason") or "No procedure you may read covers this report."
+        lines += [t["none"].format(reason=reason), t["no_steps"]]
+    else:
+        reason = selection.get("reason", "")
+        doc = guide["document"]
+        if guide["code"] is not None:
+            lines.append(f"{t['means']} {q(guide['code'])}")
+        if doc["stale"]:
+            lines.append(t["stale"].format(reason=doc["stale_reason"]))
+        if guide["safety"]:
+            lines.append(t["safety"])
+            lines += [f"  ! {q(s)}" for s in guide["safety"]]
+        if guide["steps"]:
+            section = guide["steps"][0].section
+            lines.append(t["steps"].format(title=doc["title"], version=doc["version"], section=section))
+            lines += [f"  {i}. {q(s)}" for i, s in enumerate(guide["steps"], start=1)]
+        if guide["escalation"]:
+            lines.append(t["escalate"])
+            lines += [f"  - {q(s)}" for s in guide["escalation"]]
+        others = [c for c in citations if c["document_id"] != evidence[0]["document_id"]]
+        if others:
+            lines.append(t["also"] + " " + "; ".join(
+                f"[{c['n']}] {c['document_title']} v{c['version']} § {c['section']}" for c in others))
+    return {"text": "\n".join(lines), "citations": citations, "quotes": quotes, "outcome": outcome,
+            "reason": reason, "language": answer_language(state), "done_label": t["done"]}
+
+
+_NOTES = {
+    "en": {"comment": "Your report was added to the open ticket {ticket} as comment {comment} (receipt recorded, "
+                      "ticket version {version}); no second ticket was created.",
+           "created": "Ticket {ticket} was created (receipt recorded, version {version}).",
+           "rejected": "No ticket was created: the approver rejected the proposed ticket.",
+           "none": "No ticket has been created."},
+    "zh": {"comment": "你的报告已作为评论 {comment} 添加到未关闭的工单 {ticket}（回执已记录，工单版本 {version}）；"
+                      "没有创建第二张工单。",
+           "created": "已创建工单 {ticket}（回执已记录，版本 {version}）。",
+           "rejected": "没有创建工单：审批人拒绝了提议的工单。",
+           "none": "尚未创建工单。"},
+}
+
+
+def change_and_note(state: dict) -> tuple[dict | None, str]:
+    """What the ticket system confirmed (only from a receipt) and one sentence, in the
+    requester's language, saying what faultdesk did: a ticket, a comment, nothing, or a rejected
+    proposal."""
+    notes = _NOTES[answer_language(state)]
     receipt = state.get("receipt")
     if receipt and receipt.get("kind") == "comment":
         change = {"ticket_id": receipt["ticket_id"], "ticket_version": receipt["version"], "comment_id":
                   receipt["external_id"], "connector": receipt.get("connector", "reference"), "status": "commented"}
-        note = (f"Your report was added to the open ticket {receipt['ticket_id']} as comment {receipt['external_id']} "
-                f"(receipt recorded, ticket version {receipt['version']}); no second ticket was created.")
-    elif receipt:
+        return change, notes["comment"].format(ticket=receipt["ticket_id"], comment=receipt["external_id"],
+                                               version=receipt["version"])
+    if receipt:
         change = {"ticket_id": receipt["external_id"], "ticket_version": receipt["version"],
                   "connector": receipt.get("connector", "reference"), "status": receipt.get("status")}
-        note = f"Ticket {receipt['external_id']} was created (receipt recorded, version {receipt['version']})."
-    else:
-        change = None
-        reason = state.get("termination_reason") or ""
-        if reason == "proposal_rejected":
-            note = "No ticket was created: the approver rejected the proposed ticket."
-        else:
-            note = "No ticket has been created."
+        return change, notes["created"].format(ticket=receipt["external_id"], version=receipt["version"])
+    if (state.get("termination_reason") or "") == "proposal_rejected":
+        return None, notes["rejected"]
+    return None, notes["none"]
+
+
+def answer_compose(state: dict) -> dict:
+    """Build ``{"knowledge": {"text", "citations", "quotes", "outcome", "reason", "language"},
+    "proposal": {...}|None, "change": {...}|None, "status_note": str}`` from a reducer state.
+    Pure: same state, same answer. ``knowledge.text`` ends with what faultdesk did (a ticket, a
+    comment, nothing, or an outcome not yet confirmed)."""
+    knowledge = knowledge_compose(state)
+    change, note = change_and_note(state)
+    knowledge["text"] += f"\n{knowledge.pop('done_label')} {note}"
+    proposal = state.get("proposal")
     return {
-        "knowledge": {"text": "\n".join(lines), "citations": citations},
+        "knowledge": knowledge,
         "proposal": (
             {"tool": proposal["tool"], "params": proposal["params"], "digest": proposal["digest"]}
             if proposal else None

@@ -28,8 +28,8 @@ from apps.approvals.models import ApprovalRequest
 from apps.approvals.services import approval_check_binding_now, approval_invalidate, policy_decide
 from apps.devices.selectors import device_read
 from apps.events.models import TaskEvent
-from apps.evidence.guard import refs_flags
-from apps.evidence.selectors import evidence_retrieve
+from apps.evidence.guard import injection_flags, refs_flags
+from apps.evidence.relevance import evidence_select
 from apps.llm.drafter import local_draft, render_prompt
 from apps.llm.parser import draft_validate
 from apps.llm.providers import TRANSIENT, CallResult, provider_for
@@ -73,12 +73,28 @@ def _principal_scopes(task: Task) -> list[str]:
     return list(p.scopes) if p else []
 
 
-def _query_text(task: Task, device: dict | None) -> str:
-    state = task.state
-    parts = [task.symptom, *state.get("answers", [])]
-    if device:
-        parts += [device.get("kind", ""), device.get("alert_code", ""), device.get("alert_message", "")]
-    return " ".join(p for p in parts if p)
+def _report_text(task: Task) -> str:
+    """What the requester reported: the symptom and the answers given since (the device's alert is
+    matched separately, so it cannot drown the report; apps.evidence.relevance)."""
+    return " ".join(p for p in [task.symptom, *task.state.get("answers", [])] if p)
+
+
+#: device fields a person can type into (names, messages): checked for instructions like a report
+_DEVICE_TEXT_FIELDS = ("name", "alert_message", "site", "model")
+
+
+def _input_flags(task: Task, reading: dict | None) -> list[dict]:
+    """``[{"source", "flags"}]`` for the report, the requester's answers and the device's text
+    fields that read like instructions to an agent (DESIGN.md §9): recorded with the retrieval,
+    shown on the trace and the approval queue, and changing nothing else."""
+    out = []
+    for i, text in enumerate([task.symptom, *task.state.get("answers", [])]):
+        if flags := injection_flags(text):
+            out.append({"source": "report" if i == 0 else f"answer {i}", "flags": flags})
+    for name in _DEVICE_TEXT_FIELDS:
+        if flags := injection_flags(str((reading or {}).get(name) or "")):
+            out.append({"source": f"device field {name}", "flags": flags})
+    return out
 
 
 def context_read(*, task_id: uuid.UUID) -> None:
@@ -117,17 +133,22 @@ def context_read(*, task_id: uuid.UUID) -> None:
             reading = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
             if task.state["evidence"] is None:
                 made += 1
-                refs = evidence_retrieve(
+                selection = evidence_select(
                     tenant_id=task.tenant_id,
                     scopes=_principal_scopes(task),
-                    query=_query_text(task, reading),
+                    report=_report_text(task),
+                    device=reading,
                     k=settings.FAULTDESK["RETRIEVAL_TOP_K"],
+                    model=task.artifact_bundle.get("embedding_model"),
                 )
-                ref_dicts = [r.as_dict() for r in refs]
-                payload = {"query": _query_text(task, reading), "refs": ref_dicts,
+                ref_dicts = [r.as_dict() for r in selection.refs]
+                chosen = selection.as_dict()
+                chosen.pop("refs")
+                payload = {"query": _report_text(task), "refs": ref_dicts, "selection": chosen,
                            "retrieved_at": timezone.now().isoformat()}
-                if flagged := refs_flags(ref_dicts):
-                    payload["injection_flags"] = flagged  # shown on the trace; nothing else changes
+                if flagged := refs_flags(ref_dicts) + _input_flags(task, reading):
+                    payload["injection_flags"] = flagged  # shown on the trace and queue; nothing else changes
+                    chosen["injection_flags"] = flagged
                 task = task_append_event(
                     task=task, event_type="evidence.retrieved", actor=_actor(lease), lease_generation=gen,
                     payload=payload,
@@ -312,6 +333,7 @@ def _model_call(task: Task, state: dict) -> dict:
     draft = local_draft(
         request=state["request"], device=state["device"], evidence=state["evidence"] or [],
         tenant=task.tenant.slug, requester=task.requester.get_username(), answers=state.get("answers") or [],
+        selection=state.get("selection"),
     )
     failpoint("model_call")
     return draft
@@ -505,7 +527,10 @@ def _validate_and_authorize(task: Task, lease: Lease) -> bool:
     params, digest = proposal["params"], proposal["digest"]
     ticket = state.get("ticket") if tool.object_scope == "ticket" else None
     object_version = ticket["version"] if ticket else device["version"]
-    decision = policy_decide(tenant_id=task.tenant_id, tool=tool.name)
+    selection = state.get("selection") or {}
+    decision = policy_decide(tenant_id=task.tenant_id, tool=tool.name, evidence=state["evidence"] or [],
+                             no_procedure=selection.get("reason", "") if selection.get("outcome") == "no_procedure"
+                             else "")
     if decision.requires_approval:
         approval_id = uuid.uuid4()
         expires_at = timezone.now() + decision.ttl
@@ -519,6 +544,8 @@ def _validate_and_authorize(task: Task, lease: Lease) -> bool:
             target = {"object_type": "device", "object_id": str(device["device_id"])}
             scope = f"{task.tenant.slug}:{tool.name}:device/{device['asset_tag']}"
             effects = f"Creates one ticket in {system} for {device['asset_tag']} with priority {params['priority']}."
+        if decision.forced_by:
+            effects += f" A person must approve: {decision.forced_by}."
 
         carried = _carried_over(task, proposal, decision)
         decided = {}
@@ -540,6 +567,8 @@ def _validate_and_authorize(task: Task, lease: Lease) -> bool:
 
         payload = {"approval_id": str(approval_id), "proposal": proposal, "object_version": object_version,
                    "policy_version": decision.policy_version, "expires_at": expires_at.isoformat()}
+        if decision.forced_by:
+            payload["forced_by"] = decision.forced_by
         if carried is not None:
             payload.update(carried_over_from=str(carried.pk), decided_by=carried.decided_by.get_username())
         task_append_event(task=task, event_type="approval.requested", actor=actor, lease_generation=gen,

@@ -107,6 +107,10 @@ def _retrieval_started(s: dict, p: dict) -> None:
 def _evidence_retrieved(s: dict, p: dict) -> None:
     _require(s["evidence"] is None, s, "evidence.retrieved", "evidence already recorded for this plan")
     s["evidence"] = p["refs"]
+    if "selection" in p:
+        # What the relevance check decided (answered / no_procedure, why, the withheld count); an
+        # event without it (recorded before the check existed) leaves the state as it was.
+        s["selection"] = p["selection"]
 
 
 def _device_read(s: dict, p: dict) -> None:
@@ -137,6 +141,7 @@ def _input_provided(s: dict, p: dict) -> None:
     s["replans"] += 1
     # Re-plan from fresh premises: new evidence, a new device read and a new draft.
     s["evidence"] = None
+    s.pop("selection", None)
     s["device"] = None
     s["draft"] = None
     s["status"] = RETRIEVING

@@ -277,7 +277,12 @@ def _measure(bench: Bench, *, label: str, tenant_id: int, name: str, scopes: lis
 
     strategies: Counter[str] = Counter()
     vec_ms, txt_ms, recall, hnsw_recall, hnsw_rows = [], [], [], [], []
-    params0 = {"tenant": tenant_id, "scopes": scopes, "cand": CANDIDATES}
+    from django.utils import timezone
+
+    from apps.evidence.embedding import model_configured
+
+    params0 = {"tenant": tenant_id, "scopes": scopes, "cand": CANDIDATES, "now": timezone.now(),
+               "emodel": model_configured()}
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SET LOCAL hnsw.ef_search = %s", [ef_search])
         planner_hnsw = _hnsw_plan(cur, {**params0, "qvec": qvecs[0]})
