@@ -51,7 +51,11 @@ def test_resume_after_approval_replans_when_the_requester_lost_a_scope(requester
     assert approvals[0].status == ApprovalStatus.INVALIDATED
     assert "permissions changed" in approvals[0].reason
     assert task.status == reducer.WAITING_APPROVAL
-    assert {r["scope"] for r in task.state["evidence"]} == {"public"}
+    # re-planned with the narrowed scopes: the fuser procedure is tier2 only, so nothing readable
+    # covers the report any more, and the new proposal says so instead of citing it
+    assert task.state["evidence"] == []
+    assert task.state["selection"]["outcome"] == "no_procedure"
+    assert task.state["selection"]["withheld"]["scopes"] == ["tier2"]
 
 
 def test_resume_fails_explicitly_when_the_requester_was_removed(requester, approver, device, kb):

@@ -46,17 +46,17 @@ from apps.evidence.selectors import _IN_FORCE, _PERMITTED, EvidenceRef, text_can
 #: Calibrated on the repo's eval with use-multilingual-v3 (``manage.py eval_retrieval --sweep``).
 MIN_SIMILARITY = 0.26
 #: For Chinese reports (cross-lingual matches score lower).
-MIN_SIMILARITY_ZH = 0.30
+MIN_SIMILARITY_ZH = 0.26
 #: The alert's document is preferred while the report fits it within this much of the best match.
-ALERT_MARGIN = 0.04
+ALERT_MARGIN = 0.0
 #: A report at least this similar to a generic complaint is vague: it is about the current alert.
 VAGUE_SIMILARITY = 0.45
-#: A document in a scope the reader lacks that fits the report this much better than the best
-#: readable one means the readable ones do not cover it.
-WITHHELD_MARGIN = 0.05
+#: A document in a scope the reader lacks that fits the report at least about as well as the best
+#: readable one (no more than this much less) means the readable ones do not cover it.
+WITHHELD_MARGIN = -0.08
 #: Bonus to a document's similarity for a chunk among the first few full-text matches.
-TEXT_BONUS = 0.05
-TEXT_DEPTH = 5
+TEXT_BONUS = 0.0
+TEXT_DEPTH = 3
 #: A later steps section is quoted instead of the first one only when it fits this much better.
 STEP_MARGIN = 0.05
 #: Chunks of one document among the citations (more for a primary document the report names).
@@ -74,6 +74,29 @@ GENERIC_COMPLAINTS = (
     "设备报错了，请处理",
     "又出问题了，有告警",
 )
+
+#: What a device-maintenance desk does not handle (its service catalogue's exclusions): a report
+#: closer to one of these than to any candidate procedure is about something no procedure covers.
+#: ``FAULTDESK["OUT_OF_SCOPE_TOPICS"]`` replaces them.
+OUT_OF_SCOPE_TOPICS = (
+    "office furniture: chairs, desks, monitor arms, window blinds, lockers",
+    "kitchen and building fittings: taps, sinks, coffee machines, vending machines, fridges, lifts, elevators",
+    "vehicles and warehouse machinery: forklifts, pallet trucks, vans, tyres, car park barriers",
+    "personal mobile phones, tablets, headsets and the apps on them",
+    "business software and accounts: email clients, passwords, HR portal, ERP reports, spreadsheets, logins",
+    "shredders and laminators",
+    "laptop keyboards, mice, docking stations and personal computers",
+    "办公家具：椅子、桌子、显示器支架、百叶窗",
+    "厨房和楼宇设施：水龙头、咖啡机、自动售货机、电梯",
+    "车辆和仓库机械：叉车、搬运车、货车、停车场道闸",
+    "个人手机、平板电脑、耳机及其应用程序",
+    "业务软件和账号：邮箱客户端、密码、人事系统、ERP 报表、Excel 表格、登录",
+    "碎纸机和塑封机",
+    "笔记本电脑键盘、鼠标、扩展坞和个人电脑",
+)
+#: The report must be this much closer to an excluded topic than to the best procedure to be called
+#: out of scope.
+OUT_OF_SCOPE_MARGIN = -0.04
 
 #: Section roles by heading words (English and Chinese)
 _ROLES = (
@@ -167,6 +190,19 @@ GROUP BY c.scope, d.id
 _CODE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]*[A-Za-z0-9]|\d")
 
 
+def _topic_vectors(model: str) -> list[list[float]]:
+    from django.conf import settings
+
+    topics = tuple(settings.FAULTDESK.get("OUT_OF_SCOPE_TOPICS") or OUT_OF_SCOPE_TOPICS)
+    key = (model, topics)
+    if key not in _TOPICS:
+        _TOPICS[key] = embed_texts(list(topics), model=model) if topics else []
+    return _TOPICS[key]
+
+
+_TOPICS: dict = {}
+
+
 def _generic_vectors(model: str) -> list[list[float]]:
     if model not in _GENERIC:
         _GENERIC[model] = embed_texts(list(GENERIC_COMPLAINTS), model=model)
@@ -257,7 +293,10 @@ def evidence_select(
         d.report_code = sorted(hit)[0] if hit else None
     # One language per document: a translation stands in for its original in the report's language.
     docs = _one_locale_each(docs, "zh-CN" if chinese else "en")
-    vagueness = max((_dot(v, _vector(qvec)) for v in _generic_vectors(model)), default=0.0) if report else 1.0
+    q = _vector(qvec)
+    vagueness = max((_dot(v, q) for v in _generic_vectors(model)), default=0.0) if report else 1.0
+    topics = _topic_vectors(model)
+    oos = max((_dot(v, q) for v in topics), default=0.0) if report else 0.0
     vague = not report or vagueness >= VAGUE_SIMILARITY
     threshold = MIN_SIMILARITY_ZH if chinese else MIN_SIMILARITY
     ranked = sorted(docs.values(), key=lambda d: (-d.similarity, d.document_id))
@@ -266,8 +305,9 @@ def evidence_select(
     alert_doc = next((d for d in ranked if d.alert_hit), None)
     named_doc = next((d for d in ranked if d.report_code), None)
     # The count-only check: documents in scopes the reader lacks that cover this report better.
-    covering = [h for h in hidden if (named & h[4]) or (h[3] and (vague or h[2] >= best_sim))
-                or (h[2] >= threshold and h[2] >= best_sim + WITHHELD_MARGIN)]
+    best_raw = max(best.chunks.values(), default=0.0) if best else 0.0
+    covering = [h for h in hidden if (named & h[4]) or (h[3] and (vague or h[2] >= best_raw))
+                or (h[2] >= threshold and h[2] >= best_raw + WITHHELD_MARGIN)]
     withheld = {"documents": len({h[1] for h in covering}), "scopes": sorted({h[0] for h in covering})}
     signals = {
         "best_similarity": round(best_sim, 4) if best else None,
@@ -276,6 +316,10 @@ def evidence_select(
         "vagueness": round(vagueness, 4), "threshold": threshold, "alert_margin": ALERT_MARGIN,
         "withheld_margin": WITHHELD_MARGIN, "vague_threshold": VAGUE_SIMILARITY, "candidates": len(docs),
         "chinese": chinese, "report_codes": sorted(named),
+        "second_similarity": round(ranked[1].similarity, 4) if len(ranked) > 1 else None,
+        "best_text_rank": best.text_rank if best else None,
+        "best_raw": round(best_raw, 4) if best else None,
+        "out_of_scope": round(oos, 4), "out_of_scope_margin": OUT_OF_SCOPE_MARGIN,
     }
     primary, why = None, ""
     if named_doc is not None:
@@ -287,9 +331,19 @@ def evidence_select(
         primary, why = alert_doc, f"the device reports {alert}, which it covers"
     elif best is not None and best_sim >= threshold:
         primary, why = best, "it matches the report best"
+    # A report the full-text leg ties to the chosen procedure (among its first matches) is about it.
+    out_of_scope = primary is not None and not primary.report_code and not vague and \
+        (primary.text_rank is None or primary.text_rank > TEXT_DEPTH) and \
+        oos >= max(primary.chunks.values(), default=0.0) + OUT_OF_SCOPE_MARGIN
+    if out_of_scope:
+        primary = None
     if primary is None:
         subject = _subject(alert, kind)
-        if withheld["documents"]:
+        if out_of_scope:
+            reason = (f"No procedure in the knowledge base covers this report: it reads as being about something "
+                      f"other than the {(kind or 'device').replace('_', ' ')}'s faults, which the maintenance "
+                      "procedures do not cover.")
+        elif withheld["documents"]:
             reason = (f"No procedure you may read covers {subject}; a procedure in a scope you cannot read "
                       f"({', '.join(withheld['scopes'])}) covers it, and the {' and '.join(withheld['scopes'])} "
                       "team holds it.")

@@ -16,13 +16,13 @@ from apps.evidence.services import path_ingest
 from apps.tasks.demo_data import KB_DIR
 
 FLOORS = {  # group: (recall@1 floor, share handled as expected floor)
-    "answerable": (0.88, 0.95),
-    "answerable_other_alert": (0.70, 0.88),
+    "answerable": (0.88, 0.93),
+    "answerable_other_alert": (0.76, 0.85),
     "answerable_zh": (0.95, 0.95),
-    "answerable_zh_other_alert": (0.76, 0.90),
-    "not_permitted": (None, 0.83),
-    "unanswerable": (None, 0.72),
-    "stale_only": (0.60, 0.60),
+    "answerable_zh_other_alert": (0.76, 0.85),
+    "not_permitted": (None, 0.95),
+    "unanswerable": (None, 0.78),
+    "stale_only": (0.70, 0.70),
 }
 
 
@@ -65,7 +65,7 @@ def test_relevance_and_abstention_hold_their_floors_and_citations_stay_diverse(w
             assert row.recall_at_1 >= r1, (group, row)
         assert row.as_expected >= expected, (group, row)
     assert totals["answered_of_answerable"] >= 0.92, totals
-    assert totals["abstention_recall"] >= 0.78, totals
+    assert totals["abstention_recall"] >= 0.89, totals
     assert totals["stale_marked"] == 1.0, totals
 
 
