@@ -50,7 +50,7 @@ def test_ten_adversarial_documents_change_nothing_about_the_action_and_are_flagg
     assert "injection_flags" not in TaskEvent.objects.get(task=baseline, type="evidence.retrieved").payload
     client.force_login(admin_user)
     html = client.get(reverse("task-trace", args=[task.pk])).content.decode()
-    assert "instruction-like evidence" in html
+    assert "instruction-like text" in html
 
 
 def test_evidence_in_a_prompt_is_delimited_and_cannot_close_its_element():

@@ -514,7 +514,7 @@ def test_scripted_server_serves_concurrent_requests_in_script_order(model_server
 # 6. Exceptions inside activities, cancel racing the settlement, intent vs tenant quota
 # =================================================================================================
 
-@pytest.mark.parametrize("target", ["evidence_retrieve", "device_read"])
+@pytest.mark.parametrize("target", ["evidence_select", "device_read"])
 def test_an_exception_inside_the_reads_settles_their_reservation(requester, device, kb, refservice, monkeypatch,
                                                                  target):
     import apps.tasks.controller as controller

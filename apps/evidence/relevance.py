@@ -57,6 +57,8 @@ WITHHELD_MARGIN = -0.08
 #: Bonus to a document's similarity for a chunk among the first few full-text matches.
 TEXT_BONUS = 0.0
 TEXT_DEPTH = 3
+#: Another document is cited beside the primary one only when it fits the report within this much.
+SECONDARY_MARGIN = 0.08
 #: A later steps section is quoted instead of the first one only when it fits this much better.
 STEP_MARGIN = 0.05
 #: Chunks of one document among the citations (more for a primary document the report names).
@@ -437,7 +439,7 @@ def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, n
     for d in ranked:
         if d is primary or len(picked) >= k or d.similarity < threshold or d.alert_hit and primary.alert_hit:
             continue
-        if d.similarity < primary.similarity - 2 * ALERT_MARGIN and not d.report_code:
+        if d.similarity < primary.similarity - SECONDARY_MARGIN and not d.report_code:
             continue
         best_chunks = sorted(d.chunks, key=lambda cid: -d.chunks[cid])[:1]
         picked += best_chunks[: k - len(picked)]
