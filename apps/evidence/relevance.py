@@ -218,6 +218,16 @@ def _dot(a, b) -> float:
     return float(sum(x * y for x, y in zip(a, b, strict=True)))
 
 
+def _names_alert_subject(report: str, alert: str | None) -> bool:
+    """Whether ``report`` names a subject word of ``alert`` (a word of three letters or more of the
+    code after its device prefix: FUSER in PRN-FUSER-50.2, BATT in UPS-BATT-017)."""
+    if not alert or not report:
+        return False
+    words = [w for w in re.split(r"[^A-Z]+", alert.upper().split("-", 1)[-1]) if len(w) >= 3]
+    text = report.upper()
+    return any(re.search(rf"(?<![A-Z]){w}", text) for w in words)
+
+
 def report_codes(report: str, codes: set[str]) -> set[str]:
     """The alert codes of ``codes`` that ``report`` names: written whole ("PRN-FUSER-50.2", any
     case), or by their distinctive tail ("error 50.2", "13.B") when that tail is at least three
@@ -297,6 +307,9 @@ def evidence_select(
     docs = _one_locale_each(docs, "zh-CN" if chinese else "en")
     q = _vector(qvec)
     vagueness = max((_dot(v, q) for v in _generic_vectors(model)), default=0.0) if report else 1.0
+    # The report names the subject of the device's own alert code ("a fuser error" under
+    # PRN-FUSER-50.2): it is about that alert, even when another procedure resembles its words more.
+    agreement = _names_alert_subject(report, alert)
     topics = _topic_vectors(model)
     oos = max((_dot(v, q) for v in topics), default=0.0) if report else 0.0
     vague = not report or vagueness >= VAGUE_SIMILARITY
@@ -322,14 +335,15 @@ def evidence_select(
         "best_text_rank": best.text_rank if best else None,
         "best_raw": round(best_raw, 4) if best else None,
         "out_of_scope": round(oos, 4), "out_of_scope_margin": OUT_OF_SCOPE_MARGIN,
+        "names_alert_subject": agreement,
     }
     primary, why = None, ""
     if named_doc is not None:
         primary, why = named_doc, f"the report names {named_doc.report_code}"
     elif withheld["documents"] and (named or not (alert_doc and vague)):
         primary = None  # what covers the report is in a scope the reader lacks
-    elif alert_doc is not None and (vague or (alert_doc.similarity >= threshold
-                                             and alert_doc.similarity >= best_sim - ALERT_MARGIN)):
+    elif alert_doc is not None and (vague or (alert_doc.similarity >= threshold and (
+            alert_doc.similarity >= best_sim - ALERT_MARGIN or agreement))):
         primary, why = alert_doc, f"the device reports {alert}, which it covers"
     elif best is not None and best_sim >= threshold:
         primary, why = best, "it matches the report best"
