@@ -20,7 +20,7 @@ from pathlib import Path
 from django.db import connection, transaction
 
 from apps.evidence.embedding import embed_texts
-from apps.evidence.models import Chunk
+from apps.evidence.models import Chunk, Document
 from apps.evidence.selectors import rrf_fuse, text_candidates, vector_candidates
 
 QUESTIONS = Path(__file__).resolve().parent / "eval" / "questions.json"
@@ -128,6 +128,7 @@ class ReportOutcome:
     documents: list[str]
     first_relevant_rank: int | None
     stale_marked: bool
+    ranking_rank: int | None  # the first relevant document's rank among the candidates before abstention
     signals: dict
 
 
@@ -144,8 +145,12 @@ def report_outcome(item: dict, sel) -> ReportOutcome:
     docs = list(dict.fromkeys(r.source for r in sel.refs))
     relevant = item.get("relevant") or []
     rank = next((i for i, src in enumerate(docs, start=1) if any(_matches(src, r) for r in relevant)), None)
+    ids = list(sel.signals.get("ranking") or [])
+    sources = dict(Document.objects.filter(pk__in=ids).values_list("pk", "source"))
+    ranked = [sources.get(i, "") for i in ids]
+    before = next((i for i, src in enumerate(ranked, start=1) if any(_matches(src, r) for r in relevant)), None)
     return ReportOutcome(item["id"], item["group"], item["expect"], sel.outcome, docs, rank,
-                         any(r.stale for r in sel.refs), sel.signals)
+                         any(r.stale for r in sel.refs), sel.signals, before)
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ class GroupScores:
     recall_at_5: float
     mrr: float
     as_expected: float
+    ranking_recall_at_5: float  # the right document among the first five candidates, before abstention
 
 
 def report_scores(outcomes: list[ReportOutcome]) -> tuple[list[GroupScores], dict]:
@@ -175,9 +181,11 @@ def report_scores(outcomes: list[ReportOutcome]) -> tuple[list[GroupScores], dic
             r1 = sum(o.first_relevant_rank == 1 and o.outcome == "answered" for o in items) / n
             r5 = sum(o.first_relevant_rank is not None and o.first_relevant_rank <= 5 for o in items) / n
             mrr = sum(1 / o.first_relevant_rank for o in items if o.first_relevant_rank) / n
+            ranking5 = sum(o.ranking_rank is not None for o in items) / n
         else:
-            r1 = r5 = mrr = float("nan")
-        rows.append(GroupScores(group, n, round(r1, 4), round(r5, 4), round(mrr, 4), round(expected, 4)))
+            r1 = r5 = mrr = ranking5 = float("nan")
+        rows.append(GroupScores(group, n, round(r1, 4), round(r5, 4), round(mrr, 4), round(expected, 4),
+                                round(ranking5, 4)))
     abstained = [o for o in outcomes if o.outcome == "no_procedure"]
     should = [o for o in outcomes if o.expect == "abstain"]
     answerable = [o for o in outcomes if o.expect == "answer"]

@@ -40,13 +40,14 @@ from apps.evidence.embedding import embed_query, embed_texts, model_configured
 from apps.evidence.governance import evidence_standing, is_chinese
 from apps.evidence.models import Chunk, Document
 from apps.evidence.selectors import _IN_FORCE, _PERMITTED, EvidenceRef, text_candidates, vector_literal
+from apps.evidence.textsearch import cjk_words
 
 #: A report whose best similarity to a candidate chunk is below this is about something the
 #: candidates do not cover (unless it is vague and the device's alert is covered).
 #: Calibrated on the repo's eval with use-multilingual-v3 (``manage.py eval_retrieval --sweep``).
-MIN_SIMILARITY = 0.26
+MIN_SIMILARITY = 0.24
 #: For Chinese reports (cross-lingual matches score lower).
-MIN_SIMILARITY_ZH = 0.26
+MIN_SIMILARITY_ZH = 0.24
 #: The alert's document is preferred while the report fits it within this much of the best match.
 ALERT_MARGIN = 0.0
 #: A report at least this similar to a generic complaint is vague: it is about the current alert.
@@ -54,8 +55,14 @@ VAGUE_SIMILARITY = 0.45
 #: A document in a scope the reader lacks that fits the report at least about as well as the best
 #: readable one (no more than this much less) means the readable ones do not cover it.
 WITHHELD_MARGIN = -0.08
-#: Bonus to a document's similarity for a chunk among the first few full-text matches.
-TEXT_BONUS = 0.0
+#: The full-text leg's vote: a document whose best chunk is the ``r``-th full-text match gets
+#: ``TEXT_WEIGHT / (r + TEXT_OFFSET)`` added to its similarity (reciprocal-rank fusion, weighted
+#: so that words the report shares with a procedure break near-ties of the embedding, never
+#: outweigh a clear difference).
+TEXT_WEIGHT = 0.05
+TEXT_OFFSET = 2
+#: A chunk among this many first full-text matches ties the report to its procedure (the
+#: out-of-scope check does not override it).
 TEXT_DEPTH = 3
 #: Another document is cited beside the primary one only when it fits the report within this much.
 SECONDARY_MARGIN = 0.08
@@ -95,6 +102,22 @@ OUT_OF_SCOPE_TOPICS = (
     "业务软件和账号：邮箱客户端、密码、人事系统、ERP 报表、Excel 表格、登录",
     "碎纸机和塑封机",
     "笔记本电脑键盘、鼠标、扩展坞和个人电脑",
+)
+#: The objects those exclusions name, as a requester would write them: a report whose subject (the
+#: first object it names, before the device's own words) is one of these, and whose procedure never
+#: mentions it, is out of scope ("the shredder next to the printer is grinding"). English terms match
+#: whole words (a plural too); Chinese ones as written. ``FAULTDESK["OUT_OF_SCOPE_TERMS"]`` replaces them.
+OUT_OF_SCOPE_TERMS = (
+    "chair", "blinds", "curtain", "locker", "furniture", "monitor arm", "sofa",
+    "tap", "sink", "kettle", "microwave", "fridge", "refrigerator", "dishwasher", "coffee machine", "toaster",
+    "vending machine", "toilet", "lift", "elevator", "escalator", "light bulb",
+    "forklift", "pallet truck", "van", "tyre", "tire", "car park barrier",
+    "smartphone", "iphone", "android phone", "mobile", "tablet", "ipad", "headset", "earbuds",
+    "outlook", "excel", "spreadsheet", "hr portal", "payroll", "expenses app", "driver", "template",
+    "shredder", "laminator", "stapler", "projector screen",
+    "椅子", "百叶窗", "窗帘", "储物柜", "家具", "水龙头", "水槽", "微波炉", "冰箱", "洗碗机", "咖啡机", "售货机",
+    "马桶", "电梯", "扶梯", "灯泡", "叉车", "搬运车", "货车", "轮胎", "道闸", "手机", "平板", "耳机",
+    "Outlook", "Excel", "报表", "人事系统", "企业微信", "驱动", "模板", "碎纸机", "塑封机", "订书机", "幕布",
 )
 #: The report must be this much closer to an excluded topic than to the best procedure to be called
 #: out of scope.
@@ -136,7 +159,7 @@ class _Doc:
     @property
     def similarity(self) -> float:
         best = max(self.chunks.values(), default=0.0)
-        return best + (TEXT_BONUS if self.text_rank is not None and self.text_rank <= TEXT_DEPTH else 0.0)
+        return best + (TEXT_WEIGHT / (self.text_rank + TEXT_OFFSET) if self.text_rank is not None else 0.0)
 
 
 @dataclass(frozen=True)
@@ -336,6 +359,8 @@ def evidence_select(
         "best_raw": round(best_raw, 4) if best else None,
         "out_of_scope": round(oos, 4), "out_of_scope_margin": OUT_OF_SCOPE_MARGIN,
         "names_alert_subject": agreement,
+        # The candidates by fused similarity before any abstention (document ids, best first).
+        "ranking": [d.document_id for d in ranked[:5]],
     }
     primary, why = None, ""
     if named_doc is not None:
@@ -351,6 +376,11 @@ def evidence_select(
     out_of_scope = primary is not None and not primary.report_code and not vague and \
         (primary.text_rank is None or primary.text_rank > TEXT_DEPTH) and \
         oos >= max(primary.chunks.values(), default=0.0) + OUT_OF_SCOPE_MARGIN
+    excluded = None
+    if primary is not None and not out_of_scope and not primary.report_code and not vague:
+        excluded = _excluded_subject(report, primary, kind)
+        out_of_scope = excluded is not None
+    signals["excluded_subject"] = excluded
     if out_of_scope:
         primary = None
     if primary is None:
@@ -379,13 +409,72 @@ def evidence_select(
     )
 
 
+def _terms() -> tuple[str, ...]:
+    from django.conf import settings
+
+    return tuple(settings.FAULTDESK.get("OUT_OF_SCOPE_TERMS") or OUT_OF_SCOPE_TERMS)
+
+
+def _first_at(text: str, word: str) -> int | None:
+    """Where ``word`` first occurs in lower-cased ``text``: as a whole word (or its plural) when it
+    is written in Latin letters, anywhere when it is Chinese."""
+    if is_chinese(word):
+        i = text.find(word.lower())
+        return None if i < 0 else i
+    m = re.search(rf"(?<![a-z0-9]){re.escape(word.lower())}(?:s|es)?(?![a-z0-9])", text)
+    return m.start() if m else None
+
+
+def _excluded_subject(report: str, primary: _Doc, kind: str | None) -> str | None:
+    """The excluded object (:data:`OUT_OF_SCOPE_TERMS`) ``report`` is about, or None.
+
+    It is about one when it names the term before any word of the chosen procedure's title or the
+    device's kind ("the shredder next to the printer"; not "the printer by the kettle") and the
+    procedure's own text never mentions the term (a procedure that speaks of the object covers it)."""
+    text = report.lower()
+    found = sorted((at, t) for t in _terms() if (at := _first_at(text, t)) is not None)
+    if not found:
+        return None
+    doc = Document.objects.filter(pk=primary.document_id).values_list("title", flat=True).first() or ""
+    own = [w for w in re.findall(r"[a-z0-9]{3,}", f"{doc} {(kind or '').replace('_', ' ')}".lower())
+           if w not in _TITLE_STOPWORDS] + [w for w in cjk_words(doc) if len(w) >= 2]
+    device_at = min((at for w in own if (at := _first_at(text, w)) is not None), default=len(text))
+    bodies = " ".join(Chunk.objects.filter(pk__in=list(primary.chunks)).values_list("text", flat=True)).lower()
+    for at, term in found:
+        if at < device_at and _first_at(bodies, term) is None and not _landmark(text, at, term, own):
+            return term
+    return None
+
+
+#: Words that make the object after them a place ("next to the lift") and, in Chinese, the
+#: characters that make the object before them one (电梯口, 冰箱旁边).
+_PLACE_BEFORE = re.compile(
+    r"(?:next to|near|by|beside|behind|opposite|in front of|outside|past|at)\s+(?:the\s+|a\s+)?$")
+_PLACE_AFTER_ZH = re.compile(r"^(?:口|旁|边|附近|那边|这边|门口|对面|前面|后面|楼下|楼上)")
+
+
+def _landmark(text: str, at: int, term: str, own: list[str]) -> bool:
+    """Whether the excluded ``term`` at ``at`` in ``text`` only places or qualifies something else:
+    a landmark ("walked past the lift", 电梯口) or a modifier of one of the procedure's own words
+    right after it ("the van keys" in a key cabinet)."""
+    end = at + len(term)
+    if _PLACE_BEFORE.search(text[:at]) or (is_chinese(term) and _PLACE_AFTER_ZH.match(text[end:])):
+        return True
+    following = re.match(r"(?:s|es)?\s+([a-z0-9]+)", text[end:])
+    return bool(following and any(_first_at(following.group(1), w) == 0 for w in own if not is_chinese(w)))
+
+
+_TITLE_STOPWORDS = frozenset("and the for with from out not off its on of to no".split())
+
+
 def _vector(literal: str) -> list[float]:
     return [float(x) for x in literal.strip("[]").split(",")]
 
 
 def _subject(alert: str | None, kind: str | None) -> str:
     what = (kind or "device").replace("_", " ")
-    return f"{alert} on a {what}" if alert else f"this report about a {what}"
+    article = "an" if what[:1] in "aeiou" else "a"
+    return f"{alert} on {article} {what}" if alert else f"this report about {article} {what}"
 
 
 def _nothing(query: dict, outcome: str, reason: str, withheld: dict, signals: dict) -> Selection:

@@ -16,12 +16,12 @@ from apps.evidence.services import path_ingest
 from apps.tasks.demo_data import KB_DIR
 
 FLOORS = {  # group: (recall@1 floor, share handled as expected floor)
-    "answerable": (0.91, 0.93),
-    "answerable_other_alert": (0.76, 0.85),
+    "answerable": (0.91, 0.95),
+    "answerable_other_alert": (0.83, 0.93),
     "answerable_zh": (0.95, 0.95),
-    "answerable_zh_other_alert": (0.76, 0.85),
+    "answerable_zh_other_alert": (0.80, 0.95),
     "not_permitted": (None, 0.95),
-    "unanswerable": (None, 0.78),
+    "unanswerable": (None, 0.89),
     "stale_only": (0.70, 0.70),
 }
 
@@ -64,8 +64,11 @@ def test_relevance_and_abstention_hold_their_floors_and_citations_stay_diverse(w
         if r1 is not None:
             assert row.recall_at_1 >= r1, (group, row)
         assert row.as_expected >= expected, (group, row)
-    assert totals["answered_of_answerable"] >= 0.92, totals
-    assert totals["abstention_recall"] >= 0.89, totals
+    assert totals["answered_of_answerable"] >= 0.95, totals
+    assert totals["abstention_recall"] >= 0.95, totals
+    for row in rows:
+        if row.group in ANSWER_GROUPS:
+            assert row.ranking_recall_at_5 >= 0.98, row
     assert totals["stale_marked"] == 1.0, totals
 
 
@@ -119,3 +122,36 @@ def test_a_report_naming_the_alerts_subject_gets_the_alerts_procedure(whole_kb):
     assert sel.outcome == "answered" and sel.signals["names_alert_subject"] is True
     assert sel.refs[0].source == "tier2/laser-printer-fuser-error-replacement.md"
     assert sel.refs[0].section == "Alert codes"
+
+
+EXCLUDED_OBJECT_CASES = [
+    # the excluded object is what the report is about
+    ("the shredder beside the printer is making a grinding noise", "printer", "no_procedure"),
+    ("the kitchen microwave sparks whenever someone heats food", "env_sensor", "no_procedure"),
+    ("茶水间的咖啡机一直提示要除垢", "env_sensor", "no_procedure"),
+    # ...or only a place or a qualifier of the device's own words
+    ("the printer next to the kettle keeps jamming paper in tray 2", "printer", "answered"),
+    ("someone put the van keys back in the wrong slot and the key cabinet beeps", "key_cabinet", "answered"),
+    ("走到电梯口那边的无线AP灯是灭的，没有wifi信号", "wireless_ap", "answered"),
+]
+
+
+@pytest.mark.django_db
+def test_a_report_about_an_object_the_desk_does_not_handle_is_out_of_scope(whole_kb):
+    for report, kind, expect in EXCLUDED_OBJECT_CASES:  # one ingest of the knowledge base for all
+        sel = evidence_select(tenant_id=whole_kb.pk, scopes=["public", "tier2", "security"], report=report,
+                              device={"kind": kind})
+        assert sel.outcome == expect, (report, sel.signals)
+        if expect == "no_procedure":
+            assert sel.refs == [] and sel.reason.startswith("No procedure in the knowledge base covers this report")
+
+
+@pytest.mark.django_db
+def test_an_object_the_procedure_itself_speaks_of_is_not_excluded(whole_kb, settings):
+    """A desk that adds "laptop" to its exclusions still answers a thin client report about a laptop
+    when the thin client procedure mentions laptops."""
+    settings.FAULTDESK = {**settings.FAULTDESK, "OUT_OF_SCOPE_TERMS": ["laptop"]}
+    sel = evidence_select(tenant_id=whole_kb.pk, scopes=["public", "tier2"],
+                          report="laptop plugged into the thin client's dock gets no usb keyboard or monitor",
+                          device={"kind": "thin_client"})
+    assert sel.outcome == "answered" and sel.signals["excluded_subject"] is None

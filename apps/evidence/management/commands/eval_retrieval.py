@@ -55,16 +55,21 @@ class Command(BaseCommand):
         outcomes = [report_run(tenant_id=t.pk, item=item) for item in reports]
         rows, totals = report_scores(outcomes)
         self.stdout.write(f"{len(reports)} labelled reports, tenant {t.slug}")
-        self.stdout.write(f"{'group':28s} {'n':>4s} {'recall@1':>9s} {'recall@5':>9s} {'MRR':>7s} {'as expected':>12s}")
+        self.stdout.write(f"{'group':28s} {'n':>4s} {'recall@1':>9s} {'recall@5':>9s} {'MRR':>7s} {'as expected':>12s} "
+                          f"{'ranked@5':>9s}")
         for r in rows:
             self.stdout.write(f"{r.group:28s} {r.n:4d} {r.recall_at_1:9.4f} {r.recall_at_5:9.4f} {r.mrr:7.4f} "
-                              f"{r.as_expected:12.4f}")
+                              f"{r.as_expected:12.4f} {r.ranking_recall_at_5:9.4f}")
         for key, value in totals.items():
             self.stdout.write(f"{key:28s} {value:.4f}")
         self.stdout.write(
             f"operating point: min similarity {relevance.MIN_SIMILARITY} (Chinese {relevance.MIN_SIMILARITY_ZH}), "
             f"alert margin {relevance.ALERT_MARGIN}, vague at {relevance.VAGUE_SIMILARITY}, "
-            f"withheld margin {relevance.WITHHELD_MARGIN}")
+            f"withheld margin {relevance.WITHHELD_MARGIN}, full-text vote {relevance.TEXT_WEIGHT}/(rank+"
+            f"{relevance.TEXT_OFFSET}), out-of-scope margin {relevance.OUT_OF_SCOPE_MARGIN} "
+            f"({len(relevance._terms())} excluded objects)")
+        self.stdout.write("recall@1/@5 and MRR count an abstention as a miss; ranked@5 is the right document among "
+                          "the first five candidates before the relevance check")
 
     def _sweep(self, t, reports) -> None:
         keep = (relevance.MIN_SIMILARITY, relevance.MIN_SIMILARITY_ZH, relevance.ALERT_MARGIN)
