@@ -160,5 +160,5 @@ def test_a_chinese_report_is_answered_in_chinese_from_the_chinese_procedure(requ
     assert answer["knowledge"]["language"] == "zh"
     assert task.state["evidence"][0]["source"] == "public/zh-CN/laser-printer-paper-jam.md"
     text = answer["knowledge"]["text"]
-    assert "报告告警 PRN-JAM-13.B" in text and "现在怎么做" in text
+    assert "PRN-0233（打印机）报告告警 PRN-JAM-13.B" in text and "现在怎么做" in text
     _assert_quotes_are_exact(answer)

@@ -100,6 +100,27 @@ ANSWER_GROUPS = ("answerable", "answerable_other_alert", "answerable_zh", "answe
 ABSTAIN_GROUPS = ("not_permitted", "unanswerable")
 
 
+def eval_tenant(slug: str, *, kb_dir: Path, write=print):
+    """The tenant whose corpus an eval scores. ``"eval"`` is created when missing and (re)ingested
+    from ``kb_dir`` (one folder per scope; unchanged documents cost nothing), writing one line per
+    scope; any other slug must exist. Raises ``CommandError`` for an unknown tenant."""
+    from django.core.management.base import CommandError
+
+    from apps.accounts.models import AccessScope, Tenant
+    from apps.evidence.services import path_ingest
+
+    t = Tenant.objects.filter(slug=slug).first()
+    if t is None:
+        if slug != "eval":
+            raise CommandError(f"no tenant {slug!r}")
+        t = Tenant.objects.create(slug="eval", name="Retrieval evaluation")
+    if slug == "eval":
+        for scope in AccessScope.values:
+            report = path_ingest(tenant=t, path=kb_dir / scope, scope=scope)
+            write(f"corpus {scope}: {report.created} created, {report.updated} updated, {report.unchanged} unchanged")
+    return t
+
+
 def reports_load(directory: Path = EVAL_DIR) -> list[dict]:
     """The labelled reports of every ``reports*.json`` in ``directory``: ``[{"id", "group",
     "report", "language", "device": {...}, "scopes", "relevant": [source], "expect"}]``. Raises

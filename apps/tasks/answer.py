@@ -42,6 +42,27 @@ _TEXT = {
 }
 
 
+#: device kinds as a Chinese reader calls them (the English answer says the kind as it is written)
+_KIND_ZH = {
+    "av": "会议室音视频设备", "badge_reader": "门禁读卡器", "barcode_scanner": "条码扫描枪", "disk_array": "磁盘阵列",
+    "door_controller": "门禁控制器", "env_sensor": "环境传感器", "firewall": "防火墙", "hvac_controller": "空调控制器",
+    "ip_camera": "网络摄像机", "key_cabinet": "智能钥匙柜", "key_escrow": "密钥托管", "label_printer": "标签打印机",
+    "nas": "NAS 存储", "nvr": "网络录像机", "pdu": "PDU 电源分配单元", "printer": "打印机", "server": "服务器",
+    "switch": "交换机", "thin_client": "瘦客户端", "ups": "UPS 不间断电源", "wireless_ap": "无线接入点",
+}
+
+
+_STATE_ZH = {"ok": "正常", "degraded": "性能下降", "fault": "故障", "offline": "离线"}
+
+
+def kind_label(kind: str | None, language: str) -> str:
+    """What to call a device of ``kind`` in ``language`` (``"en"`` or ``"zh"``): ``wireless_ap`` is
+    "wireless ap" in English and 无线接入点 in Chinese; an unknown kind is written as it is."""
+    if language == "zh" and kind in _KIND_ZH:
+        return _KIND_ZH[kind]
+    return (kind or ("设备" if language == "zh" else "device")).replace("_", " ")
+
+
 def citations_from_evidence(evidence: list[dict]) -> list[dict]:
     """Citations ``{n, chunk_id, document_id, document_title, version, section, source, stale}``
     in retrieval order."""
@@ -90,7 +111,7 @@ def knowledge_compose(state: dict) -> dict:
         quotes.append({**quote.as_dict(), "n": number[quote.chunk_id]})
         return f"“{quote.text}” [{number[quote.chunk_id]}]"
 
-    kind = (device.get("kind") or "device").replace("_", " ")
+    kind = kind_label(device.get("kind"), answer_language(state))
     if device:
         if alert:
             line = t["reports"].format(tag=device.get("asset_tag"), kind=kind, code=alert)
@@ -98,7 +119,10 @@ def knowledge_compose(state: dict) -> dict:
                 line += f" — {device['alert_message']}"
             lines.append(line + ("。" if t is _TEXT["zh"] else "."))
         else:
-            lines.append(t["reports_none"].format(tag=device.get("asset_tag"), kind=kind, state=device.get("state")))
+            state_word = device.get("state")
+            if t is _TEXT["zh"]:
+                state_word = _STATE_ZH.get(state_word, state_word)
+            lines.append(t["reports_none"].format(tag=device.get("asset_tag"), kind=kind, state=state_word))
     outcome = selection.get("outcome") or ("answered" if evidence else "no_procedure")
     if not evidence:
         reason = selection.get("reason") or "No procedure you may read covers this report."

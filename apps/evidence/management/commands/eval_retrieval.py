@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.accounts.models import AccessScope, Tenant
 from apps.evidence import relevance
-from apps.evidence.evaluation import QUESTIONS, evaluate, questions_load, report_run, report_scores, reports_load
-from apps.evidence.services import path_ingest
+from apps.evidence.evaluation import (
+    QUESTIONS,
+    eval_tenant,
+    evaluate,
+    questions_load,
+    report_run,
+    report_scores,
+    reports_load,
+)
 from apps.tasks.demo_data import KB_DIR
 
 
@@ -32,16 +38,7 @@ class Command(BaseCommand):
             items = questions_load(Path(questions))
         except (OSError, ValueError) as exc:
             raise CommandError(f"cannot read the questions: {exc}") from exc
-        t = Tenant.objects.filter(slug=tenant).first()
-        if t is None:
-            if tenant != "eval":
-                raise CommandError(f"no tenant {tenant!r}")
-            t = Tenant.objects.create(slug="eval", name="Retrieval evaluation")
-        if tenant == "eval":
-            for scope in AccessScope.values:
-                report = path_ingest(tenant=t, path=KB_DIR / scope, scope=scope)
-                self.stdout.write(f"corpus {scope}: {report.created} created, {report.updated} updated, "
-                                  f"{report.unchanged} unchanged")
+        t = eval_tenant(tenant, kb_dir=KB_DIR, write=self.stdout.write)
         reports = reports_load()
         self._reports(t, reports)
         if sweep:
