@@ -36,11 +36,17 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.evidence.embedding import embed_query, embed_texts, model_configured
+from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.governance import evidence_standing, is_chinese
 from apps.evidence.models import Chunk, Document
+from apps.evidence.report_signals import (
+    excluded_subject,
+    names_alert_subject,
+    report_codes,
+    topic_similarity,
+    vagueness,
+)
 from apps.evidence.selectors import _IN_FORCE, _PERMITTED, EvidenceRef, text_candidates, vector_literal
-from apps.evidence.textsearch import cjk_words
 
 #: A report whose best similarity to a candidate chunk is below this is about something the
 #: candidates do not cover (unless it is vague and the device's alert is covered).
@@ -72,53 +78,6 @@ STEP_MARGIN = 0.05
 PER_DOCUMENT = 2
 PER_PRIMARY = 4
 
-#: Generic complaints: reports that say something is wrong without saying what.
-GENERIC_COMPLAINTS = (
-    "it is broken and not working",
-    "the device shows an error and does not work",
-    "there is an alarm on it, please fix",
-    "something is wrong with it again",
-    "error light is on, please help",
-    "坏了，不能用了",
-    "设备报错了，请处理",
-    "又出问题了，有告警",
-)
-
-#: What a device-maintenance desk does not handle (its service catalogue's exclusions): a report
-#: closer to one of these than to any candidate procedure is about something no procedure covers.
-#: ``FAULTDESK["OUT_OF_SCOPE_TOPICS"]`` replaces them.
-OUT_OF_SCOPE_TOPICS = (
-    "office furniture: chairs, desks, monitor arms, window blinds, lockers",
-    "kitchen and building fittings: taps, sinks, coffee machines, vending machines, fridges, lifts, elevators",
-    "vehicles and warehouse machinery: forklifts, pallet trucks, vans, tyres, car park barriers",
-    "personal mobile phones, tablets, headsets and the apps on them",
-    "business software and accounts: email clients, passwords, HR portal, ERP reports, spreadsheets, logins",
-    "shredders and laminators",
-    "laptop keyboards, mice, docking stations and personal computers",
-    "办公家具：椅子、桌子、显示器支架、百叶窗",
-    "厨房和楼宇设施：水龙头、咖啡机、自动售货机、电梯",
-    "车辆和仓库机械：叉车、搬运车、货车、停车场道闸",
-    "个人手机、平板电脑、耳机及其应用程序",
-    "业务软件和账号：邮箱客户端、密码、人事系统、ERP 报表、Excel 表格、登录",
-    "碎纸机和塑封机",
-    "笔记本电脑键盘、鼠标、扩展坞和个人电脑",
-)
-#: The objects those exclusions name, as a requester would write them: a report whose subject (the
-#: first object it names, before the device's own words) is one of these, and whose procedure never
-#: mentions it, is out of scope ("the shredder next to the printer is grinding"). English terms match
-#: whole words (a plural too); Chinese ones as written. ``FAULTDESK["OUT_OF_SCOPE_TERMS"]`` replaces them.
-OUT_OF_SCOPE_TERMS = (
-    "chair", "blinds", "curtain", "locker", "furniture", "monitor arm", "sofa",
-    "tap", "sink", "kettle", "microwave", "fridge", "refrigerator", "dishwasher", "coffee machine", "toaster",
-    "vending machine", "toilet", "lift", "elevator", "escalator", "light bulb",
-    "forklift", "pallet truck", "van", "tyre", "tire", "car park barrier",
-    "smartphone", "iphone", "android phone", "mobile", "tablet", "ipad", "headset", "earbuds",
-    "outlook", "excel", "spreadsheet", "hr portal", "payroll", "expenses app", "driver", "template",
-    "shredder", "laminator", "stapler", "projector screen",
-    "椅子", "百叶窗", "窗帘", "储物柜", "家具", "水龙头", "水槽", "微波炉", "冰箱", "洗碗机", "咖啡机", "售货机",
-    "马桶", "电梯", "扶梯", "灯泡", "叉车", "搬运车", "货车", "轮胎", "道闸", "手机", "平板", "耳机",
-    "Outlook", "Excel", "报表", "人事系统", "企业微信", "驱动", "模板", "碎纸机", "塑封机", "订书机", "幕布",
-)
 #: The report must be this much closer to an excluded topic than to the best procedure to be called
 #: out of scope.
 OUT_OF_SCOPE_MARGIN = -0.04
@@ -194,7 +153,8 @@ SELECT c.id, d.id, d.doc_id, c.locale, c.scope, c.device_kinds, c.alert_codes,
 FROM evidence_chunk c
 JOIN evidence_documentversion v ON v.id = c.document_version_id
 JOIN evidence_document d ON d.id = v.document_id
-WHERE {_PERMITTED} AND (%(kind)s::text IS NULL OR %(kind)s = ANY(c.device_kinds))
+WHERE {_PERMITTED}
+  AND (%(kind)s::text IS NULL OR %(kind)s = ANY(c.device_kinds) OR c.device_kinds = '{{}}')
 """  # noqa: S608 - constant fragments; every value is a bound parameter
 
 #: Chunks in force in scopes the reader lacks whose document applies to the device (count-only check).
@@ -211,62 +171,6 @@ WHERE c.tenant_id = %(tenant)s AND NOT (c.scope = ANY(%(scopes)s)) AND {_IN_FORC
   AND (%(kind)s::text IS NULL OR %(kind)s = ANY(c.device_kinds) OR c.device_kinds = '{{}}')
 GROUP BY c.scope, d.id
 """  # noqa: S608 - constant fragments; every value is a bound parameter
-
-_CODE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]*[A-Za-z0-9]|\d")
-
-
-def _topic_vectors(model: str) -> list[list[float]]:
-    from django.conf import settings
-
-    topics = tuple(settings.FAULTDESK.get("OUT_OF_SCOPE_TOPICS") or OUT_OF_SCOPE_TOPICS)
-    key = (model, topics)
-    if key not in _TOPICS:
-        _TOPICS[key] = embed_texts(list(topics), model=model) if topics else []
-    return _TOPICS[key]
-
-
-_TOPICS: dict = {}
-
-
-def _generic_vectors(model: str) -> list[list[float]]:
-    if model not in _GENERIC:
-        _GENERIC[model] = embed_texts(list(GENERIC_COMPLAINTS), model=model)
-    return _GENERIC[model]
-
-
-_GENERIC: dict[str, list[list[float]]] = {}
-
-
-def _dot(a, b) -> float:
-    return float(sum(x * y for x, y in zip(a, b, strict=True)))
-
-
-def _names_alert_subject(report: str, alert: str | None) -> bool:
-    """Whether ``report`` names a subject word of ``alert`` (a word of three letters or more of the
-    code after its device prefix: FUSER in PRN-FUSER-50.2, BATT in UPS-BATT-017)."""
-    if not alert or not report:
-        return False
-    words = [w for w in re.split(r"[^A-Z]+", alert.upper().split("-", 1)[-1]) if len(w) >= 3]
-    text = report.upper()
-    return any(re.search(rf"(?<![A-Z]){w}", text) for w in words)
-
-
-def report_codes(report: str, codes: set[str]) -> set[str]:
-    """The alert codes of ``codes`` that ``report`` names: written whole ("PRN-FUSER-50.2", any
-    case), or by their distinctive tail ("error 50.2", "13.B") when that tail is at least three
-    characters with a digit and belongs to one code only."""
-    text = report.upper()
-    found = {c for c in codes if re.search(rf"(?<![A-Z0-9]){re.escape(c)}(?![A-Z0-9])", text)}
-    tails: dict[str, set[str]] = {}
-    for c in codes:
-        tail = c.rsplit("-", 1)[-1]
-        if len(tail) >= 3 and any(ch.isdigit() for ch in tail):
-            tails.setdefault(tail, set()).add(c)
-    for tok in _CODE_TOKEN.findall(text):
-        if tok in tails and len(tails[tok]) == 1:
-            found |= tails[tok]
-    return found
-
 
 def evidence_select(
     *, tenant_id: int, scopes, report: str, device: dict | None, k: int = 5, now: datetime | None = None,
@@ -293,23 +197,18 @@ def evidence_select(
         return _nothing(query, "no_scopes", "You may read no procedures in this tenant.", {}, {})
     text = report or " ".join(p for p in (kind, alert, device.get("alert_message")) if p)
     model = model or model_configured()
-    qvec = vector_literal(embed_query(text, model=model))
+    q = embed_query(text, model=model)
+    qvec = vector_literal(q)
     params = {"tenant": tenant_id, "scopes": scopes, "qvec": qvec, "kind": kind, "now": now, "code": alert,
               "emodel": model}
     docs: dict[int, _Doc] = {}
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(_CANDIDATE_SQL, params)
         for cid, did, doc_id, locale, scope, kinds, codes, cos in cur.fetchall():
-            d = docs.setdefault(did, _Doc(did, doc_id, locale, scope, list(kinds), list(codes)))
+            # A document that names no device kind is a candidate for a device on similarity alone.
+            codes = list(codes) if kinds or kind is None else []
+            d = docs.setdefault(did, _Doc(did, doc_id, locale, scope, list(kinds), codes))
             d.chunks[cid] = float(cos)
-        if kind is not None:
-            # Documents that name no device kind are candidates on similarity alone.
-            cur.execute(_CANDIDATE_SQL.replace("%(kind)s = ANY(c.device_kinds)", "c.device_kinds = '{}'"),
-                        {**params, "kind": None} | {"kind": kind})
-            for cid, did, doc_id, locale, scope, kinds, _codes, cos in cur.fetchall():
-                if not kinds:
-                    d = docs.setdefault(did, _Doc(did, doc_id, locale, scope, [], []))
-                    d.chunks[cid] = float(cos)
         text_ids = text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=text, limit=50, now=now) \
             if report else []
         cur.execute(_WITHHELD_SQL, params)
@@ -328,14 +227,12 @@ def evidence_select(
         d.report_code = sorted(hit)[0] if hit else None
     # One language per document: a translation stands in for its original in the report's language.
     docs = _one_locale_each(docs, "zh-CN" if chinese else "en")
-    q = _vector(qvec)
-    vagueness = max((_dot(v, q) for v in _generic_vectors(model)), default=0.0) if report else 1.0
+    vague_by = vagueness(q, model=model) if report else 1.0
     # The report names the subject of the device's own alert code ("a fuser error" under
     # PRN-FUSER-50.2): it is about that alert, even when another procedure resembles its words more.
-    agreement = _names_alert_subject(report, alert)
-    topics = _topic_vectors(model)
-    oos = max((_dot(v, q) for v in topics), default=0.0) if report else 0.0
-    vague = not report or vagueness >= VAGUE_SIMILARITY
+    agreement = names_alert_subject(report, alert)
+    oos = topic_similarity(q, model=model) if report else 0.0
+    vague = not report or vague_by >= VAGUE_SIMILARITY
     threshold = MIN_SIMILARITY_ZH if chinese else MIN_SIMILARITY
     ranked = sorted(docs.values(), key=lambda d: (-d.similarity, d.document_id))
     best = ranked[0] if ranked else None
@@ -351,7 +248,7 @@ def evidence_select(
         "best_similarity": round(best_sim, 4) if best else None,
         "alert_similarity": round(alert_doc.similarity, 4) if alert_doc else None,
         "withheld_similarity": round(max((h[2] for h in hidden), default=0.0), 4),
-        "vagueness": round(vagueness, 4), "threshold": threshold, "alert_margin": ALERT_MARGIN,
+        "vagueness": round(vague_by, 4), "threshold": threshold, "alert_margin": ALERT_MARGIN,
         "withheld_margin": WITHHELD_MARGIN, "vague_threshold": VAGUE_SIMILARITY, "candidates": len(docs),
         "chinese": chinese, "report_codes": sorted(named),
         "second_similarity": round(ranked[1].similarity, 4) if len(ranked) > 1 else None,
@@ -378,7 +275,10 @@ def evidence_select(
         oos >= max(primary.chunks.values(), default=0.0) + OUT_OF_SCOPE_MARGIN
     excluded = None
     if primary is not None and not out_of_scope and not primary.report_code and not vague:
-        excluded = _excluded_subject(report, primary, kind)
+        excluded = excluded_subject(
+            report, kind=kind,
+            title=Document.objects.filter(pk=primary.document_id).values_list("title", flat=True).first() or "",
+            body=lambda: " ".join(Chunk.objects.filter(pk__in=list(primary.chunks)).values_list("text", flat=True)))
         out_of_scope = excluded is not None
     signals["excluded_subject"] = excluded
     if out_of_scope:
@@ -407,68 +307,6 @@ def evidence_select(
                  "title": doc.document_title, "locale": primary.locale, "why": why},
         withheld=withheld, signals=signals, query=query,
     )
-
-
-def _terms() -> tuple[str, ...]:
-    from django.conf import settings
-
-    return tuple(settings.FAULTDESK.get("OUT_OF_SCOPE_TERMS") or OUT_OF_SCOPE_TERMS)
-
-
-def _first_at(text: str, word: str) -> int | None:
-    """Where ``word`` first occurs in lower-cased ``text``: as a whole word (or its plural) when it
-    is written in Latin letters, anywhere when it is Chinese."""
-    if is_chinese(word):
-        i = text.find(word.lower())
-        return None if i < 0 else i
-    m = re.search(rf"(?<![a-z0-9]){re.escape(word.lower())}(?:s|es)?(?![a-z0-9])", text)
-    return m.start() if m else None
-
-
-def _excluded_subject(report: str, primary: _Doc, kind: str | None) -> str | None:
-    """The excluded object (:data:`OUT_OF_SCOPE_TERMS`) ``report`` is about, or None.
-
-    It is about one when it names the term before any word of the chosen procedure's title or the
-    device's kind ("the shredder next to the printer"; not "the printer by the kettle") and the
-    procedure's own text never mentions the term (a procedure that speaks of the object covers it)."""
-    text = report.lower()
-    found = sorted((at, t) for t in _terms() if (at := _first_at(text, t)) is not None)
-    if not found:
-        return None
-    doc = Document.objects.filter(pk=primary.document_id).values_list("title", flat=True).first() or ""
-    own = [w for w in re.findall(r"[a-z0-9]{3,}", f"{doc} {(kind or '').replace('_', ' ')}".lower())
-           if w not in _TITLE_STOPWORDS] + [w for w in cjk_words(doc) if len(w) >= 2]
-    device_at = min((at for w in own if (at := _first_at(text, w)) is not None), default=len(text))
-    bodies = " ".join(Chunk.objects.filter(pk__in=list(primary.chunks)).values_list("text", flat=True)).lower()
-    for at, term in found:
-        if at < device_at and _first_at(bodies, term) is None and not _landmark(text, at, term, own):
-            return term
-    return None
-
-
-#: Words that make the object after them a place ("next to the lift") and, in Chinese, the
-#: characters that make the object before them one (电梯口, 冰箱旁边).
-_PLACE_BEFORE = re.compile(
-    r"(?:next to|near|by|beside|behind|opposite|in front of|outside|past|at)\s+(?:the\s+|a\s+)?$")
-_PLACE_AFTER_ZH = re.compile(r"^(?:口|旁|边|附近|那边|这边|门口|对面|前面|后面|楼下|楼上)")
-
-
-def _landmark(text: str, at: int, term: str, own: list[str]) -> bool:
-    """Whether the excluded ``term`` at ``at`` in ``text`` only places or qualifies something else:
-    a landmark ("walked past the lift", 电梯口) or a modifier of one of the procedure's own words
-    right after it ("the van keys" in a key cabinet)."""
-    end = at + len(term)
-    if _PLACE_BEFORE.search(text[:at]) or (is_chinese(term) and _PLACE_AFTER_ZH.match(text[end:])):
-        return True
-    following = re.match(r"(?:s|es)?\s+([a-z0-9]+)", text[end:])
-    return bool(following and any(_first_at(following.group(1), w) == 0 for w in own if not is_chinese(w)))
-
-
-_TITLE_STOPWORDS = frozenset("and the for with from out not off its on of to no".split())
-
-
-def _vector(literal: str) -> list[float]:
-    return [float(x) for x in literal.strip("[]").split(",")]
 
 
 def _subject(alert: str | None, kind: str | None) -> str:

@@ -18,6 +18,7 @@ from apps.evidence.evaluation import (
     report_scores,
     reports_load,
 )
+from apps.evidence.report_signals import out_of_scope_terms
 from apps.tasks.demo_data import KB_DIR
 
 
@@ -64,7 +65,7 @@ class Command(BaseCommand):
             f"alert margin {relevance.ALERT_MARGIN}, vague at {relevance.VAGUE_SIMILARITY}, "
             f"withheld margin {relevance.WITHHELD_MARGIN}, full-text vote {relevance.TEXT_WEIGHT}/(rank+"
             f"{relevance.TEXT_OFFSET}), out-of-scope margin {relevance.OUT_OF_SCOPE_MARGIN} "
-            f"({len(relevance._terms())} excluded objects)")
+            f"({len(out_of_scope_terms())} excluded objects)")
         self.stdout.write("recall@1/@5 and MRR count an abstention as a miss; ranked@5 is the right document among "
                           "the first five candidates before the relevance check")
 
