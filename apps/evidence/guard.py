@@ -17,19 +17,27 @@ from __future__ import annotations
 import html
 import re
 
-#: (name, pattern) of instruction-like text addressed to an agent or a model.
+#: (name, pattern) of instruction-like text addressed to an agent or a model, in English and Chinese.
+#: A phrase may run over a line break ("ignore previous\ninstructions").
 PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.IGNORECASE)) for name, rx in (
-    ("override", r"\b(ignore|disregard|forget)\b[^.\n]{0,40}\b(previous|prior|above|earlier|all)\b[^.\n]{0,20}"
-                 r"\b(instructions?|rules?|prompts?|guidelines?)"),
-    ("role_play", r"\byou are (now )?(an?|the) (ai|assistant|agent|model|approval system)\b|\bsystem prompt\b"),
-    ("approval", r"\bauto[- ]?approve|\bapprove (this|all|every) (ticket|request|action|change)s?\b|"
-                 r"\bmark (it|this|the ticket|the request) (as )?approved\b|\bskip (the )?approval\b|"
-                 r"\bno approval (is )?(needed|required)\b"),
-    ("cross_tenant", r"\b(send|file|route|move|post|use)\b[^.\n]{0,30}\b(another|other|different) tenant\b|"
-                     r"\btenant[ =:]+['\"]?\w+['\"]? instead\b|\bfor tenant \w+ instead\b"),
+    ("override", r"\b(ignore|disregard|forget|override)\b[^.]{0,40}\b(previous|prior|above|earlier|all|your)\b"
+                 r"[^.]{0,20}\b(instructions?|rules?|prompts?|guidelines?|guidance|directions?|orders?)\b|"
+                 r"(忽略|无视|忘记|忘掉|不要理会|不用管)[^。！!]{0,12}(指令|指示|规则|提示词|设定)"),
+    ("role_play", r"\byou are (now )?(an?|the) (ai|assistant|agent|model|approval system)\b|\bsystem prompt\b|"
+                  r"你现在是|系统提示|你的角色是"),
+    ("approval", r"\bauto[- ]?approve|\bapprove (this|all|every|the) (ticket|request|action|change)s?\b|"
+                 r"\bmark (it|this|the ticket|the request) (as )?approved\b|\bskip (the )?(approval|review)\b|"
+                 r"\bno approval (is )?(needed|required)\b|\bpre-?approved\b|"
+                 r"\b(approve|create|file|send|submit|process)\b[^.]{0,40}\bwithout (a |any )?(review|approval)\b|"
+                 r"直接批准|自动批准|无需审批|不需要审批|不用审批|跳过审批|跳过审核|标记为已批准|已预先批准|已经批准过"),
+    ("cross_tenant", r"\b(send|file|route|move|post|use)\b[^.]{0,30}\b(another|other|different) tenant\b|"
+                     r"\btenant[ =:]+['\"]?\w+['\"]? instead\b|\bfor tenant \w+ instead\b|"
+                     r"(发到|转到|提交到|发给|改到|放到)[^。]{0,12}(其他|另一个|别的)?租户|租户[^。]{0,6}(改成|改为|换成)"),
     ("tool_change", r"\b(call|use|invoke|run) the \w+\.[\w.]+ tool\b|\b(close|delete|reassign) (all|every|the other)"
-                    r" tickets?\b"),
-    ("exfiltration", r"\b(send|post|email|upload)\b[^.\n]{0,40}\b(credentials?|passwords?|api[ _-]?keys?)\b"),
+                    r" tickets?\b|(关闭|删除|重新分配)(所有|全部|其他)(的)?工单"),
+    ("exfiltration", r"\b(send|post|email|upload)\b[^.]{0,40}\b(credentials?|passwords?|api[ _-]?keys?)\b|"
+                     r"(发送|发给|上传|告诉我)[^。]{0,20}(密码|凭据|凭证|密钥|API ?key)|"
+                     r"(密码|凭据|凭证|密钥)[^。]{0,10}(发给|发送到|告诉|上传)"),
 ))
 
 

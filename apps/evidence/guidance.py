@@ -28,7 +28,8 @@ MAX_ESCALATION = 3
 
 _ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*+])\s+\S")
 _TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{2,}")
-_WARNING = re.compile(r"\b(do not|never|warning|caution|danger)\b|不要|切勿|禁止|警告|注意", re.I)
+_WARNING_LEAD = re.compile(
+    r"(?:\*\*)?(?:(?:do not|don't|never|warning|caution|danger)\b|不要|切勿|禁止|严禁|警告|注意)", re.I)
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,10 @@ def guidance_build(refs: list[dict], *, alert_code: str | None) -> dict:
             escalation += _items(ref) or _sentences(ref)
         elif role in ("steps", "other") and not steps:
             items = [q for q in _items(ref) if not (alert_code and for_other_codes(q.text, alert_code))]
-            safety += [q for q in items if _WARNING.search(q.text)]
-            steps = [q for q in items if not _WARNING.search(q.text)] or items
+            # A step that is only a warning ("Do not ...") is shown with the safety warnings; a step
+            # that warns on the way ("Raise darkness in steps of 2. Do not exceed 28.") stays a step.
+            safety += [q for q in items if _WARNING_LEAD.match(q.text)]
+            steps = [q for q in items if not _WARNING_LEAD.match(q.text)] or items
     head = refs[0]
     return {
         "document": {"title": head["document_title"], "version": head["version"], "source": head["source"],

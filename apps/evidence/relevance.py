@@ -41,12 +41,19 @@ from apps.evidence.governance import evidence_standing, is_chinese
 from apps.evidence.models import Chunk, Document
 from apps.evidence.report_signals import (
     excluded_subject,
+    has_content,
     names_alert_subject,
     report_codes,
     topic_similarity,
     vagueness,
 )
 from apps.evidence.selectors import _IN_FORCE, _PERMITTED, EvidenceRef, text_candidates, vector_literal
+
+#: Characters of a report matched against the documents (the rest is kept in the task, not matched).
+MAX_REPORT_CHARS = 4000
+#: A report vague by its words is still about another procedure than the alert's when it fits that
+#: one at least this much better ("漏水告警响了，地板下面有水" under a temperature alert).
+VAGUE_OVERRIDE = 0.15
 
 #: A report whose best similarity to a candidate chunk is below this is about something the
 #: candidates do not cover (unless it is vague and the device's alert is covered).
@@ -67,6 +74,10 @@ WITHHELD_MARGIN = -0.08
 #: outweigh a clear difference).
 TEXT_WEIGHT = 0.05
 TEXT_OFFSET = 2
+#: Added to the similarity of a document in another language than the report: the multilingual
+#: embedding scores a translation lower than a paraphrase in the same language, so a Chinese report
+#: would otherwise prefer any Chinese procedure to the English one that covers it.
+CROSS_LINGUAL_BONUS = 0.05
 #: A chunk among this many first full-text matches ties the report to its procedure (the
 #: out-of-scope check does not override it).
 TEXT_DEPTH = 3
@@ -112,13 +123,15 @@ class _Doc:
     codes: list[str]
     chunks: dict[int, float] = field(default_factory=dict)  # chunk id -> cosine to the report
     text_rank: int | None = None
+    cross_lingual: bool = False  # written in another language than the report
     alert_hit: bool = False
     report_code: str | None = None
 
     @property
     def similarity(self) -> float:
         best = max(self.chunks.values(), default=0.0)
-        return best + (TEXT_WEIGHT / (self.text_rank + TEXT_OFFSET) if self.text_rank is not None else 0.0)
+        return best + (TEXT_WEIGHT / (self.text_rank + TEXT_OFFSET) if self.text_rank is not None else 0.0) + \
+            (CROSS_LINGUAL_BONUS if self.cross_lingual else 0.0)
 
 
 @dataclass(frozen=True)
@@ -162,14 +175,14 @@ _WITHHELD_SQL = f"""
 SELECT c.scope, d.id,
        max(CASE WHEN c.embedding_model = %(emodel)s THEN 1 - (c.embedding <=> %(qvec)s::vector) ELSE 0 END),
        bool_or(%(code)s::text IS NOT NULL AND %(code)s = ANY(c.alert_codes)),
-       array_agg(DISTINCT code) FILTER (WHERE code IS NOT NULL)
+       array_agg(DISTINCT code) FILTER (WHERE code IS NOT NULL), nullif(d.doc_id, '')
 FROM evidence_chunk c
 JOIN evidence_documentversion v ON v.id = c.document_version_id
 JOIN evidence_document d ON d.id = v.document_id
 LEFT JOIN LATERAL unnest(c.alert_codes) AS code ON true
 WHERE c.tenant_id = %(tenant)s AND NOT (c.scope = ANY(%(scopes)s)) AND {_IN_FORCE}
   AND (%(kind)s::text IS NULL OR %(kind)s = ANY(c.device_kinds) OR c.device_kinds = '{{}}')
-GROUP BY c.scope, d.id
+GROUP BY c.scope, d.id, d.doc_id
 """  # noqa: S608 - constant fragments; every value is a bound parameter
 
 def evidence_select(
@@ -185,17 +198,24 @@ def evidence_select(
     :class:`Selection` with at most ``k`` references, best first. Reads in one transaction; embeds
     the report once."""
     now = now or timezone.now()
-    device = device or {}
-    kind = (device.get("kind") or "").strip().lower() or None
-    alert = (device.get("alert_code") or "").strip().upper() or None
-    report = (report or "").strip()
-    query = {"report": report, "device_kind": kind, "alert_code": alert,
-             "alert_message": device.get("alert_message") or ""}
-    scopes = list(scopes or [])
+    device = device if isinstance(device, dict) else {}
+    kind = _clean(device.get("kind"), 64).lower() or None
+    alert = _clean(device.get("alert_code"), 64).upper() or None
+    message = _clean(device.get("alert_message"), 500)
+    report = _clean(report, MAX_REPORT_CHARS)
+    query = {"report": report, "device_kind": kind, "alert_code": alert, "alert_message": message}
+    scopes = [sc for sc in (scopes or []) if isinstance(sc, str)]
     chinese = is_chinese(report)
     if not scopes:
-        return _nothing(query, "no_scopes", "You may read no procedures in this tenant.", {}, {})
-    text = report or " ".join(p for p in (kind, alert, device.get("alert_message")) if p)
+        return _nothing(query, "no_procedure", "You may read no procedures in this tenant.", {},
+                        {"abstention": "no_scopes"})
+    if not has_content(report):
+        report = ""  # "help", "???", emoji: it says nothing the documents could match
+        if alert is None:
+            return _nothing(query, "no_procedure", "The report does not say what is wrong and the device reports "
+                            "no alert code, so no procedure can be chosen; a person will ask.", {},
+                            {"abstention": "no_content"})
+    text = report or " ".join(p for p in (kind, alert, message) if p)
     model = model or model_configured()
     q = embed_query(text, model=model)
     qvec = vector_literal(q)
@@ -218,39 +238,43 @@ def evidence_select(
         d = chunk_doc.get(cid)
         if d is not None and d.text_rank is None:
             d.text_rank = rank
-    hidden = [(scope, did, float(cos or 0.0), bool(hit), set(codes or ()))
-              for scope, did, cos, hit, codes in withheld_rows]
-    named = report_codes(report, {c for d in docs.values() for c in d.codes} | {c for h in hidden for c in h[4]})
+    hidden = [(scope, did, float(cos or 0.0), bool(hit), set(codes or ()), doc_id or did)
+              for scope, did, cos, hit, codes, doc_id in withheld_rows]
+    readable_codes = {c for d in docs.values() for c in d.codes}
+    named = report_codes(report, readable_codes | {c for h in hidden for c in h[4]})
     for d in docs.values():
         d.alert_hit = alert is not None and alert in d.codes
         hit = named & set(d.codes)
         d.report_code = sorted(hit)[0] if hit else None
     # One language per document: a translation stands in for its original in the report's language.
     docs = _one_locale_each(docs, "zh-CN" if chinese else "en")
+    for d in docs.values():
+        d.cross_lingual = (d.locale == "zh-CN") != chinese
     vague_by = vagueness(q, model=model) if report else 1.0
     # The report names the subject of the device's own alert code ("a fuser error" under
     # PRN-FUSER-50.2): it is about that alert, even when another procedure resembles its words more.
     agreement = names_alert_subject(report, alert)
     oos = topic_similarity(q, model=model) if report else 0.0
-    vague = not report or vague_by >= VAGUE_SIMILARITY
     threshold = MIN_SIMILARITY_ZH if chinese else MIN_SIMILARITY
     ranked = sorted(docs.values(), key=lambda d: (-d.similarity, d.document_id))
     best = ranked[0] if ranked else None
     best_sim = best.similarity if best else 0.0
     alert_doc = next((d for d in ranked if d.alert_hit), None)
+    vague = not report or (vague_by >= VAGUE_SIMILARITY and not (
+        alert_doc is not None and best is not alert_doc and best_sim >= alert_doc.similarity + VAGUE_OVERRIDE))
     named_doc = next((d for d in ranked if d.report_code), None)
     # The count-only check: documents in scopes the reader lacks that cover this report better.
     best_raw = max(best.chunks.values(), default=0.0) if best else 0.0
     covering = [h for h in hidden if (named & h[4]) or (h[3] and (vague or h[2] >= best_raw))
                 or (h[2] >= threshold and h[2] >= best_raw + WITHHELD_MARGIN)]
-    withheld = {"documents": len({h[1] for h in covering}), "scopes": sorted({h[0] for h in covering})}
+    withheld = {"documents": len({h[5] for h in covering}), "scopes": sorted({h[0] for h in covering})}
     signals = {
         "best_similarity": round(best_sim, 4) if best else None,
         "alert_similarity": round(alert_doc.similarity, 4) if alert_doc else None,
         "withheld_similarity": round(max((h[2] for h in hidden), default=0.0), 4),
         "vagueness": round(vague_by, 4), "threshold": threshold, "alert_margin": ALERT_MARGIN,
         "withheld_margin": WITHHELD_MARGIN, "vague_threshold": VAGUE_SIMILARITY, "candidates": len(docs),
-        "chinese": chinese, "report_codes": sorted(named),
+        "chinese": chinese, "report_codes": sorted(named & readable_codes),
         "second_similarity": round(ranked[1].similarity, 4) if len(ranked) > 1 else None,
         "best_text_rank": best.text_rank if best else None,
         "best_raw": round(best_raw, 4) if best else None,
@@ -274,7 +298,7 @@ def evidence_select(
         (primary.text_rank is None or primary.text_rank > TEXT_DEPTH) and \
         oos >= max(primary.chunks.values(), default=0.0) + OUT_OF_SCOPE_MARGIN
     excluded = None
-    if primary is not None and not out_of_scope and not primary.report_code and not vague:
+    if primary is not None and not out_of_scope and not primary.report_code and report:
         excluded = excluded_subject(
             report, kind=kind,
             title=Document.objects.filter(pk=primary.document_id).values_list("title", flat=True).first() or "",
@@ -284,7 +308,13 @@ def evidence_select(
     if out_of_scope:
         primary = None
     if primary is None:
-        subject = _subject(alert, kind)
+        # The subject is the code the report names when the reader may read it, else the alert's
+        # code unless the report names another one (a hidden code is never spelled out).
+        subject_code = min(named & readable_codes, default=None) or (None if named else alert)
+        subject = _subject(subject_code, kind)
+        signals["subject_code"] = subject_code
+        signals["abstention"] = "out_of_scope" if out_of_scope else "withheld" if withheld["documents"] \
+            else "uncovered"
         if out_of_scope:
             reason = (f"No procedure in the knowledge base covers this report: it reads as being about something "
                       f"other than the {(kind or 'device').replace('_', ' ')}'s faults, which the maintenance "
@@ -307,6 +337,15 @@ def evidence_select(
                  "title": doc.document_title, "locale": primary.locale, "why": why},
         withheld=withheld, signals=signals, query=query,
     )
+
+
+def _clean(value, limit: int) -> str:
+    """``value`` as text a query can carry: a string (anything else is ignored), without NUL or
+    unpaired surrogates, stripped, at most ``limit`` characters."""
+    if not isinstance(value, str):
+        return ""
+    text = value.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
+    return text.strip()[:limit].strip()
 
 
 def _subject(alert: str | None, kind: str | None) -> str:
@@ -341,9 +380,9 @@ def _one_locale_each(docs: dict[int, _Doc], preferred: str) -> dict[int, _Doc]:
 def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, now: datetime, vague: bool,
                alert: str | None, decisive: bool) -> list[EvidenceRef]:
     """The cited chunks: the primary document's code line, its best-matching steps, its safety
-    and escalation sections (up to :data:`PER_PRIMARY` when the report plainly names its subject,
-    else :data:`PER_DOCUMENT`), then the best chunks of other documents that also pass
-    ``threshold`` (at most :data:`PER_DOCUMENT` each), up to ``k``."""
+    and escalation sections (up to :data:`PER_PRIMARY` when the report plainly names its subject or
+    no other document fits it, else :data:`PER_DOCUMENT`), then the best chunk of each other
+    document that also passes ``threshold`` within :data:`SECONDARY_MARGIN`, up to ``k``."""
     wanted = [*primary.chunks, *(max(d.chunks, key=d.chunks.get) for d in ranked if d is not primary and d.chunks)]
     chunks = {c.pk: c for c in Chunk.objects.select_related("document_version__document")
               .defer("embedding", "search_vector", "document_version__content",
@@ -372,18 +411,19 @@ def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, n
         picked.append(best_step)
     elif not picked:
         picked.append(max(own, key=lambda cid: primary.chunks[cid]))
-    limit = PER_PRIMARY if decisive else PER_DOCUMENT
+    # Other documents that also fit the report; when there are none, the report is about this one
+    # document and its safety and escalation sections are cited beside its steps.
+    others = [d for d in ranked if d is not primary and d.chunks and d.similarity >= threshold
+              and not (d.alert_hit and primary.alert_hit)
+              and (d.similarity >= primary.similarity - SECONDARY_MARGIN or d.report_code)]
+    limit = PER_PRIMARY if decisive or not others else PER_DOCUMENT
     for role in ("safety", "escalation"):
         if by_role.get(role) and len(picked) < limit:
             picked.append(by_role[role][0])
     picked = list(dict.fromkeys(picked))[:limit]
-    for d in ranked:
-        if d is primary or len(picked) >= k or d.similarity < threshold or d.alert_hit and primary.alert_hit:
-            continue
-        if d.similarity < primary.similarity - SECONDARY_MARGIN and not d.report_code:
-            continue
-        best_chunks = sorted(d.chunks, key=lambda cid: -d.chunks[cid])[:1]
-        picked += best_chunks[: k - len(picked)]
+    for d in others:
+        if len(picked) < k:
+            picked.append(max(d.chunks, key=d.chunks.get))
     return [_ref(chunks[cid], cos=_cos_of(cid, ranked), now=now) for cid in picked[:k]]
 
 

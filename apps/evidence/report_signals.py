@@ -98,12 +98,24 @@ def _dot(a, b) -> float:
     return float(sum(x * y for x, y in zip(a, b, strict=True)))
 
 
+#: Words of alert codes that say how a thing is, not what it is (OUT in LBL-MEDIA-OUT-02, TEMP in
+#: ENV-TEMP-HI-27): a report that uses them ("washed out", "temperature is fine") does not name the
+#: alert's subject.
+_STATE_WORDS = frozenset(
+    "FAIL FAILED FAULT FLT ERR ERROR WARN MISMATCH TEMP LOW HIGH DENY FULL OFFLINE ONLINE LOST LOSS OUT OFF "
+    "EXP EXPIRED WRONG VIOL TIMEOUT TIME STALE RATE OVERDUE MISSING HELD HANG DRIFT DEGRADED DEG SLOW SHORT "
+    "STUCK STALL SOFT HARD SIZE REJECT RESET ACTIVE ABORT INVALID UNKNOWN UNREACH LEVEL MODE NONE LIMIT "
+    "DOWN OPEN DUP DUAL REQ REF DEV THRESH RISE CHG NOT".split())
+
+
 def names_alert_subject(report: str, alert: str | None) -> bool:
     """Whether ``report`` names a subject word of ``alert`` (a word of three letters or more of the
-    code after its device prefix: FUSER in PRN-FUSER-50.2, BATT in UPS-BATT-017)."""
+    code after its device prefix that is not a state word: FUSER in PRN-FUSER-50.2, BATT in
+    UPS-BATT-017; not OUT or TEMP)."""
     if not alert or not report:
         return False
-    words = [w for w in re.split(r"[^A-Z]+", alert.upper().split("-", 1)[-1]) if len(w) >= 3]
+    words = [w for w in re.split(r"[^A-Z]+", alert.upper().split("-", 1)[-1])
+             if len(w) >= 3 and w not in _STATE_WORDS]
     text = report.upper()
     return any(re.search(rf"(?<![A-Z]){w}", text) for w in words)
 
@@ -158,20 +170,23 @@ def excluded_subject(report: str, *, title: str, body: Callable[[], str], kind: 
     """The excluded object (:data:`OUT_OF_SCOPE_TERMS`) ``report`` is about, or None.
 
     It is about one when it names the term before any word of the chosen procedure's ``title`` or
-    the device's ``kind`` ("the shredder next to the printer"; not "the printer by the kettle"), the
-    term is not only a place or a qualifier (:func:`_landmark`), and the procedure's own text
-    (``body()``, read only when a term is found) never mentions it: a procedure that speaks of the
-    object covers it."""
+    the device's ``kind`` that is not itself a place ("the shredder next to the printer", 打印机旁边的
+    碎纸机; not "the printer by the kettle"), the term is not only a place or a qualifier of the
+    device (:func:`_landmark`), and the procedure's own text (``body()``, read only when a term is
+    found) never mentions it: a procedure that speaks of the object covers it."""
     text = report.lower()
     found = sorted((at, t) for t in out_of_scope_terms() if (at := _first_at(text, t)) is not None)
     if not found:
         return None
-    own = [w for w in re.findall(r"[a-z0-9]{3,}", f"{title} {(kind or '').replace('_', ' ')}".lower())
-           if w not in _TITLE_STOPWORDS] + [w for w in cjk_words(title) if len(w) >= 2]
-    device_at = min((at for w in own if (at := _first_at(text, w)) is not None), default=len(text))
+    kind_words = [w for w in re.findall(r"[a-z0-9]{2,}", (kind or "").replace("_", " ").lower())]
+    own = [w for w in re.findall(r"[a-z0-9]{3,}", title.lower()) if w not in _TITLE_STOPWORDS] + \
+        [w for w in kind_words if len(w) >= 3] + [w for w in cjk_words(title) if len(w) >= 2]
+    device_at = min((at for w in own for at in _all_at(text, w)
+                     if not _is_place(text, at, w) and not _qualifies_term(text, at, w)), default=len(text))
+    names_device = any(_first_at(text, w) is not None for w in kind_words)
     bodies = body().lower()
     for at, term in found:
-        if at < device_at and _first_at(bodies, term) is None and not _landmark(text, at, term, own):
+        if at < device_at and _first_at(bodies, term) is None and not _landmark(text, at, term, own, names_device):
             return term
     return None
 
@@ -179,19 +194,67 @@ def excluded_subject(report: str, *, title: str, body: Callable[[], str], kind: 
 #: Words that make the object after them a place ("next to the lift") and, in Chinese, the
 #: characters that make the object before them one (电梯口, 冰箱旁边).
 _PLACE_BEFORE = re.compile(
-    r"(?:next to|near|by|beside|behind|opposite|in front of|outside|past|at)\s+(?:the\s+|a\s+)?$")
-_PLACE_AFTER_ZH = re.compile(r"^(?:口|旁|边|附近|那边|这边|门口|对面|前面|后面|楼下|楼上)")
+    r"(?:next to|near|by|beside|behind|opposite|in front of|outside|past|at)\s+(?:the\s+|a\s+|an\s+)?$")
 
 
-def _landmark(text: str, at: int, term: str, own: list[str]) -> bool:
+def _all_at(text: str, word: str):
+    """Every position of ``word`` in ``text`` (:func:`_first_at`'s rules)."""
+    if is_chinese(word):
+        yield from (m.start() for m in re.finditer(re.escape(word.lower()), text))
+    else:
+        yield from (m.start() for m in re.finditer(rf"(?<![a-z0-9]){re.escape(word.lower())}(?:s|es)?(?![a-z0-9])",
+                                                    text))
+
+
+def _is_place(text: str, at: int, word: str) -> bool:
+    """Whether ``word`` at ``at`` in ``text`` is where something else is ("next to the printer",
+    打印机旁边) rather than what the report is about."""
+    return bool(_PLACE_BEFORE.search(text[:at])) or \
+        (is_chinese(word) and _PLACE_AFTER_ZH.match(text[at + len(word):]) is not None)
+
+
+#: A Chinese place marker may follow the rest of a longer word (打印 + 机旁边).
+_PLACE_AFTER_ZH = re.compile(r"^[\u4e00-\u9fff]?(?:口|旁|边|附近|那边|这边|门口|对面|前面|后面|楼下|楼上)")
+
+
+def _qualifies_term(text: str, at: int, word: str) -> bool:
+    """Whether the device's ``word`` at ``at`` only qualifies an excluded object right after it:
+    "the printer driver", 打印机驱动, "the label template" (the object is the driver)."""
+    rest = text[at + len(word):]
+    if is_chinese(word):
+        return any(rest.startswith(t.lower()) for t in out_of_scope_terms() if is_chinese(t))
+    following = re.match(r"(?:s|es)?\s+([a-z0-9]+(?:\s+[a-z0-9]+)?)", rest)
+    return bool(following) and any(_first_at(following.group(1), t) == 0 for t in out_of_scope_terms()
+                                   if not is_chinese(t))
+
+
+def _landmark(text: str, at: int, term: str, own: list[str], names_device: bool) -> bool:
     """Whether the excluded ``term`` at ``at`` in ``text`` only places or qualifies something else:
-    a landmark ("walked past the lift", 电梯口) or a modifier of one of the procedure's own words
-    right after it ("the van keys" in a key cabinet)."""
-    end = at + len(term)
-    if _PLACE_BEFORE.search(text[:at]) or (is_chinese(term) and _PLACE_AFTER_ZH.match(text[end:])):
+    a landmark ("walked past the lift", 电梯口), or — in a report that names the device itself — a
+    modifier of one of the procedure's own words right after it ("the van keys" in a key cabinet
+    report, "the lift's UPS"; not "the van battery is dead" to a UPS)."""
+    if _is_place(text, at, term):
         return True
-    following = re.match(r"(?:s|es)?\s+([a-z0-9]+)", text[end:])
-    return bool(following and any(_first_at(following.group(1), w) == 0 for w in own if not is_chinese(w)))
+    following = re.match(r"(?:'s|’s|s|es)?\s+([a-z0-9]+)", text[at + len(term):])
+    return names_device and bool(following) and \
+        any(_first_at(following.group(1), w) == 0 for w in own if not is_chinese(w))
+
+
+#: Words that ask for help without saying what is wrong.
+_FILLER = frozenset("help please pls plz urgent asap fix fixed thanks thank you again now the and this that "
+                    "its not any can someone anyone hello issue problem".split())
+_FILLER_ZH = frozenset("帮忙 帮帮忙 救命 急 紧急 谢谢 请 处理 一下 问题 麻烦".split())
+
+
+def has_content(report: str) -> bool:
+    """Whether ``report`` says anything about a fault: a word of three letters or more that is not
+    a plea ("help", "urgent"), a code-like token with a digit, or a Chinese word that is not one.
+    "???", emoji and "help!!" say nothing."""
+    if any(w.lower() not in _FILLER for w in re.findall(r"[A-Za-z]{3,}", report)):
+        return True
+    if re.search(r"[A-Za-z]*\d[A-Za-z0-9.\-]*", report) and re.search(r"\d", report):
+        return True
+    return any(w not in _FILLER_ZH for w in cjk_words(report))
 
 
 _TITLE_STOPWORDS = frozenset("and the for with from out not off its on of to no".split())

@@ -63,6 +63,31 @@ def kind_label(kind: str | None, language: str) -> str:
     return (kind or ("设备" if language == "zh" else "device")).replace("_", " ")
 
 
+#: Why no procedure was cited, in Chinese (the relevance check records why as ``signals.abstention``)
+_NONE_ZH = {
+    "no_scopes": "你在此租户中无权读取任何处理规程。",
+    "no_content": "报告没有说明出了什么问题，设备也没有报告告警代码，因此无法选择处理规程；会有人向你了解情况。",
+    "out_of_scope": "知识库中没有处理规程涵盖这份报告：它说的似乎是{kind}故障以外的事情，设备维护规程不涵盖这类问题。",
+    "withheld": "你可读取的处理规程都不涵盖{subject}；你无权读取的范围（{scopes}）中有处理规程涵盖它，"
+                "由 {scopes} 团队负责。",
+    "uncovered": "知识库中没有处理规程涵盖{subject}。",
+}
+
+
+def _reason_zh(selection: dict, device: dict) -> str | None:
+    """The Chinese sentence for why nothing was cited, or None when the selection does not say
+    why (an event recorded before the check said so; its English reason stands)."""
+    signals = selection.get("signals") or {}
+    why = signals.get("abstention")
+    if why not in _NONE_ZH:
+        return None
+    kind = kind_label(device.get("kind") or (selection.get("query") or {}).get("device_kind"), "zh")
+    code = signals.get("subject_code")
+    subject = f"{kind}上的 {code}" if code else f"这份关于{kind}的报告"
+    scopes = "、".join((selection.get("withheld") or {}).get("scopes") or [])
+    return _NONE_ZH[why].format(kind=kind, subject=subject, scopes=scopes)
+
+
 def citations_from_evidence(evidence: list[dict]) -> list[dict]:
     """Citations ``{n, chunk_id, document_id, document_title, version, section, source, stale}``
     in retrieval order."""
@@ -126,6 +151,8 @@ def knowledge_compose(state: dict) -> dict:
     outcome = selection.get("outcome") or ("answered" if evidence else "no_procedure")
     if not evidence:
         reason = selection.get("reason") or "No procedure you may read covers this report."
+        if t is _TEXT["zh"]:
+            reason = _reason_zh(selection, device) or reason
         lines += [t["none"].format(reason=reason), t["no_steps"]]
     else:
         reason = selection.get("reason", "")

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 
 from apps.evidence.evaluation import ABSTAIN_GROUPS, reports_load
+from apps.evidence.governance import is_chinese
 from apps.evidence.models import Chunk
 from apps.evidence.relevance import evidence_select
 from apps.tasks import answer
@@ -90,7 +91,10 @@ def answer_check(*, tenant_id: int, item: dict) -> AnswerCheck:
     listed = bool(alert) and any(alert in (r.excerpt or "").upper() for r in sel.refs if r.document_id == primary)
     code_line = any(alert in q["text"].upper() for q in knowledge["quotes"]) if listed else None
     steps = "  1. " in knowledge["text"]
-    language_ok = knowledge["language"] == ("zh" if item.get("language") == "zh" else "en")
+    # The answer's own sentences (the text without its quotes) are in the report's language.
+    own_words = re.sub(r"“[^”]*”", "", knowledge["text"])
+    language_ok = knowledge["language"] == ("zh" if item.get("language") == "zh" else "en") and \
+        is_chinese(own_words) == (item.get("language") == "zh")
     clean = None if sel.outcome == "answered" else (knowledge["citations"] == [] and knowledge["quotes"] == [])
     return AnswerCheck(item["id"], item["group"], sel.outcome, len(knowledge["quotes"]), faithful, whole, cited,
                        steps, code_line, language_ok, clean, knowledge["text"])
