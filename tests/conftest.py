@@ -116,6 +116,24 @@ def kb(tenant):
 
 
 @pytest.fixture
+def whole_kb(tenant):
+    """The project's whole knowledge base (every scope, English and Chinese) ingested for
+    ``tenant``, with the planner's statistics refreshed inside the test's transaction: a freshly
+    created test database says the evidence tables are empty, and its nested-loop plans made each
+    chunk lookup cost half a second once hundreds of chunks were in."""
+    from django.db import connection
+
+    from apps.accounts.models import AccessScope
+    from apps.evidence.services import path_ingest
+
+    for scope in AccessScope.values:
+        path_ingest(tenant=tenant, path=KB / scope, scope=scope)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE evidence_chunk, evidence_documentversion, evidence_document")
+    return tenant
+
+
+@pytest.fixture
 def refservice(tmp_path, settings):
     """The reference ticket service as a real HTTP server on loopback, wired into settings."""
     from apps.tickets.refservice import serve_in_thread

@@ -9,11 +9,8 @@ from collections import Counter
 
 import pytest
 
-from apps.accounts.models import AccessScope
 from apps.evidence.evaluation import ANSWER_GROUPS, report_outcome, report_scores, reports_load
 from apps.evidence.relevance import PER_DOCUMENT, PER_PRIMARY, evidence_select
-from apps.evidence.services import path_ingest
-from apps.tasks.demo_data import KB_DIR
 
 FLOORS = {  # group: (recall@1 floor, share handled as expected floor)
     "answerable": (0.91, 0.95),
@@ -24,13 +21,6 @@ FLOORS = {  # group: (recall@1 floor, share handled as expected floor)
     "unanswerable": (None, 0.89),
     "stale_only": (0.70, 0.70),
 }
-
-
-@pytest.fixture
-def whole_kb(tenant):
-    for scope in AccessScope.values:
-        path_ingest(tenant=tenant, path=KB_DIR / scope, scope=scope)
-    return tenant
 
 
 def test_the_eval_set_is_large_labelled_and_bilingual():

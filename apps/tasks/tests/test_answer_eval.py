@@ -8,22 +8,12 @@ import math
 
 import pytest
 
-from apps.accounts.models import AccessScope
 from apps.evidence.evaluation import reports_load
-from apps.evidence.services import path_ingest
 from apps.tasks import answer, answer_eval
 from apps.tasks.answer import kind_label
-from apps.tasks.demo_data import KB_DIR
 
 #: every third labelled report: all groups, both languages
 SLICE = reports_load()[::3]
-
-
-@pytest.fixture
-def whole_kb(tenant):
-    for scope in AccessScope.values:
-        path_ingest(tenant=tenant, path=KB_DIR / scope, scope=scope)
-    return tenant
 
 
 @pytest.mark.django_db
