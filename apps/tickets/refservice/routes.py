@@ -182,20 +182,24 @@ def add_comment(server, request):
     return _keyed_write(server, key, "POST comment", comment)
 
 
-def lookup_comments(server, request):
-    """``GET /tickets/<id>/comments?idempotency_key=K`` -> 200 ``{"results": [comment response]}``."""
+def _query_key(request) -> str:
+    """The ``idempotency_key`` query parameter of a lookup; 400 ``invalid`` when it is missing."""
     key = request.query.get("idempotency_key")
     if not key:
         raise invalid("query parameter idempotency_key is required")
+    return key
+
+
+def lookup_comments(server, request):
+    """``GET /tickets/<id>/comments?idempotency_key=K`` -> 200 ``{"results": [comment response]}``."""
+    key = _query_key(request)
     found = server.store.find_comment_by_key(request.params["ticket_id"], key)
     return Response(200, {"results": [found] if found else []})
 
 
 def lookup_tickets(server, request):
     """``GET /tickets?idempotency_key=K`` -> 200 ``{"results": [ticket]}`` (0 or 1 entries)."""
-    key = request.query.get("idempotency_key")
-    if not key:
-        raise invalid("query parameter idempotency_key is required")
+    key = _query_key(request)
     ticket = server.store.find_by_idempotency_key(key)
     return Response(200, {"results": [ticket] if ticket else []})
 
@@ -237,9 +241,7 @@ def patch_ticket(server, request):
 def lookup_updates(server, request):
     """``GET /tickets/<id>/updates?idempotency_key=K`` -> 200 ``{"results": [ticket as that
     update left it]}`` (0 or 1 entries)."""
-    key = request.query.get("idempotency_key")
-    if not key:
-        raise invalid("query parameter idempotency_key is required")
+    key = _query_key(request)
     found = server.store.find_update_by_key(request.params["ticket_id"], key)
     return Response(200, {"results": [found] if found else []})
 
@@ -248,9 +250,7 @@ def admin_effects(server, request):
     """``GET /_admin/effects?idempotency_key=K`` -> ``{"idempotency_key": K, "effects": N,
     "requests": M}``: tickets really created for K (0 or 1), and ``POST /tickets`` requests with K
     received since the process started (whatever their answer)."""
-    key = request.query.get("idempotency_key")
-    if not key:
-        raise invalid("query parameter idempotency_key is required")
+    key = _query_key(request)
     return Response(200, {"idempotency_key": key, "effects": server.store.effects(key),
                           "requests": server.requests_for(key)})
 
