@@ -370,8 +370,8 @@ def check() -> None:
     from apps.actions.audit import task_actions_audit
     from apps.actions.models import Action, ActionAttempt
     from apps.events.models import RefusedEvent, TaskEvent
-    from apps.events.replay import task_replay
     from apps.tasks.models import Task
+    from apps.tasks.replay import task_replay
     from apps.tickets.connectors import CONNECTORS
 
     accepted = json.loads((CHAOS_DIR / "accepted.json").read_text())

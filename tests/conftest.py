@@ -191,10 +191,10 @@ def refadmin(refservice):
 def committed(requester, approver, device, kb, refservice):
     """A task whose approved ``ticket.create`` is committed with its outbox row (PENDING), and
     nothing sent yet: the starting point of the dispatcher and reconciliation tests."""
+    from apps.agent.runner import agent_run
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.approvals.services import approval_decide
     from apps.outbox.models import OutboxMessage, OutboxStatus
-    from apps.tasks.controller import agent_run
     from apps.tasks.models import Task
     from apps.tasks.services import task_submit
 
@@ -211,9 +211,10 @@ def committed(requester, approver, device, kb, refservice):
 def drive(task_id, *, rounds: int = 30):
     """Run agent, tools, outbox and reconciler steps in-process until the task stops moving.
     Returns the task as it then stands."""
+    from apps.agent.context import context_read
+    from apps.agent.runner import agent_run
     from apps.outbox.services import outbox_dispatch_batch
     from apps.outbox.unknown_outcomes import actions_reconcile
-    from apps.tasks.controller import agent_run, context_read
     from apps.tasks.models import Task
 
     last = None
@@ -248,8 +249,8 @@ def _replay_every_task(request):
     if request.node.get_closest_marker("allow_divergence"):
         return
     from apps.actions.audit import task_actions_audit
-    from apps.events.replay import task_replay
     from apps.tasks.models import Task
+    from apps.tasks.replay import task_replay
 
     tasks = list(Task.objects.all())
     diverged = [r for r in (task_replay(t) for t in tasks) if not r.ok]

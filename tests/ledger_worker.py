@@ -19,7 +19,8 @@ def main() -> None:
     import django
 
     django.setup()
-    from apps.tasks.budget import BudgetExceeded, budget_release, budget_reserve, budget_settle
+    from apps.tasks.budget import budget_release, budget_reserve, budget_settle
+    from apps.tasks.usage import BudgetExceeded
 
     rng = random.Random(seed)
     actor = f"ledger-worker:{seed}"

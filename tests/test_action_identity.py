@@ -10,12 +10,13 @@ import pytest
 from django.db import connection
 
 from apps.actions.models import Action, ActionAttempt
+from apps.agent import context, intent
+from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalPolicy
 from apps.events.models import RefusedEvent
 from apps.outbox import services as outbox
 from apps.outbox.models import OutboxMessage
-from apps.tasks import controller, reducer
-from apps.tasks.controller import agent_run
+from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
 from tests.conftest import drive, p
@@ -30,7 +31,7 @@ def auto_approve(tenant):
 
 def test_the_same_key_with_other_parameters_is_refused_before_any_outbox_row(
         requester, device, kb, refservice, refadmin, auto_approve, monkeypatch):
-    monkeypatch.setattr(controller, "idempotency_key", lambda **kw: "acme:ticket.create:fixed")
+    monkeypatch.setattr(intent, "idempotency_key", lambda **kw: "acme:ticket.create:fixed")
     first = task_submit(principal=p(requester), device_id=device.pk, symptom="Fuser error after warm-up.").task
     assert drive(first.pk).status == reducer.COMPLETED
     other = DeviceFactory(tenant=device.tenant, asset_tag="PRN-0102")
@@ -50,7 +51,7 @@ def test_a_dispatch_queued_twice_sends_one_request(requester, device, kb, refser
     task = task_submit(principal=p(requester), device_id=device.pk, symptom="Fuser error after warm-up.").task
     for _ in range(4):
         agent_run(task_id=task.pk)
-        controller.context_read(task_id=task.pk)
+        context.context_read(task_id=task.pk)
     assert Task.objects.get(pk=task.pk).status == reducer.DISPATCHING
     action = Action.objects.get(task=task)
     barrier = threading.Barrier(2)

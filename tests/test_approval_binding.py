@@ -13,15 +13,17 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from apps.accounts.api import Forbidden
 from apps.accounts.models import Membership, Role
 from apps.actions.models import Action, ActionStatus
+from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalPolicy, ApprovalRequest, ApprovalStatus
-from apps.approvals.services import DEFAULT_RULES, approval_decide, policy_decide
+from apps.approvals.policy import policy_decide
+from apps.approvals.rules import DEFAULT_RULES
+from apps.approvals.services import approval_decide
+from apps.core.errors import Forbidden
 from apps.devices.services import device_update_state
 from apps.outbox.services import outbox_dispatch_batch
 from apps.tasks import reducer
-from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
 from tests.conftest import drive, p
@@ -202,7 +204,7 @@ def test_a_malformed_policy_is_refused_with_the_field_that_is_wrong(tenant, rule
 
 def test_a_pending_approval_of_a_task_that_ended_cannot_be_decided(requester, approver, device, kb):
     """Review F7: a task that ends (here: its deadline passed) invalidates its pending approvals."""
-    from apps.accounts.api import Conflict
+    from apps.core.errors import Conflict
 
     task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task.pk)
     approval = _pending(task)

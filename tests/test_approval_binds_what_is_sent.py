@@ -15,13 +15,13 @@ from __future__ import annotations
 import pytest
 from django.db import IntegrityError, transaction
 
-from apps.accounts.api import Conflict
 from apps.actions.models import Action, ActionStatus
+from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalPolicy, ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
+from apps.core.errors import Conflict
 from apps.outbox.services import outbox_dispatch_batch
 from apps.tasks import reducer
-from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
 from tests.conftest import drive, p

@@ -16,11 +16,10 @@ from django.db import connection
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apps.accounts.api import QuotaExceeded
+from apps.core.errors import QuotaExceeded
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.tasks import reducer, reducer_v3
 from apps.tasks.budget import (
-    BudgetExceeded,
     activity_timeout,
     budget_release,
     budget_reserve,
@@ -29,7 +28,9 @@ from apps.tasks.budget import (
 )
 from apps.tasks.models import Task, TenantUsage
 from apps.tasks.reducer_v3 import headroom
-from apps.tasks.services import task_append_event, task_cancel, task_submit
+from apps.tasks.services import task_cancel, task_submit
+from apps.tasks.store import task_append_event
+from apps.tasks.usage import BudgetExceeded
 from tests.conftest import p
 from tests.procs import ROOT, database_url
 

@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import pytest
 
-from apps.accounts.api import Conflict, Forbidden, NotFound
 from apps.actions.audit import task_actions_audit
 from apps.actions.models import Action, ActionStatus
+from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
+from apps.core.errors import Conflict, Forbidden, NotFound
 from apps.events.models import TaskEvent
-from apps.events.replay import task_replay
 from apps.outbox.services import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.compensation import compensation_settle, compensations_waiting
-from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
-from apps.tasks.services import task_append_event, task_cancel, task_submit
+from apps.tasks.replay import task_replay
+from apps.tasks.services import task_cancel, task_submit
+from apps.tasks.store import task_append_event
 from apps.tickets.connectors import ReferenceTicketConnector
 from apps.tickets.models import TicketMirror
 from tests.conftest import drive, p
@@ -129,7 +130,7 @@ def test_a_conflict_asks_again_when_the_comment_or_the_policy_changed(first, req
     """No carry-over once anything but the ticket version differs: here the policy moved to a new
     version between the approval and the re-plan."""
     from apps.approvals.models import ApprovalPolicy
-    from apps.approvals.services import DEFAULT_RULES
+    from apps.approvals.rules import DEFAULT_RULES
 
     task = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
     _decide(approver, task)

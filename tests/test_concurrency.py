@@ -11,7 +11,8 @@ from django.db import connection
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.services import StaleWrite, task_append_event, task_submit
+from apps.tasks.services import task_submit
+from apps.tasks.store import StaleWrite, task_append_event
 from tests.conftest import p
 
 pytestmark = pytest.mark.django_db(transaction=True)

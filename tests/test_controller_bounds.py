@@ -72,7 +72,7 @@ def test_deadline_passed_while_waiting_is_an_explicit_failure(requester, device,
     task = drive(_submit(requester, device).pk)
     assert task.status == reducer.WAITING_APPROVAL
     Task.objects.filter(pk=task.pk).update(deadline_at=timezone.now() - timedelta(seconds=1))
-    from apps.tasks.sweeper import tasks_needing_work
+    from apps.agent.sweeper import tasks_needing_work
 
     assert ("WAITING_APPROVAL", str(task.pk)) in tasks_needing_work(now=timezone.now(), idle=timedelta(0))
     task = drive(task.pk)

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from apps.events.models import RefusedEvent, TaskEvent
-from apps.events.replay import task_replay
 from apps.tasks.models import Task
+from apps.tasks.replay import task_replay
 from tests.procs import running_stack
 from tests.test_e2e import poll, ref_client, seed_acme
 

@@ -102,7 +102,8 @@ def test_a_lock_wait_past_lock_timeout_is_refused_and_retried_without_a_second_t
 
 
 def test_a_celery_step_refused_by_the_database_is_retried(monkeypatch, committed):
-    from apps.tasks import controller, tasks
+    from apps.agent import runner as controller
+    from apps.agent import tasks
 
     calls = []
     real = controller.agent_run

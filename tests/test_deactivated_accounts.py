@@ -7,11 +7,11 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 
 from apps.actions.models import Action, ActionStatus
+from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.outbox.services import outbox_dispatch_batch
 from apps.tasks import reducer
-from apps.tasks.controller import agent_run
 from apps.tasks.services import task_submit
 from tests.conftest import drive, p
 
@@ -81,7 +81,7 @@ def test_a_deactivated_requester_gets_no_ticket_where_no_approval_is_needed(requ
     ApprovalPolicy.objects.filter(tenant=tenant).update(active=False)
     ApprovalPolicy.objects.create(tenant=tenant, version=2, active=True,
                                   rules={"tools": {"ticket.create": {"requires_approval": False}}})
-    from apps.tasks.controller import context_read
+    from apps.agent.context import context_read
 
     task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task
     agent_run(task_id=task.pk)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from apps.actions import errors
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
+from apps.core import tool_errors as errors
 from apps.devices.services import device_update_state
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.outbox import services as outbox
@@ -397,8 +397,9 @@ def test_controller_invalidation_refused_by_a_lost_lease_is_recorded(committed, 
     as it was."""
     from django.db.models import F
 
-    from apps.tasks.controller import _resume_after_approval
-    from apps.tasks.services import StaleWrite, task_claim
+    from apps.agent.authorization import resume_after_approval as _resume_after_approval
+    from apps.tasks.leases import task_claim
+    from apps.tasks.store import StaleWrite
 
     task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
     task = drive(task.pk)

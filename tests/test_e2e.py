@@ -11,9 +11,9 @@ import pytest
 from django.contrib.auth.hashers import make_password
 
 from apps.accounts.models import AccessScope, Role
-from apps.events.replay import task_replay
 from apps.evidence.models import Chunk
 from apps.tasks.models import Task
+from apps.tasks.replay import task_replay
 from apps.tickets.models import InboundWebhook, TicketMirror
 from tests.conftest import KB, SMALL_KB
 from tests.factories import DeviceFactory, MembershipFactory, TenantFactory, UserFactory

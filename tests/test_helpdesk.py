@@ -13,15 +13,15 @@ import time
 import httpx
 import pytest
 
-from apps.actions import errors
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
+from apps.core import tool_errors as errors
 from apps.events.models import TaskEvent
 from apps.outbox import services as outbox
 from apps.outbox import unknown_outcomes
 from apps.tasks import reducer
-from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
 from apps.tickets import faultproxy
@@ -208,7 +208,7 @@ def test_replay_remote_asks_each_actions_own_ticket_system(committed, refservice
 def test_executed_resolution_needs_a_ticket_carrying_the_actions_key(committed, hd, admin_user, monkeypatch):
     """A person may not name an unrelated helpdesk ticket (no key) as this action's effect; the
     right one is recorded with the helpdesk connector."""
-    from apps.accounts.api import Unprocessable
+    from apps.core.errors import Unprocessable
     from apps.outbox.reconciliation import reconciliation_resolve
 
     _fault(hd, "drop_after_commit")

@@ -15,9 +15,10 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
+from apps.agent.context import context_read
+from apps.agent.runner import agent_run
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.tasks import reducer
-from apps.tasks.controller import agent_run, context_read
 from apps.tasks.models import Task, TenantUsage
 from apps.tasks.services import task_submit
 from tests.conftest import drive, p
@@ -428,7 +429,7 @@ def test_tenant_quota_charges_the_day_a_task_was_accepted(requester, device, set
     its settlement always meet in one row; a task from yesterday spends yesterday's quota, not today's."""
     from apps.tasks.budget import budget_reserve
     from apps.tasks.models import TenantUsage
-    from apps.tasks.services import task_append_event
+    from apps.tasks.store import task_append_event
 
     tenant = device.tenant
     tenant.daily_budget_units = 30
@@ -517,7 +518,7 @@ def test_scripted_server_serves_concurrent_requests_in_script_order(model_server
 @pytest.mark.parametrize("target", ["evidence_select", "device_read"])
 def test_an_exception_inside_the_reads_settles_their_reservation(requester, device, kb, refservice, monkeypatch,
                                                                  target):
-    import apps.tasks.controller as controller
+    import apps.agent.context as controller
 
     def boom(**kwargs):
         raise RuntimeError("read exploded")
@@ -537,7 +538,7 @@ def test_an_exception_inside_the_reads_settles_their_reservation(requester, devi
 
 def test_cancel_between_the_models_answer_and_its_settlement(requester, device, kb, refservice, model_server,
                                                              monkeypatch):
-    import apps.tasks.controller as controller
+    import apps.agent.drafting as controller
     from apps.tasks.services import task_cancel
 
     task = _to_proposing(_submit(requester, device))
@@ -583,8 +584,9 @@ def test_tenant_quota_refusing_the_intent_ends_the_task_explicitly(requester, de
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_reservations_of_one_tenant_never_pass_its_quota(requester, device):
-    from apps.tasks.budget import BudgetExceeded, budget_reserve
-    from apps.tasks.services import task_append_event
+    from apps.tasks.budget import budget_reserve
+    from apps.tasks.store import task_append_event
+    from apps.tasks.usage import BudgetExceeded
 
     tenant = device.tenant
     tenant.daily_budget_units = 30
@@ -610,8 +612,9 @@ def test_concurrent_reservations_of_one_tenant_never_pass_its_quota(requester, d
 
 
 def test_lowering_the_quota_below_usage_still_lets_work_settle_and_release(requester, device):
-    from apps.tasks.budget import BudgetExceeded, budget_release, budget_reserve, budget_settle
-    from apps.tasks.services import task_append_event
+    from apps.tasks.budget import budget_release, budget_reserve, budget_settle
+    from apps.tasks.store import task_append_event
+    from apps.tasks.usage import BudgetExceeded
 
     tenant = device.tenant
     task = task_append_event(task=_submit(requester, device), event_type="retrieval.started", payload={}, actor="t")
@@ -687,7 +690,7 @@ def test_cancel_under_ledger_write_contention_never_answers_500(client, requeste
     """Workers write ledger events (row-locked) while the requester cancels: the cancel's CAS
     retries (5) may all lose; the answer must still be a cancel or a clear 409/503, never a 500."""
     from apps.tasks.budget import budget_release, budget_reserve
-    from apps.tasks.services import task_append_event
+    from apps.tasks.store import task_append_event
 
     statuses = []
     for _ in range(5):

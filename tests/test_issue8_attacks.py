@@ -20,7 +20,8 @@ from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.services import task_append_event, task_cancel, task_submit
+from apps.tasks.services import task_cancel, task_submit
+from apps.tasks.store import task_append_event
 from config.logs import clear
 from tests.conftest import drive, p
 from tests.factories import DeviceFactory
@@ -266,8 +267,8 @@ def test_dispatch_log_lines_do_not_carry_the_previous_rows_attempt(json_lines, r
                                                                    refservice):
     """Two rows in one dispatcher batch: the second (cancelled, never sent) must not log with the
     first row's attempt number."""
+    from apps.agent.runner import agent_run
     from apps.outbox.services import outbox_dispatch_batch
-    from apps.tasks.controller import agent_run
 
     tasks = []
     for dev in (device, DeviceFactory(tenant=device.tenant)):

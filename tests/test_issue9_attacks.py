@@ -20,7 +20,7 @@ import httpx
 import pytest
 from django.db import close_old_connections, connection, transaction
 
-from apps.actions import errors
+from apps.core import tool_errors as errors
 from apps.evidence import embedding
 from apps.tickets.connectors import HelpdeskConnector, ReferenceTicketConnector
 from config.bench.harness import WalCommits

@@ -11,12 +11,14 @@ from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.devices.services import device_update_state
 from apps.events.models import RefusedEvent, TaskEvent
-from apps.events.replay import task_replay
 from apps.evidence.models import Chunk
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
+from apps.tasks.leases import task_claim
 from apps.tasks.models import Task
-from apps.tasks.services import StaleWrite, task_append_event, task_cancel, task_claim, task_submit
+from apps.tasks.replay import task_replay
+from apps.tasks.services import task_cancel, task_submit
+from apps.tasks.store import StaleWrite, task_append_event
 from tests.conftest import drive, p
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
@@ -127,8 +129,8 @@ def test_device_change_after_approval_invalidates_and_reasks(submitted, approver
 
 
 def test_lost_response_is_reconciled_by_key_without_a_second_ticket(submitted, approver, refservice, refadmin):
+    from apps.agent.runner import agent_run
     from apps.outbox.services import outbox_dispatch_batch
-    from apps.tasks.controller import agent_run
 
     task = drive(submitted.pk)
     _approve(approver, task)
@@ -150,8 +152,8 @@ def test_lost_response_is_reconciled_by_key_without_a_second_ticket(submitted, a
 
 
 def test_temporarily_unavailable_is_retried_with_the_same_key(submitted, approver, refservice, refadmin):
+    from apps.agent.runner import agent_run
     from apps.outbox.services import outbox_dispatch_batch
-    from apps.tasks.controller import agent_run
 
     task = drive(submitted.pk)
     _approve(approver, task)
@@ -169,7 +171,7 @@ def test_temporarily_unavailable_is_retried_with_the_same_key(submitted, approve
 
 
 def test_cancel_before_dispatch_sends_nothing(submitted, approver, requester, refservice, refadmin):
-    from apps.tasks.controller import agent_run
+    from apps.agent.runner import agent_run
 
     task = drive(submitted.pk)
     _approve(approver, task)
@@ -224,10 +226,10 @@ def test_cas_loser_never_overwrites(submitted):
 def test_a_stale_dispatcher_records_nothing_after_another_recorded_the_receipt(submitted, approver, refservice):
     """Review finding F1: dispatcher A stalls, B re-claims the row and records the receipt; A's late
     error (409 stale fencing token) must not turn the task into an unknown outcome."""
-    from apps.actions import errors
     from apps.actions.models import ActionAttempt
+    from apps.agent.runner import agent_run
+    from apps.core import tool_errors as errors
     from apps.outbox.services import _record_error, outbox_claim_batch, outbox_deliver
-    from apps.tasks.controller import agent_run
 
     task = drive(submitted.pk)
     _approve(approver, task)
@@ -251,10 +253,10 @@ def test_a_stale_dispatcher_records_nothing_after_another_recorded_the_receipt(s
 
 
 def test_reconciler_carries_on_past_an_action_it_cannot_settle(submitted, approver, refservice, refadmin, monkeypatch):
+    from apps.agent.runner import agent_run
     from apps.outbox import unknown_outcomes as outbox_services
     from apps.outbox.services import outbox_dispatch_batch
     from apps.outbox.unknown_outcomes import actions_reconcile
-    from apps.tasks.controller import agent_run
 
     task = drive(submitted.pk)
     _approve(approver, task)

@@ -17,7 +17,8 @@ from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.services import task_append_event, task_submit
+from apps.tasks.services import task_submit
+from apps.tasks.store import task_append_event
 from tests.conftest import drive, p
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."

@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apps.events.models import TaskEvent
-from apps.events.replay import task_replay
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.services import task_append_event, task_submit
+from apps.tasks.replay import task_replay
+from apps.tasks.services import task_submit
+from apps.tasks.store import task_append_event
 from tests.conftest import p
 from tests.test_reducer import EVENTS_FOR_FUZZ
 

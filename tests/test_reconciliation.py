@@ -8,9 +8,9 @@ import pytest
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from apps.accounts.api import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
-from apps.actions import errors
 from apps.actions.models import Action, ActionStatus
+from apps.core import tool_errors as errors
+from apps.core.errors import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
 from apps.events.models import TaskEvent
 from apps.outbox import services as outbox
 from apps.outbox import unknown_outcomes

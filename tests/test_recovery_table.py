@@ -26,8 +26,8 @@ from apps.approvals.models import ApprovalRequest
 from apps.devices.models import Device
 from apps.devices.services import device_update_state
 from apps.events.models import TaskEvent
-from apps.events.replay import task_replay
 from apps.tasks.models import Task
+from apps.tasks.replay import task_replay
 from tests.procs import HELPDESK_TOKEN, running_stack
 from tests.test_crash_recovery import FAST, _file, _wait_for
 from tests.test_e2e import poll, ref_client, seed_acme

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from apps.events.models import RefusedEvent, TaskEvent
-from apps.events.replay import task_replay
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.services import task_append_event, task_submit
+from apps.tasks.replay import task_replay
+from apps.tasks.services import task_submit
+from apps.tasks.store import task_append_event
 from tests.conftest import p
 
 

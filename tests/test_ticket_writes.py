@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from apps.actions import errors
 from apps.actions.models import Action
+from apps.agent.context import context_read
+from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalPolicy
+from apps.core import tool_errors as errors
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.services import outbox_claim_batch
-from apps.tasks.controller import agent_run, context_read
 from apps.tasks.services import task_submit
 from apps.tickets.connectors import ReferenceTicketConnector
 from tests.conftest import p

@@ -1,5 +1,5 @@
 """Shared DRF pieces: the principal permission and the exception handler that turns domain
-errors into clear 4xx responses (never a 500 for bad input)."""
+errors (:mod:`apps.core.errors`) into clear 4xx responses (never a 500 for bad input)."""
 
 from __future__ import annotations
 
@@ -10,55 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from apps.accounts.principal import NoMembership, Principal, principal_for_user
-
-
-class DomainError(Exception):
-    """Base of errors a service raises for a caller's mistake or a lost race.
-
-    ``http_status`` is the status the API answers with; ``code`` a stable machine-readable code.
-    """
-
-    http_status = 400
-    code = "bad_request"
-
-    def __init__(self, detail: str, **extra):
-        super().__init__(detail)
-        self.detail = detail
-        self.extra = extra
-
-
-class Conflict(DomainError):
-    http_status = 409
-    code = "conflict"
-
-
-class Unprocessable(DomainError):
-    http_status = 422
-    code = "unprocessable"
-
-
-class NotFound(DomainError):
-    http_status = 404
-    code = "not_found"
-
-
-class Forbidden(DomainError):
-    http_status = 403
-    code = "forbidden"
-
-
-class Unavailable(DomainError):
-    """A system the decision depends on (e.g. the ticket system) cannot be asked right now."""
-
-    http_status = 503
-    code = "unavailable"
-
-
-class QuotaExceeded(DomainError):
-    """The tenant has used its quota (open requests, or today's cost units or tokens)."""
-
-    http_status = 429
-    code = "quota_exceeded"
+from apps.core.errors import DomainError
 
 
 def request_principal(request) -> Principal:

@@ -1,19 +1,27 @@
-"""Page rendering shared by the people's pages (issue 8 item 6; DESIGN.md §1): the full page for a
-normal request and for an htmx history restore, only the page's content block for an htmx request,
-and ``Vary: HX-Request`` on both so no cache hands one to the other."""
+"""Page helpers of the people's pages that need the tenant model: who is asking.
+(The renderer itself, which needs no app, is :func:`apps.core.pages.render_page`.)"""
 
 from __future__ import annotations
 
-from django.shortcuts import render
-from django.utils.cache import patch_vary_headers
+from django.http import Http404
+
+from apps.accounts.principal import NoMembership, Principal, principal_for_user
 
 
-def render_page(request, template: str, context: dict, *, status: int = 200):
-    """Render ``template`` (which extends ``base_template``) as a full page or, for an htmx
-    request that is not a history restore, as its content block only."""
-    htmx = getattr(request, "htmx", None)
-    fragment = bool(htmx) and not htmx.history_restore_request
-    response = render(request, template, {**context, "base_template": "_fragment.html" if fragment else "base.html"},
-                      status=status)
-    patch_vary_headers(response, ("HX-Request",))
-    return response
+def page_principal(request) -> Principal:
+    """The principal of a signed-in page request (DESIGN.md §8: every page is scoped to the
+    member's tenant). Raises :class:`~django.http.Http404` when the user belongs to no tenant, so
+    a page never tells a stranger what exists."""
+    try:
+        return principal_for_user(request.user)
+    except NoMembership as exc:
+        raise Http404("no tenant") from exc
+
+
+def page_admin(request) -> Principal:
+    """:func:`page_principal` for an admin-only page (traces, reconciliation): Http404 for anyone
+    else, so the page's existence is not shown to them."""
+    p = page_principal(request)
+    if not p.is_admin:
+        raise Http404("admins only")
+    return p

@@ -6,18 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-import rfc8785
-
-
-def canonical_json(value) -> bytes:
-    """RFC 8785 (JCS) canonical bytes of a JSON-compatible value. Raises ``rfc8785`` errors for
-    values JSON cannot carry (NaN, non-string keys, integers beyond 2**53)."""
-    return rfc8785.dumps(value)
-
-
-def sha256_json(value) -> str:
-    """Hex SHA-256 of :func:`canonical_json` of ``value``."""
-    return hashlib.sha256(canonical_json(value)).hexdigest()
+from apps.core.digests import canonical_json, sha256_json
 
 
 def action_digest(*, tool: str, tool_version: str, params: dict) -> str:

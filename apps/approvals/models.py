@@ -37,7 +37,7 @@ class ApprovalPolicy(models.Model):
         """Reject malformed ``rules`` with a field error (the Django admin shows it)."""
         from django.core.exceptions import ValidationError
 
-        from apps.approvals.services import policy_rules_validate
+        from apps.approvals.rules import policy_rules_validate
 
         problems = policy_rules_validate(self.rules)
         if problems:

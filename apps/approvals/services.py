@@ -6,136 +6,21 @@ re-check run before committing the intent and again at the moment of dispatch.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
-from apps.accounts.api import Conflict, Forbidden, NotFound, Unprocessable
 from apps.accounts.principal import Principal, principal_current
 from apps.actions.digest import action_digest as h_of_action
-from apps.approvals.models import ApprovalPolicy, ApprovalRequest, ApprovalStatus
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.approvals.policy import policy_decide
+from apps.approvals.rules import ROLES
+from apps.core.errors import Conflict, Forbidden, NotFound, Unprocessable
+from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.tasks import reducer
-
-ROLES = ("approver", "admin")
-
-#: The policy a tenant starts with (version 1). ``risk`` gives the rule for each risk level of the
-#: tool contracts (apps.actions.registry); ``tools`` overrides it per tool. A rule is
-#: ``{"requires_approval": bool, "ttl_minutes": int, "approver_roles": ["approver", "admin"]}``.
-DEFAULT_RULES = {
-    "risk": {
-        "low": {"requires_approval": True, "ttl_minutes": 240, "approver_roles": ["approver", "admin"]},
-        "medium": {"requires_approval": True, "ttl_minutes": 240, "approver_roles": ["approver", "admin"]},
-        "high": {"requires_approval": True, "ttl_minutes": 60, "approver_roles": ["admin"]},
-    },
-    "tools": {
-        "ticket.create": {"requires_approval": True, "ttl_minutes": 240},
-        "ticket.comment": {"requires_approval": True, "ttl_minutes": 240},
-        # A compensation always needs its own approval, whatever the rule says (DESIGN.md §6).
-        "ticket.update": {"requires_approval": True, "ttl_minutes": 240},
-    },
-}
-
-#: Used for a tool and risk level the policy does not mention: ask, for an hour, approvers or admins.
-FALLBACK_RULE = {"requires_approval": True, "ttl_minutes": 60, "approver_roles": list(ROLES)}
-
-_RULE_SCHEMA = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "requires_approval": {"type": "boolean"},
-        "ttl_minutes": {"type": "integer", "minimum": 1, "maximum": 60 * 24 * 30},
-        "approver_roles": {"type": "array", "items": {"enum": list(ROLES)}, "minItems": 1, "uniqueItems": True},
-    },
-}
-#: The shape of ``ApprovalPolicy.rules``: ``{"risk": {level: rule}, "tools": {tool: rule}}``.
-POLICY_SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["tools"],
-    "properties": {"risk": {"type": "object", "additionalProperties": False,
-                            "properties": {lvl: _RULE_SCHEMA for lvl in ("low", "medium", "high")}},
-                   "tools": {"type": "object", "additionalProperties": _RULE_SCHEMA}},
-}
-#: The older flat shape ``{tool: rule}``, still read.
-FLAT_POLICY_SCHEMA = {"type": "object", "additionalProperties": _RULE_SCHEMA}
-
-
-def policy_rules_validate(rules) -> list[str]:
-    """Problems with a policy's ``rules`` (empty when valid), each naming the field: shape, rule
-    fields, roles, TTL bounds."""
-    import jsonschema
-
-    from apps.actions.registry import TOOLS
-
-    structured = isinstance(rules, dict) and ("tools" in rules or "risk" in rules)
-    schema = POLICY_SCHEMA if structured else FLAT_POLICY_SCHEMA
-    problems = [f"{'/'.join(map(str, e.absolute_path)) or '(rules)'}: {e.message}"
-                for e in jsonschema.Draft202012Validator(schema).iter_errors(rules)]
-    if isinstance(rules, dict):
-        tools = rules.get("tools") if structured else rules
-        if isinstance(tools, dict):
-            problems += [f"{'tools/' if structured else ''}{name}: no such tool (known: {', '.join(sorted(TOOLS))})"
-                         for name in tools if name not in TOOLS]
-    return problems
-
-
-@dataclass(frozen=True)
-class PolicyDecision:
-    """What the policy says about one tool: approval needed?, for how long, who may decide, the
-    tool's risk level, under version V_p."""
-
-    requires_approval: bool
-    ttl: timedelta
-    policy_version: int
-    approver_roles: tuple[str, ...] = ROLES
-    risk: str = "medium"
-    #: why a person must approve whatever the policy says (cited evidence with a human gate, or no
-    #: procedure covering the report); "" when the policy alone decided
-    forced_by: str = ""
-
-
-def policy_current(*, tenant_id: int) -> ApprovalPolicy:
-    """The tenant's active policy with the highest version; creates version 1 with
-    :data:`DEFAULT_RULES` when the tenant has none."""
-    policy = ApprovalPolicy.objects.filter(tenant_id=tenant_id, active=True).order_by("-version").first()
-    if policy is None:
-        policy, _ = ApprovalPolicy.objects.get_or_create(
-            tenant_id=tenant_id, version=1, defaults={"rules": DEFAULT_RULES, "active": True}
-        )
-    return policy
-
-
-def policy_rule(rules: dict, tool: str, risk: str) -> dict:
-    """The rule for ``tool`` (of risk level ``risk``) in ``rules``: the tool's own rule over the
-    risk level's over :data:`FALLBACK_RULE`, field by field."""
-    tools = rules["tools"] if "tools" in rules else rules
-    by_risk = rules.get("risk", {}) if "tools" in rules else {}
-    return {**FALLBACK_RULE, **by_risk.get(risk, {}), **tools.get(tool, {})}
-
-
-def policy_decide(*, tenant_id: int, tool: str, evidence: list[dict] = (), no_procedure: str = "") -> PolicyDecision:
-    """Decide whether ``tool`` needs a human approval in ``tenant_id``, for how long and from whom
-    (DESIGN.md §7; spec §16.6). Unknown tools and risk levels need an approval. So does an action
-    that cites evidence marked ``requires_human_gate`` (the documentation projection's human gate)
-    or that is proposed without a procedure (``no_procedure``: why none covers the report),
-    whatever the policy's rule says; ``forced_by`` records which."""
-    from apps.actions.registry import TOOLS
-
-    policy = policy_current(tenant_id=tenant_id)
-    risk = TOOLS[tool].risk if tool in TOOLS else "high"
-    rule = policy_rule(policy.rules, tool, risk)
-    gated = next((ref for ref in evidence if ref.get("requires_human_gate")), None)
-    forced = (f"the cited procedure {gated.get('document_title') or gated.get('source')} v{gated.get('version')} "
-              "requires a person's approval") if gated else \
-        (f"proposed without a procedure: {no_procedure}" if no_procedure else "")
-    return PolicyDecision(
-        forced_by=forced,
-        requires_approval=bool(rule["requires_approval"]) or bool(forced),
-        ttl=timedelta(minutes=int(rule["ttl_minutes"])),
-        policy_version=policy.version,
-        approver_roles=tuple(rule["approver_roles"]),
-        risk=risk,
-    )
+from apps.tasks.store import refused_after_rollback
 
 
 def approval_decide(*, principal: Principal, approval_id, decision: str, reason: str = "") -> ApprovalRequest:
@@ -150,8 +35,6 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
     Raises ``NotFound``, ``Forbidden``, ``Unprocessable`` (bad decision / missing reject reason),
     ``Conflict``.
     """
-    from apps.tasks.services import refused_event_record
-
     if decision not in ("approve", "reject"):
         raise Unprocessable("decision must be 'approve' or 'reject'")
     reason = (reason or "").strip()
@@ -163,8 +46,8 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
         return _decide(principal=principal, approval_id=approval_id, decision=decision, reason=reason)
     except _Refused as refused:
         # The decision rolled back; keep the record of what δ refused.
-        refused_event_record(task=refused.task, event_type=refused.event_type, payload=refused.payload,
-                             reason=refused.reason, actor=principal.as_actor())
+        refused_after_rollback(task_id=refused.task.pk, event_type=refused.event_type, payload=refused.payload,
+                               reason=refused.reason, actor=principal.as_actor())
         raise Conflict(f"the task no longer waits for this approval: {refused.reason}") from None
 
 
@@ -176,8 +59,7 @@ class _Refused(Exception):
 
 def _decide(*, principal: Principal, approval_id, decision: str, reason: str) -> ApprovalRequest:
     from apps.tasks.models import Task
-    from apps.tasks.services import task_append_event
-    from apps.tasks.tasks import enqueue_agent_step
+    from apps.tasks.store import task_append_event
 
     with transaction.atomic():
         # Lock order: the task, then the approval — the order every task write with an approval
@@ -224,7 +106,7 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
             task_append_event(task=task, event_type=event_type, payload=payload, actor=principal.as_actor())
         except reducer.IllegalTransition as exc:
             raise _Refused(task, event_type, payload, exc.reason) from exc
-        enqueue_agent_step(task.pk)
+        enqueue_on_commit(AGENT_STEP, task.pk)
     if shown_differs:
         raise Conflict(f"not approved: {SHOWN_DIFFERS}; the request will be asked again",
                        status=ApprovalStatus.INVALIDATED)
@@ -300,3 +182,22 @@ def approval_check_binding_now(*, approval: ApprovalRequest, action_digest: str,
 def approval_invalidate(*, approval: ApprovalRequest, reason: str) -> None:
     """Mark an approval invalid with ``reason`` (call inside the caller's transaction)."""
     ApprovalRequest.objects.filter(pk=approval.pk).update(status=ApprovalStatus.INVALIDATED, reason=reason[:2000])
+
+
+def approval_request_create(*, approval_id: uuid.UUID, task, requested_by_id: int, proposal: dict, decision,
+                            object_type: str, object_id: str, object_version: int, scope: str, side_effects: str,
+                            evidence: list[dict], expires_at, decided: dict | None = None) -> ApprovalRequest:
+    """Create the approval request ``approval_id`` for ``task``'s ``proposal`` (``{tool,
+    tool_version, params, digest}``) under ``decision`` (a :class:`~apps.approvals.policy.PolicyDecision`:
+    its V_p and who may decide), binding h(a), the object and its version V_o, ``scope`` and
+    ``expires_at`` (DESIGN.md §7). ``side_effects`` is the sentence the approver reads; ``evidence``
+    the cited refs shown with it. ``decided`` (``status``, ``decided_by_id``, ``decided_at``,
+    ``reason``) records an approval carried over, granted already. Call inside the transaction
+    of the task event that asks for it."""
+    return ApprovalRequest.objects.create(
+        id=approval_id, tenant_id=task.tenant_id, task_id=task.pk, requested_by_id=requested_by_id,
+        tool=proposal["tool"], tool_version=proposal["tool_version"], params=proposal["params"],
+        action_digest=proposal["digest"], object_type=object_type, object_id=object_id, object_version=object_version,
+        policy_version=decision.policy_version, approver_roles=list(decision.approver_roles), scope=scope,
+        side_effects=side_effects, evidence=evidence, expires_at=expires_at, **(decided or {}),
+    )

@@ -9,16 +9,15 @@ from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
-from django.shortcuts import render
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.accounts.api import DomainError
+from apps.accounts.pages import page_principal
 from apps.actions.registry import TOOLS
 from apps.approvals.selectors import QUEUE_STATUSES, approval_get, approval_queue_row
 from apps.approvals.selectors import approval_queue as approval_queue_rows
 from apps.approvals.services import approval_decide
-from apps.tasks.views import _principal
+from apps.core.errors import DomainError
+from apps.core.pages import render_fragment, render_page
 
 
 @login_required
@@ -26,7 +25,7 @@ from apps.tasks.views import _principal
 def approval_queue(request):
     """The queue: filters (status, tool, device), pagination, 20 rows a page. A full page, or —
     for an htmx request that is not a history restore — only the list fragment."""
-    p = _principal(request)
+    p = page_principal(request)
     if not p.is_approver:
         raise Http404("not an approver")
     status = request.GET.get("status", "PENDING")
@@ -40,16 +39,13 @@ def approval_queue(request):
     query = urlencode({k: v for k, v in (("status", status), ("tool", tool), ("device", device)) if v})
     ctx = {"rows": rows, "page": page, "status": status, "tool": tool, "device": device, "query": query,
            "statuses": QUEUE_STATUSES, "tools": sorted(t for t, c in TOOLS.items() if c.kind == "write")}
-    fragment = request.htmx and not request.htmx.history_restore_request
-    response = render(request, "approvals/_queue.html" if fragment else "approvals/queue.html", ctx)
-    patch_vary_headers(response, ("HX-Request",))
-    return response
+    return render_page(request, "approvals/queue.html", ctx, fragment="approvals/_queue.html")
 
 
 @login_required
 @require_POST
 def approval_decide_view(request, approval_id):
-    p = _principal(request)
+    p = page_principal(request)
     error = None
     try:
         approval_decide(principal=p, approval_id=approval_id, decision=request.POST.get("decision", ""),
@@ -63,6 +59,4 @@ def approval_decide_view(request, approval_id):
     if approval is None:
         raise Http404("approval not found")
     row = approval_queue_row(principal=p, approval=approval)
-    response = render(request, "approvals/_row.html", {"r": row, "error": error}, status=status)
-    patch_vary_headers(response, ("HX-Request",))
-    return response
+    return render_fragment(request, "approvals/_row.html", {"r": row, "error": error}, status=status)

@@ -6,20 +6,19 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
-from django.shortcuts import render
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET
 
+from apps.accounts.pages import page_principal
+from apps.core.pages import render_fragment
 from apps.evidence.models import Chunk
 from apps.evidence.selectors import chunk_readable
-from apps.tasks.views import _principal
 
 
 @login_required
 @require_GET
 def evidence_detail(request, chunk_id: int):
     """404 for a chunk of another tenant or a scope the viewer cannot read now."""
-    p = _principal(request)
+    p = page_principal(request)
     chunk = chunk_readable(chunk_id=chunk_id, tenant_id=p.tenant_id, scopes=p.scopes)
     if chunk is None:
         raise Http404("no such evidence, or you may not read it")
@@ -34,10 +33,8 @@ def evidence_detail(request, chunk_id: int):
 
     from apps.evidence.governance import evidence_standing
 
-    response = render(request, "evidence/detail.html", {
+    return render_fragment(request, "evidence/detail.html", {
         "chunk": chunk, "version": version, "document": document, "current": current,
         "standing": evidence_standing(version.metadata or {}, now=timezone.now()),
         "superseded": not chunk.is_current and not document.retired,
     })
-    patch_vary_headers(response, ("HX-Request",))
-    return response

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from apps.accounts.api import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
 from apps.accounts.principal import Principal
-from apps.actions import errors
 from apps.actions.models import Action, ActionStatus
 from apps.actions.registry import tool_get
+from apps.core import tool_errors as errors
+from apps.core.errors import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
 from apps.outbox.services import receipt_record
 from apps.outbox.unknown_outcomes import ActionChanged, action_settle_unknown
 from apps.tickets.connectors import Receipt, connector_for

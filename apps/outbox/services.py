@@ -33,16 +33,17 @@ from django.db.models import Exists, Max, OuterRef, Q
 from django.utils import timezone
 
 from apps.accounts.principal import principal_current
-from apps.actions import errors
 from apps.actions.digest import sendable
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.actions.registry import tool_get
 from apps.approvals.services import approval_check_binding_now, approval_invalidate
+from apps.core import tool_errors as errors
+from apps.core.failpoints import failpoint
+from apps.core.queue import AGENT_STEP, OUTBOX_DISPATCH, enqueue_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
-from apps.tasks.failpoints import failpoint
 from apps.tasks.models import Task
-from apps.tasks.services import task_append_with_retry, worker_identity
+from apps.tasks.store import refused_after_rollback, task_append_with_retry, worker_identity
 from apps.tickets.connectors import Receipt, connector_for
 from apps.tickets.models import TicketMirror
 from config.logs import bind
@@ -52,6 +53,17 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 60.0
+
+
+def outbox_enqueue(*, action, ordering_key: str) -> OutboxMessage:
+    """Queue ``action`` (an :class:`~apps.actions.models.Action` just created) for dispatch, due
+    now, in the caller's transaction (the intent's: DESIGN.md §1 step 6), and kick the dispatcher
+    once that transaction commits (beat ticks it anyway). ``ordering_key``: rows with the same key
+    are delivered one after the other (per-ticket order)."""
+    message = OutboxMessage.objects.create(tenant_id=action.tenant_id, action=action, ordering_key=ordering_key,
+                                           available_at=timezone.now())
+    enqueue_on_commit(OUTBOX_DISPATCH)
+    return message
 
 
 def backoff_delay(attempt: int, *, rng: random.Random | None = None) -> float:
@@ -227,9 +239,8 @@ def action_deadline(action: Action, task: Task):
 
 
 def _kick_agent(task_id) -> None:
-    from apps.tasks.tasks import enqueue_agent_step
 
-    enqueue_agent_step(task_id)
+    enqueue_on_commit(AGENT_STEP, task_id)
 
 
 def _append_or_record_refusal(*, task_id, event_type: str, actor: str, payload_fn) -> bool:
@@ -432,10 +443,8 @@ def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str, 
                         resolution=resolution)
     except reducer.IllegalTransition as exc:
         # The whole recording rolled back with the refusal; keep the record of what δ refused.
-        from apps.tasks.services import refused_event_record
-
-        action = Action.objects.select_related("task").get(pk=action_id)
-        refused_event_record(task=action.task, event_type="receipt.recorded", payload={
+        task_id = Action.objects.filter(pk=action_id).values_list("task_id", flat=True).get()
+        refused_after_rollback(task_id=task_id, event_type="receipt.recorded", payload={
             "action_id": str(action_id), "receipt": receipt.as_dict()}, reason=exc.reason, actor=actor)
         log.error("receipt for action %s refused: %s", action_id, exc.reason)
 

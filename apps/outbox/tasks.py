@@ -1,5 +1,6 @@
-"""Celery tasks of the outbox: the dispatcher (kicked on commit, ticked by beat) and the
-reconciler (beat). Thin: they call :mod:`apps.outbox.services`."""
+"""Celery tasks of the outbox: the dispatcher (kicked on commit by
+:func:`apps.outbox.services.outbox_enqueue`, ticked by beat) and the reconciler (beat). Thin: they
+call the outbox's services. Addressed by name (:mod:`apps.core.queue`)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,19 @@ import logging
 
 from celery import shared_task
 
+from apps.core import queue
+
 log = logging.getLogger(__name__)
 
 
-def enqueue_dispatch() -> None:
-    """Kick the dispatcher now (call from ``transaction.on_commit``); beat ticks it anyway."""
-    try:
-        dispatch_pending.delay()
-    except Exception:  # noqa: BLE001 - the beat tick delivers it later
-        log.exception("could not kick the outbox dispatcher")
-
-
-@shared_task(name="apps.outbox.tasks.dispatch_pending")
+@shared_task(name=queue.OUTBOX_DISPATCH)
 def dispatch_pending() -> int:
     from apps.outbox.services import outbox_dispatch_batch
 
     return outbox_dispatch_batch()
 
 
-@shared_task(name="apps.outbox.tasks.reconcile_unknown")
+@shared_task(name=queue.OUTBOX_RECONCILE)
 def reconcile_unknown() -> int:
     from apps.outbox.unknown_outcomes import actions_reconcile
 

@@ -13,8 +13,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.actions import errors
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.core import tool_errors as errors
+from apps.core.queue import OUTBOX_DISPATCH, enqueue_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.services import (
     MAX_ATTEMPTS,
@@ -26,7 +27,7 @@ from apps.outbox.services import (
 )
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.services import StaleWrite, task_append_with_retry
+from apps.tasks.store import StaleWrite, refused_after_rollback, task_append_with_retry
 from apps.tickets.connectors import Receipt, connector_for
 from config.logs import bind
 
@@ -112,16 +113,12 @@ def _requeue_same_key(action: Action, message: OutboxMessage, *, delay: float) -
         refused = exc
     if refused is not None:
         # Rolled back with the rows; keep the record of what was refused. The next tick settles it.
-        from apps.tasks.services import refused_event_record
-
         reason = refused.reason if isinstance(refused, reducer.IllegalTransition) else str(refused)
-        refused_event_record(task=Task.objects.get(pk=action.task_id), event_type="reconciliation.retry",
-                             payload={"action_id": str(action.pk), "reason": "not found by key"}, reason=reason,
-                             actor="reconciler")
+        refused_after_rollback(task_id=action.task_id, event_type="reconciliation.retry",
+                               payload={"action_id": str(action.pk), "reason": "not found by key"}, reason=reason,
+                               actor="reconciler")
         return
-    from apps.outbox.tasks import enqueue_dispatch
-
-    transaction.on_commit(enqueue_dispatch)
+    enqueue_on_commit(OUTBOX_DISPATCH)
 
 
 class ActionChanged(Exception):

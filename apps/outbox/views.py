@@ -6,25 +6,21 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
-from django.shortcuts import render
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.accounts.api import DomainError
-from apps.accounts.pages import render_page
+from apps.accounts.pages import page_admin
 from apps.actions.models import Action
+from apps.core.errors import DomainError
+from apps.core.pages import render_fragment, render_page
 from apps.outbox.reconciliation import UnknownAction, reconciliation_list, reconciliation_resolve
 from apps.tasks.compensation import compensation_settle, compensations_waiting
 from apps.tasks.models import Task
-from apps.tasks.views import _principal
 
 
 @login_required
 @require_GET
 def reconciliation_page(request):
-    p = _principal(request)
-    if not p.is_admin:
-        raise Http404("admins only")
+    p = page_admin(request)
     return render_page(request, "reconciliation/page.html", {"rows": reconciliation_list(principal=p),
                                                               "compensations": compensations_waiting(principal=p)})
 
@@ -32,9 +28,7 @@ def reconciliation_page(request):
 @login_required
 @require_POST
 def reconciliation_resolve_view(request, action_id):
-    p = _principal(request)
-    if not p.is_admin:
-        raise Http404("admins only")
+    p = page_admin(request)
     error, status = None, 200
     executed = request.POST.get("executed")
     try:
@@ -50,9 +44,7 @@ def reconciliation_resolve_view(request, action_id):
         raise Http404("action not found")
     row = next((r for r in reconciliation_list(principal=p) if r.action.pk == action.pk), None)
     row = row or UnknownAction(action, False, "")
-    response = render(request, "reconciliation/_row.html", {"r": row, "error": error}, status=status)
-    patch_vary_headers(response, ("HX-Request",))
-    return response
+    return render_fragment(request, "reconciliation/_row.html", {"r": row, "error": error}, status=status)
 
 
 class _Choice(DomainError):
@@ -64,9 +56,7 @@ class _Choice(DomainError):
 @require_POST
 def compensation_settle_view(request, task_id):
     """HTMX: record an admin's decision on a failed compensation; answers the task's card."""
-    p = _principal(request)
-    if not p.is_admin:
-        raise Http404("admins only")
+    p = page_admin(request)
     error, status = None, 200
     try:
         compensation_settle(principal=p, task_id=task_id, decision=request.POST.get("decision", ""),
@@ -76,6 +66,5 @@ def compensation_settle_view(request, task_id):
     task = Task.objects.visible_to(p).filter(pk=task_id).select_related("device", "requester").first()
     if task is None:
         raise Http404("task not found")
-    response = render(request, "reconciliation/_compensation.html", {"t": task, "error": error}, status=status)
-    patch_vary_headers(response, ("HX-Request",))
-    return response
+    return render_fragment(request, "reconciliation/_compensation.html", {"t": task, "error": error},
+                           status=status)

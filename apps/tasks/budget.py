@@ -16,30 +16,16 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from apps.tasks import reducer, reducer_v3
-from apps.tasks.models import Task, TenantUsage
-
-
-class BudgetExceeded(Exception):
-    """A reservation was not admitted: ``dimension`` (``money``, ``tokens``, ``tool_calls``,
-    ``retries``) would pass its limit. ``scope`` is ``"task"`` or ``"tenant"``."""
-
-    def __init__(self, dimension: str, requested: int, available: int, scope: str = "task"):
-        super().__init__(f"{scope} {dimension}: requested {requested}, {max(available, 0)} left")
-        self.dimension, self.requested, self.available, self.scope = dimension, requested, available, scope
-
-    @property
-    def reason(self) -> str:
-        """The termination reason of a task stopped by this limit."""
-        what = "tenant_quota_exhausted" if self.scope == "tenant" else "budget_exhausted"
-        return f"{what}: {self}"
+from apps.tasks.models import Task
+from apps.tasks.store import refused_after_rollback, task_append_event
+from apps.tasks.usage import BudgetExceeded
 
 
 @dataclass(frozen=True)
@@ -56,21 +42,7 @@ def _locked(task_id: uuid.UUID) -> Task:
 
 
 def _append(task: Task, event_type: str, payload: dict, actor: str, lease_generation: int | None) -> Task:
-    from apps.tasks.services import task_append_event
-
     return task_append_event(task=task, event_type=event_type, payload=payload, actor=actor,
-                             lease_generation=lease_generation)
-
-
-def _recorded_if_refused(task_id: uuid.UUID, event_type: str, payload: dict, actor: str,
-                         lease_generation: int | None, exc: reducer.IllegalTransition) -> None:
-    """δ refused the event inside this module's transaction (or savepoint), whose rollback took
-    the refusal's record with it: record it again now."""
-    from apps.tasks.services import refused_event_record
-
-    task = Task.objects.filter(pk=task_id).first()
-    if task is not None:
-        refused_event_record(task=task, event_type=event_type, payload=payload, reason=exc.reason, actor=actor,
                              lease_generation=lease_generation)
 
 
@@ -83,7 +55,7 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
     Returns ``(task, reservation)``. Raises :class:`BudgetExceeded` (nothing written) when any
     dimension of the task or of its tenant's daily quota would pass its limit;
     :class:`~apps.tasks.reducer.IllegalTransition` when the task may not start activities now
-    (e.g. cancelled); :class:`~apps.tasks.services.StaleWrite` when ``lease_generation`` is no
+    (e.g. cancelled); :class:`~apps.tasks.store.StaleWrite` when ``lease_generation`` is no
     longer the task's fencing token.
     """
     amounts = {d: int(amounts.get(d, 0)) for d in reducer_v3.DIMENSIONS}
@@ -106,7 +78,8 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
         else:
             refused = None
     if refused is not None:
-        _recorded_if_refused(task_id, "budget.reserved", payload, actor, lease_generation, refused)
+        refused_after_rollback(task_id=task_id, event_type="budget.reserved", payload=payload, reason=refused.reason,
+                               actor=actor, lease_generation=lease_generation)
         raise refused
     return task, Reservation(id=rid, amounts=amounts, timeout_s=timeout_s)
 
@@ -120,7 +93,7 @@ def budget_settle(*, task_id: uuid.UUID, reservation_id: str, used: dict, actor:
 
     Raises :class:`~apps.tasks.reducer.IllegalTransition` (recorded as refused) when the
     reservation is no longer open — a late result whose reservation was released — or ``c > r``;
-    :class:`~apps.tasks.services.StaleWrite` when the fencing token moved on.
+    :class:`~apps.tasks.store.StaleWrite` when the fencing token moved on.
     """
     payload = {**(extra or {}), "reservation_id": reservation_id,
                "used": {d: int(used.get(d, 0)) for d in reducer_v3.DIMENSIONS},
@@ -129,7 +102,8 @@ def budget_settle(*, task_id: uuid.UUID, reservation_id: str, used: dict, actor:
         with transaction.atomic():
             return _append(_locked(task_id), event_type, payload, actor, lease_generation)
     except reducer.IllegalTransition as exc:
-        _recorded_if_refused(task_id, event_type, payload, actor, lease_generation, exc)
+        refused_after_rollback(task_id=task_id, event_type=event_type, payload=payload, reason=exc.reason,
+                               actor=actor, lease_generation=lease_generation)
         raise
 
 
@@ -174,58 +148,6 @@ def orphaned_reservations_settle(*, task_id: uuid.UUID) -> bool:
 
 
 # --- the tenant's day ledger ------------------------------------------------------------------------
-
-def _day(task: Task) -> datetime.date:
-    created = task.created_at or timezone.now()
-    return created.astimezone(UTC).date()
-
-
-def tenant_ledger_apply(task: Task, old: dict, new: dict) -> None:
-    """Move the tenant's day row (:class:`~apps.tasks.models.TenantUsage`) by the change from
-    ``old`` to ``new`` in the task's money and token ledgers. Called inside the event's
-    transaction. Raises :class:`BudgetExceeded` (scope ``tenant``) when ``used + reserved``
-    would grow past the tenant's daily quota; the event's transaction then rolls back."""
-    if "limits" not in new:
-        return
-    def acct(state: dict, dim: str) -> dict:
-        if dim == "money":
-            return state["budget"]
-        return (state.get("limits") or {}).get(dim) or {"used": 0, "reserved": 0}
-
-    deltas = {dim: (acct(new, dim)["used"] - acct(old, dim)["used"],
-                    acct(new, dim)["reserved"] - acct(old, dim)["reserved"]) for dim in ("money", "tokens")}
-    if not any(any(pair) for pair in deltas.values()):
-        return
-    day = _day(task)
-    TenantUsage.objects.bulk_create([TenantUsage(tenant_id=task.tenant_id, day=day)], ignore_conflicts=True)
-    rows = TenantUsage.objects.for_tenant(task.tenant_id).filter(day=day)
-    quota = task.tenant.quota()
-    for dim, (d_used, d_reserved) in deltas.items():
-        growth = d_used + d_reserved
-        if growth > 0:
-            rows = rows.filter(**{f"{dim}_used__lte": quota[dim] - growth - F(f"{dim}_reserved")})
-    updated = rows.update(money_used=F("money_used") + deltas["money"][0],
-                          money_reserved=F("money_reserved") + deltas["money"][1],
-                          tokens_used=F("tokens_used") + deltas["tokens"][0],
-                          tokens_reserved=F("tokens_reserved") + deltas["tokens"][1],
-                          updated_at=timezone.now())
-    if updated != 1:
-        row = TenantUsage.objects.for_tenant(task.tenant_id).get(day=day)
-        for dim, (d_used, d_reserved) in deltas.items():
-            left = quota[dim] - getattr(row, f"{dim}_used") - getattr(row, f"{dim}_reserved")
-            if d_used + d_reserved > left:
-                raise BudgetExceeded(dim, d_used + d_reserved, left, scope="tenant")
-        raise BudgetExceeded("money", deltas["money"][0] + deltas["money"][1], 0, scope="tenant")
-
-
-def tenant_usage_today(tenant) -> dict:
-    """``{"day", "money": {"limit", "used", "reserved"}, "tokens": {...}}`` for ``tenant`` today."""
-    day = timezone.now().astimezone(UTC).date()
-    row = TenantUsage.objects.for_tenant(tenant.pk).filter(day=day).first()
-    quota = tenant.quota()
-    return {"day": day.isoformat(), **{dim: {"limit": quota[dim], "used": getattr(row, f"{dim}_used", 0),
-                                             "reserved": getattr(row, f"{dim}_reserved", 0)}
-                                       for dim in ("money", "tokens")}}
 
 
 # --- deadline propagation -----------------------------------------------------------------------------

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import uuid
 
-from apps.accounts.api import Conflict, Forbidden, NotFound, Unprocessable
 from apps.accounts.principal import Principal
+from apps.core.errors import Conflict, Forbidden, NotFound, Unprocessable
+from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.services import StaleWrite, task_append_event
+from apps.tasks.store import StaleWrite, task_append_event
 
 MAX_NOTE = 1000
 
@@ -46,7 +47,6 @@ def compensation_settle(*, principal: Principal, task_id: uuid.UUID, decision: s
     characters) says why. Raises ``NotFound`` (not a task of the principal's tenant),
     ``Forbidden`` (not an admin), ``Unprocessable`` (bad decision or note) and ``Conflict`` (the
     task is not waiting for a compensation decision, or moved meanwhile)."""
-    from apps.tasks.tasks import enqueue_agent_step
 
     _require_admin(principal)
     if decision not in ("retry", "done_by_hand", "not_needed"):
@@ -66,7 +66,7 @@ def compensation_settle(*, principal: Principal, task_id: uuid.UUID, decision: s
         if decision == "retry":
             task = task_append_event(task=task, event_type="compensation.retry", actor=actor,
                                      payload={"by": principal.username, "note": note})
-            enqueue_agent_step(task.pk)
+            enqueue_on_commit(AGENT_STEP, task.pk)
         else:
             task = task_append_event(task=task, event_type="compensation.resolved", actor=actor,
                                      payload={"outcome": decision, "by": principal.username, "note": note})

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from apps.accounts.models import AccessScope, Membership, Role, Tenant, TicketSystem
-from apps.approvals.services import policy_current
+from apps.approvals.policy import policy_current
 from apps.devices.models import Device
 
 KB_DIR = Path(__file__).resolve().parent.parent / "evidence" / "kb"

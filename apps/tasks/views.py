@@ -8,28 +8,21 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.accounts.api import DomainError
-from apps.accounts.principal import NoMembership, principal_for_user
+from apps.accounts.pages import page_principal
+from apps.core.errors import DomainError
+from apps.core.pages import render_page
 from apps.devices.selectors import device_list
 from apps.tasks.forms import FaultRequestForm, InputForm
 from apps.tasks.selectors import task_get, task_list, task_now
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
 
 
-def _principal(request):
-    try:
-        return principal_for_user(request.user)
-    except NoMembership as exc:
-        raise Http404("no tenant") from exc
-
-
 @login_required
 @require_GET
 def home(request):
-    p = _principal(request)
+    p = page_principal(request)
     if p.is_admin:
         return redirect("admin-tasks")
     if p.is_approver:
@@ -40,14 +33,14 @@ def home(request):
 @login_required
 @require_GET
 def request_list(request):
-    p = _principal(request)
+    p = page_principal(request)
     return render(request, "tasks/request_list.html", {"tasks": task_list(principal=p)[:50]})
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def request_new(request):
-    p = _principal(request)
+    p = page_principal(request)
     if not p.is_requester:
         raise PermissionDenied("only requesters and admins file fault requests")
     devices = list(device_list(principal=p))
@@ -70,7 +63,7 @@ def request_new(request):
 
 
 def _task_context(request, task_id):
-    p = _principal(request)
+    p = page_principal(request)
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
@@ -81,17 +74,13 @@ def _task_context(request, task_id):
 @require_GET
 def task_detail(request, task_id):
     ctx = _task_context(request, task_id)
-    template = "tasks/_status.html" if request.htmx and not request.htmx.history_restore_request else \
-        "tasks/task_detail.html"
-    response = render(request, template, ctx)
-    patch_vary_headers(response, ("HX-Request",))
-    return response
+    return render_page(request, "tasks/task_detail.html", ctx, fragment="tasks/_status.html")
 
 
 @login_required
 @require_POST
 def task_cancel_view(request, task_id):
-    p = _principal(request)
+    p = page_principal(request)
     try:
         task_cancel(principal=p, task_id=task_id, reason=request.POST.get("reason", ""))
     except DomainError as exc:
@@ -102,7 +91,7 @@ def task_cancel_view(request, task_id):
 @login_required
 @require_POST
 def task_input_view(request, task_id):
-    p = _principal(request)
+    p = page_principal(request)
     form = InputForm(request.POST)
     if form.is_valid():
         try:

@@ -24,7 +24,7 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 
-from apps.actions import errors
+from apps.core import tool_errors as errors
 from config.tls import tls_context
 
 

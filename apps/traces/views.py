@@ -11,24 +11,17 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from apps.accounts.pages import render_page
+from apps.accounts.pages import page_admin
 from apps.actions.models import Action
+from apps.core.pages import render_page
 from apps.events.models import RefusedEvent
 from apps.tasks.selectors import SENSITIVE_EVENTS, payload_shown, task_events_for_viewer, task_get, task_list
-from apps.tasks.views import _principal
-
-
-def _admin(request):
-    p = _principal(request)
-    if not p.is_admin:
-        raise Http404("admins only")
-    return p
 
 
 @login_required
 @require_GET
 def admin_tasks(request):
-    p = _admin(request)
+    p = page_admin(request)
     return render_page(request, "traces/tasks.html", {"tasks": task_list(principal=p)[:100]})
 
 
@@ -52,7 +45,7 @@ PHASES = {
 
 
 def _trace(request, task_id) -> dict:
-    p = _admin(request)
+    p = page_admin(request)
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
@@ -179,7 +172,7 @@ def metrics_page(request):
     from apps.traces.charts import bar_chart
     from apps.traces.metrics import tenant_metrics
 
-    p = _admin(request)
+    p = page_admin(request)
     m = tenant_metrics(tenant_id=p.tenant_id)
     charts = {
         "tasks": bar_chart([(str(d["day"])[5:], d["completed"], d["failed"] + d["cancelled"]) for d in m["by_day"]],
@@ -198,7 +191,7 @@ def task_event_payload(request, task_id, seq: int):
     from apps.evidence.selectors import payload_for_viewer, readable_chunk_ids
     from apps.tasks.selectors import task_events
 
-    p = _admin(request)
+    p = page_admin(request)
     task = task_get(principal=p, task_id=task_id)
     event = task_events(principal=p, task=task).filter(seq=seq).first() if task is not None else None
     if event is None:

@@ -50,7 +50,7 @@ def _in_process(max_events: int):
     old = settings.FAULTDESK["MAX_EVENTS_PER_TASK"]
     settings.FAULTDESK["MAX_EVENTS_PER_TASK"] = max(old, max_events + 10)
     try:
-        with mock.patch("apps.tasks.tasks._send", lambda task_fn, task_id: None):
+        with mock.patch("apps.core.queue.send_now", lambda name, *args: None):
             yield
     finally:
         settings.FAULTDESK["MAX_EVENTS_PER_TASK"] = old
@@ -59,7 +59,8 @@ def _in_process(max_events: int):
 def _drive_to_approval(task_id: uuid.UUID, *, rounds: int = 10):
     """Run the agent and tools steps in-process until the task waits for approval; returns the
     task. SystemExit when it stops elsewhere."""
-    from apps.tasks.controller import agent_run, context_read
+    from apps.agent.context import context_read
+    from apps.agent.runner import agent_run
     from apps.tasks.models import Task
 
     task = Task.objects.get(pk=task_id)
@@ -106,8 +107,8 @@ def clone_pending(template, copies: int) -> list[str]:
     from django.db import connection, transaction
     from django.db.models import F
 
-    from apps.actions.digest import sha256_json
     from apps.approvals.models import ApprovalRequest
+    from apps.core.digests import sha256_json
     from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
     from apps.tasks.models import Task, TenantUsage
 
@@ -212,9 +213,9 @@ def trace_task(seeded, device_id: int, *, events: int, tail: int):
     (:func:`_budget_events`), then the real pipeline to ``WAITING_APPROVAL``, which takes ``tail``
     events from submission (the template's count). Returns the task; SystemExit when it stops
     elsewhere or with another count."""
-    from apps.tasks.controller import agent_run
+    from apps.agent.runner import agent_run
+    from apps.tasks.leases import task_claim, task_release
     from apps.tasks.models import Task
-    from apps.tasks.services import task_claim, task_release
 
     task = _submit(seeded, device_id, SYMPTOMS[1])
     agent_run(task_id=task.pk)
@@ -243,10 +244,10 @@ def seed(*, pending: int = PENDING, events: int = TRACE_EVENTS):
     Returns ``(seeded tenant, trace task, seconds per step)``, the steps being ``tenant`` (with its
     knowledge base, which loads the embedding model), ``template``, ``trace`` and ``copies``.
     SystemExit when a driven task stops elsewhere or a check fails."""
-    from apps.actions.digest import sha256_json
+    from apps.core.digests import sha256_json
     from apps.events.models import TaskSnapshot
-    from apps.events.replay import task_replay
     from apps.tasks.models import Task
+    from apps.tasks.replay import task_replay
 
     took, mark = {}, time.monotonic()
 

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "apps.outbox",
     "apps.tickets",
     "apps.llm",
+    "apps.agent",
     "apps.traces",
     "config.apps.FaultdeskConfig",
 ]
@@ -218,22 +219,23 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "agent"
+# Celery tasks are addressed by name (apps/core/queue.py); each name is routed to its queue here.
 CELERY_TASK_ROUTES = {
-    "apps.tasks.tasks.agent_step": {"queue": "agent"},
-    "apps.tasks.tasks.read_context": {"queue": "tools"},
-    "apps.tasks.tasks.sweep_leases": {"queue": "agent"},
-    "apps.outbox.tasks.dispatch_pending": {"queue": "outbox"},
-    "apps.outbox.tasks.reconcile_unknown": {"queue": "outbox"},
-    "apps.approvals.tasks.expire_approvals": {"queue": "agent"},
+    "agent_step": {"queue": "agent"},
+    "read_context": {"queue": "tools"},
+    "sweep_leases": {"queue": "agent"},
+    "dispatch_pending": {"queue": "outbox"},
+    "reconcile_unknown": {"queue": "outbox"},
+    "expire_approvals": {"queue": "agent"},
 }
 CELERY_BEAT_SCHEDULE = {
-    "outbox-tick": {"task": "apps.outbox.tasks.dispatch_pending", "schedule": timedelta(seconds=2)},
+    "outbox-tick": {"task": "dispatch_pending", "schedule": timedelta(seconds=2)},
     "lease-sweeper": {
-        "task": "apps.tasks.tasks.sweep_leases",
+        "task": "sweep_leases",
         "schedule": timedelta(seconds=env.float("FAULTDESK_SWEEP_EVERY_SECONDS", default=5.0)),
     },
-    "reconciler": {"task": "apps.outbox.tasks.reconcile_unknown", "schedule": timedelta(seconds=5)},
-    "approval-expiry": {"task": "apps.approvals.tasks.expire_approvals", "schedule": timedelta(seconds=30)},
+    "reconciler": {"task": "reconcile_unknown", "schedule": timedelta(seconds=5)},
+    "approval-expiry": {"task": "expire_approvals", "schedule": timedelta(seconds=30)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

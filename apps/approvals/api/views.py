@@ -10,10 +10,11 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.api import Forbidden, HasPrincipal, NotFound, request_principal
+from apps.accounts.api import HasPrincipal, request_principal
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.selectors import approval_get, approval_list
 from apps.approvals.services import approval_decide
+from apps.core.errors import Forbidden, NotFound
 
 
 class ApprovalSerializer(serializers.ModelSerializer):

@@ -10,9 +10,10 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.accounts.api import Forbidden, HasPrincipal, NotFound, request_principal
+from apps.accounts.api import HasPrincipal, request_principal
 from apps.actions.api.serializers import ActionSerializer
 from apps.actions.selectors import task_actions
+from apps.core.errors import Forbidden, NotFound
 from apps.tasks import reducer
 from apps.tasks.api.serializers import (
     CancelSerializer,

@@ -9,10 +9,10 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.actions import errors
 from apps.actions.audit import task_actions_audit
-from apps.events.replay import task_replay
+from apps.core import tool_errors as errors
 from apps.tasks.models import Task
+from apps.tasks.replay import task_replay
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apps.actions.digest import sha256_json
+from apps.core.digests import sha256_json
 from apps.events.models import TaskEvent, TaskSnapshot
 from apps.tasks import reducer
 

@@ -1,6 +1,6 @@
-"""Celery tasks of the task runtime: thin wrappers (ids in, call a service). Enqueueing always
-goes through :func:`enqueue_agent_step` / :func:`enqueue_read_context`, which defer to
-``transaction.on_commit`` so a message is never sent for a row that is not committed."""
+"""Celery tasks of the agent runtime: thin wrappers (ids in, call the runner). Nobody imports them
+to enqueue: work is sent by task name through :func:`apps.core.queue.enqueue_on_commit`, which
+defers to ``transaction.on_commit`` so a message is never sent for a row that is not committed."""
 
 from __future__ import annotations
 
@@ -9,32 +9,13 @@ import uuid
 from datetime import timedelta
 
 from celery import shared_task
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.utils import timezone
 
+from apps.core import queue
 from config.database import retryable
 
 log = logging.getLogger(__name__)
-
-
-def _send(task_fn, task_id) -> None:
-    def go():
-        try:
-            task_fn.delay(str(task_id))
-        except Exception:  # noqa: BLE001 - broker down: the lease sweeper re-queues the task
-            log.exception("could not enqueue %s for %s", task_fn.name, task_id)
-
-    transaction.on_commit(go)
-
-
-def enqueue_agent_step(task_id) -> None:
-    """Run the agent controller for ``task_id`` after the current transaction commits."""
-    _send(agent_step, task_id)
-
-
-def enqueue_read_context(task_id) -> None:
-    """Run the retrieval + device read (``tools`` queue) after the current transaction commits."""
-    _send(read_context, task_id)
 
 
 #: Retries of a step the database refused with a retryable error, and the first delay (seconds).
@@ -56,34 +37,34 @@ def _retrying_database_refusals(task, step) -> None:
         raise task.retry(exc=exc, countdown=DATABASE_RETRY_DELAY * 2 ** task.request.retries) from exc
 
 
-@shared_task(name="apps.tasks.tasks.agent_step", bind=True)
+@shared_task(name=queue.AGENT_STEP, bind=True)
 def agent_step(self, task_id: str) -> None:
-    from apps.tasks.controller import agent_run
+    from apps.agent.runner import agent_run
 
     _retrying_database_refusals(self, lambda: agent_run(task_id=uuid.UUID(task_id)))
 
 
-@shared_task(name="apps.tasks.tasks.read_context", bind=True)
+@shared_task(name=queue.READ_CONTEXT, bind=True)
 def read_context(self, task_id: str) -> None:
-    from apps.tasks.controller import context_read
+    from apps.agent.context import context_read
 
     _retrying_database_refusals(self, lambda: context_read(task_id=uuid.UUID(task_id)))
 
 
-@shared_task(name="apps.tasks.tasks.sweep_leases")
+@shared_task(name=queue.SWEEP_LEASES)
 def sweep_leases() -> int:
     """Beat: re-queue work that is runnable but idle — a lease that expired (its worker died) or
     a runnable task nobody has touched for a while (a lost broker message). Returns the count."""
     from django.conf import settings
 
+    from apps.agent.sweeper import tasks_needing_work, tasks_with_orphaned_reservations
     from apps.tasks.budget import orphaned_reservations_settle
-    from apps.tasks.sweeper import tasks_needing_work, tasks_with_orphaned_reservations
 
     now = timezone.now()
     idle = timedelta(seconds=settings.FAULTDESK["SWEEPER_IDLE_SECONDS"])
     ids = tasks_needing_work(now=now, idle=idle)
     for status, task_id in ids:
-        (read_context if status == "RETRIEVING" else agent_step).delay(str(task_id))
+        queue.send_now(queue.READ_CONTEXT if status == "RETRIEVING" else queue.AGENT_STEP, task_id)
     settled = 0
     for task_id in tasks_with_orphaned_reservations(now=now):
         try:

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 
 from apps.tasks import reducer
+from apps.tasks.leases import compensation_due_q
 from apps.tasks.models import Task
-from apps.tasks.services import compensation_due_q
 
 RUNNABLE = (reducer.ACCEPTED, reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING)
 

@@ -1,0 +1,200 @@
+"""Drafting (spec §16.1 step 2): one model call at a time, admitted by the ledger, bounded by the
+deadline and the lease, recorded with its raw output before anything uses it; malformed replies are
+re-asked and transient failures retried with backoff."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.actions.digest import action_digest
+from apps.actions.registry import tool_get
+from apps.agent.common import (
+    actor_of,
+    cancel_requested,
+    deadline_reason,
+    fail,
+    has_ledger,
+)
+from apps.core.digests import sha256_json
+from apps.core.failpoints import failpoint
+from apps.llm.drafter import local_draft, render_prompt
+from apps.llm.providers import TRANSIENT, CallResult, provider_for
+from apps.tasks import reducer, reducer_v3
+from apps.tasks.answer import answer_compose
+from apps.tasks.budget import activity_timeout, budget_reserve, budget_settle
+from apps.tasks.leases import Lease, task_lease_renew
+from apps.tasks.models import Task
+from apps.tasks.store import task_append_event
+from apps.tasks.usage import BudgetExceeded
+
+log = logging.getLogger(__name__)
+
+
+def propose(task: Task, lease: Lease) -> bool:
+    state = task.state
+    limit = settings.FAULTDESK["MAX_REDRAFTS"]
+    if state["redrafts"] > limit:
+        task_append_event(task=task, event_type="task.failed", actor=actor_of(lease), lease_generation=lease.generation,
+                          payload={"reason": f"redraft_limit: no valid draft after {limit} re-drafts"})
+        return False
+    if has_ledger(task):
+        task, draft, again = _model_draft(task, lease)
+        if draft is None:
+            return again
+        state = task.state
+    else:
+        draft = _model_call(task, state)
+    digest = plan(state, draft)["digest"]
+    if digest in state["rejected_digests"]:
+        # The local drafter is deterministic: it cannot propose something materially different.
+        final = {**state, "proposal": None, "termination_reason": "proposal_rejected"}
+        task_append_event(task=task, event_type="task.completed", actor=actor_of(lease),
+                          lease_generation=lease.generation,
+                          payload={"reason": "proposal_rejected", "answer": answer_compose(final)})
+        return False
+    task_append_event(
+        task=task, event_type="draft.proposed", actor=actor_of(lease), lease_generation=lease.generation,
+        payload={"draft": draft, "model": draft["model"], "prompt_template": task.artifact_bundle["prompt_template"],
+                 "proposed_at": timezone.now().isoformat()},
+    )
+    return True
+
+
+def _model_call(task: Task, state: dict) -> dict:
+    """Ask the pinned model for a ticket draft. The output is returned to be recorded as an event
+    before anything uses it (a crash before that loses only this call: the next run makes a new,
+    recorded decision)."""
+    draft = local_draft(
+        request=state["request"], device=state["device"], evidence=state["evidence"] or [],
+        tenant=task.tenant.slug, requester=task.requester.get_username(), answers=state.get("answers") or [],
+        selection=state.get("selection"),
+    )
+    failpoint("model_call")
+    return draft
+
+
+def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
+    """One call to the model pinned in the task's artifact bundle (``reducer/3``; issue 7 items
+    1, 2, 4): reserve its tokens, cost units and — when it repeats an attempt that gave no draft —
+    one retry; give it a deadline-bounded timeout; make the call, cancellable; settle the real
+    cost in ``model.called`` with the raw output, before anything uses it.
+
+    Returns ``(task, draft, again)``: the draft to propose, or None with ``again`` True when the
+    next step should try again (a malformed reply gets a re-ask, a 429/5xx/timeout a retry after
+    a backoff) and False when the task stopped (cancelled, failed with the reason recorded)."""
+    conf = settings.FAULTDESK
+    state, gen, actor = task.state, lease.generation, actor_of(lease)
+    m = state["model"]
+    if m["reasks"] > conf["MODEL_MAX_REASKS"]:
+        problems = "; ".join((m["last"] or {}).get("problems") or [])[:400]
+        return fail(task, lease, f"model_output_invalid: no usable reply after {m['reasks'] - 1} re-asks "
+                                  f"(last: {problems})"), None, False
+    provider = provider_for(task.artifact_bundle, conf)
+    last = m["last"]
+    amounts = {"retries": 1 if last is not None else 0}
+    messages = None
+    if provider is not None:
+        feedback = (last or {}).get("problems") if (last or {}).get("outcome") == "malformed" else m.get("feedback")
+        messages = render_prompt(request=state["request"], device=state["device"], evidence=state["evidence"] or [],
+                                 answers=state.get("answers") or [], feedback=feedback or ())
+        amounts.update(provider.reservation(messages))
+    # The call must end (and be recorded) while this worker still holds the lease: renew it, and
+    # bound the call by the lease as well as by the task's deadline.
+    task_lease_renew(lease=lease)
+    lease_room = max(conf["LEASE_SECONDS"] - conf["ACTIVITY_CLEANUP_SECONDS"], conf["LEASE_SECONDS"] / 2)
+    timeout = activity_timeout(task, wanted=min(conf["MODEL_TIMEOUT_SECONDS"], lease_room))
+    if timeout is None:
+        return fail(task, lease, deadline_reason(task)), None, False
+    try:
+        task, res = budget_reserve(task_id=task.pk, activity="model_call", amounts=amounts, actor=actor,
+                                   lease_generation=gen, timeout_s=timeout)
+    except BudgetExceeded as exc:
+        return fail(task, lease, exc.reason), None, False
+    call = {"provider": task.artifact_bundle.get("model_provider", "local"), "model": task.artifact_bundle["model"],
+            "prompt_template": task.artifact_bundle["prompt_template"], "attempt": m["calls"] + 1,
+            "timeout_s": timeout}
+    if provider is None:
+        started = timezone.now()
+        draft = _model_call(task, state)
+        latency = int((timezone.now() - started).total_seconds() * 1000)
+        task = budget_settle(task_id=task.pk, reservation_id=res.id, used={"retries": amounts["retries"]},
+                             actor=actor, lease_generation=gen, event_type="model.called",
+                             extra={**call, "outcome": "ok", "usage": None, "latency_ms": latency})
+        return task, draft, True
+    try:
+        result = provider.complete(messages, timeout=timeout, should_stop=lambda: cancel_requested(task.pk),
+                                   poll_seconds=conf["CANCEL_POLL_SECONDS"])
+    except Exception as exc:  # noqa: BLE001 - recorded (charged in full) and ends in a decision, never re-sent blind
+        log.exception("model call for %s failed inside the provider", task.pk)
+        result = CallResult(outcome="error", error=f"provider failed: {type(exc).__name__}: {exc}"[:300])
+    failpoint("model_call")
+    used, overrun = provider.cost(result, res.amounts)
+    task = budget_settle(
+        task_id=task.pk, reservation_id=res.id, used={**used, "retries": amounts["retries"]}, actor=actor,
+        lease_generation=gen, event_type="model.called",
+        extra={**call, "outcome": result.outcome, "http_status": result.http_status, "usage": result.usage,
+               "overrun": overrun, "latency_ms": result.latency_ms, "problems": result.problems,
+               "error": result.error, "output": (result.content or "")[:8000] if result.content else None,
+               "request_digest": sha256_json(messages)},
+    )
+    if result.outcome == "ok":
+        return task, _draft_from_output(task, result.output, provider.model), True
+    if result.outcome == "cancelled" or task.status in reducer.TERMINAL:
+        return task, None, False
+    if result.outcome == "error":
+        return fail(task, lease, f"model_error: {result.error}"[:300]), None, False
+    if result.outcome in TRANSIENT and reducer_v3.headroom(task.state)["retries"] >= 1:
+        _backoff(task, lease, result, attempt=m["calls"])  # no wait when no retry is left: the next step ends it
+    return task, None, True  # a re-ask (malformed) or a retry (transient), each admitted by the ledger
+
+
+def _backoff(task: Task, lease: Lease, result, *, attempt: int) -> None:
+    """Wait before retrying a model call: exponential with full jitter (or the server's
+    Retry-After), never past a third of the lease nor into the time the task needs to finish."""
+
+    conf = settings.FAULTDESK
+    wait = random.uniform(0, conf["RETRY_BACKOFF_BASE_SECONDS"] * 2 ** min(attempt, 6))  # noqa: S311 - jitter
+    if result.retry_after is not None:
+        wait = max(wait, result.retry_after)
+    left = (task.deadline_at - timezone.now()).total_seconds() - conf["ACTIVITY_CLEANUP_SECONDS"]
+    wait = min(wait, 60.0, conf["LEASE_SECONDS"] / 3, max(left, 0))
+    until = time.monotonic() + wait
+    while time.monotonic() < until:
+        if cancel_requested(task.pk):
+            return  # the next step sees the cancel and stops
+        time.sleep(min(conf["CANCEL_POLL_SECONDS"], max(until - time.monotonic(), 0)))
+
+
+def _draft_from_output(task: Task, output: dict, model: str) -> dict:
+    """The ticket draft from a parsed model reply: the model's content, with device, tenant,
+    requester and labels taken from the task's recorded state (the model cannot choose them)."""
+    device = task.state["device"]
+    labels = sorted({device["kind"], f"site:{device.get('site') or 'unknown'}", "faultdesk"})
+    ticket = {"title": output["title"], "description": output["description"], "priority": output["priority"],
+              "device": device["asset_tag"], "tenant": task.tenant.slug, "requester": task.requester.get_username(),
+              "labels": labels, "evidence": list(output["evidence"])}
+    return {"ticket": ticket, "alert_summary": output["alert_summary"],
+            "missing_information": list(output["missing_information"]), "model": model}
+
+
+def plan(state: dict, draft: dict) -> dict:
+    """The write the draft leads to, as a proposal ``{tool, tool_version, params, digest}``: a
+    comment on the device's open ticket when the plan read one (``reducer/2``), conditional on
+    the version read; otherwise a new ticket. Pure: the same state and draft, the same proposal."""
+    ticket, t = state.get("ticket"), draft["ticket"]
+    if ticket:
+        tool = tool_get("ticket.comment")
+        body = (f"New report for {t['device']} from {t['requester']} ({t['priority']}): {t['title']}\n\n"
+                f"{t['description']}")[:8000]
+        params = {"ticket_id": ticket["external_id"], "if_match": ticket["version"], "body": body,
+                  "device": t["device"], "evidence": t["evidence"]}
+    else:
+        tool = tool_get("ticket.create")
+        params = t
+    digest = action_digest(tool=tool.name, tool_version=tool.version, params=params)
+    return {"tool": tool.name, "tool_version": tool.version, "params": params, "digest": digest}

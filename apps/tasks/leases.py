@@ -1,0 +1,83 @@
+"""Leases on a task with fencing tokens (DESIGN.md §5; spec §16.3): one worker at a time acts on
+a task, and each claim increments ``lease_generation``, the token every commit must carry
+(:func:`apps.tasks.store.task_append_event`), so a worker that lost its lease cannot commit."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.store import StaleWrite, worker_identity
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim on a task: ``generation`` is the fencing token every commit must carry."""
+
+    task_id: uuid.UUID
+    owner: str
+    generation: int
+
+
+def compensation_due_q() -> Q:
+    """Tasks a compensation is due for (``reducer/2``): cancelled, their ticket created anyway
+    (a receipt of kind ticket: no ``kind`` key), and no compensation asked for yet. Terminal, yet
+    still claimable by the agent, which asks for the compensation."""
+    return (Q(status=reducer.CANCELLED, artifact_bundle__reducer__in=reducer.V2_PLAN,
+              state__compensation=None)
+            & ~Q(state__receipt=None) & Q(state__receipt__kind__isnull=True))
+
+
+def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | None = None) -> Lease | None:
+    """Claim the lease of a non-terminal task that nobody holds (or whose lease expired) — or of
+    a cancelled task a compensation is due for (:func:`compensation_due_q`).
+
+    Increments the fencing token. Returns the :class:`Lease`, or None when another worker holds
+    a live lease or the task is terminal / gone.
+    """
+    owner = owner or worker_identity()
+    seconds = seconds or settings.FAULTDESK["LEASE_SECONDS"]
+    now = timezone.now()
+    with transaction.atomic():
+        task = (
+            Task.objects.select_for_update(skip_locked=True)
+            .filter(pk=task_id)
+            .filter(~Q(status__in=reducer.TERMINAL) | compensation_due_q())
+            .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now))
+            .first()
+        )
+        if task is None:
+            return None
+        task.lease_owner = owner
+        task.lease_expires_at = now + timedelta(seconds=seconds)
+        task.lease_generation += 1
+        task.save(update_fields=["lease_owner", "lease_expires_at", "lease_generation"])
+    return Lease(task_id=task.pk, owner=owner, generation=task.lease_generation)
+
+
+def task_lease_renew(*, lease: Lease, seconds: int | None = None) -> None:
+    """Extend a lease we still hold (same fencing token) by ``seconds`` (default
+    ``LEASE_SECONDS``) from now, before a long activity. Raises :class:`StaleWrite` when the lease
+    passed to another worker."""
+    seconds = seconds or settings.FAULTDESK["LEASE_SECONDS"]
+    renewed = Task.objects.filter(pk=lease.task_id, lease_generation=lease.generation).update(
+        lease_owner=lease.owner, lease_expires_at=timezone.now() + timedelta(seconds=seconds))
+    if not renewed:
+        raise StaleWrite(f"task {lease.task_id}: lease {lease.generation} passed on; not renewed")
+
+
+def task_release(*, lease: Lease) -> bool:
+    """Give the lease back if it is still ours (same fencing token). Returns True if released."""
+    return bool(
+        Task.objects.filter(pk=lease.task_id, lease_generation=lease.generation).update(
+            lease_owner=None, lease_expires_at=None
+        )
+    )

@@ -1,0 +1,228 @@
+"""The task aggregate's commit path (DESIGN.md §4, §5; spec §16.3 "并发恢复版本约束").
+
+Commit = ``UPDATE task SET … , version = v + 1 WHERE id = ? AND version = v [AND lease_generation
+= g]`` plus the event insert, in one transaction. Zero rows updated means the writer lost: it
+re-reads, it never overwrites. An event δ refuses, or a write that lost, is recorded as a
+:class:`~apps.events.models.RefusedEvent`, never applied.
+
+Other apps keep their rows in step with the task through *projections*: a function registered with
+:func:`projection_register` (from the app's ``AppConfig.ready``) runs inside every event's
+transaction, so the task never needs to know their models (the approvals app closes its pending
+requests when a task is cancelled or ends).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+
+import structlog
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.core.digests import sha256_json
+from apps.core.failpoints import failpoint
+from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.usage import tenant_ledger_apply
+
+#: one structured line per committed event (config.logs): tenant, task, seq, type, actor, fencing token
+events_log = structlog.get_logger("faultdesk.events")
+
+#: ``fn(task, event, new_state)`` run inside each event's transaction, after the event's own
+#: ``side_effects``; ``task`` is the task as read before the event (its old status). Registered by
+#: other apps in ``ready()``; what they raise rolls the event back.
+Projection = Callable[[Task, TaskEvent, dict], None]
+_PROJECTIONS: list[Projection] = []
+
+
+def projection_register(fn: Projection) -> Projection:
+    """Register ``fn`` to run inside every task event's transaction (see :data:`Projection`).
+    Registering the same function twice keeps one. Returns ``fn`` (usable as a decorator)."""
+    if fn not in _PROJECTIONS:
+        _PROJECTIONS.append(fn)
+    return fn
+
+
+class StaleWrite(Exception):
+    """The CAS lost: the task moved past ``expected_version`` or the lease passed to another
+    worker (fencing token ``lease_generation`` no longer current)."""
+
+
+def worker_identity() -> str:
+    """``host:pid`` of this process — the lease owner string."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _state_digest(state: dict) -> str:
+    return sha256_json(state)
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, marked with "…" when cut (the full text stays in
+    the event)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _apply_row(task: Task, new_state: dict) -> dict:
+    """Columns of the materialized state derived from the reducer state."""
+    b = new_state["budget"]
+    return {
+        "status": new_state["status"],
+        "state": new_state,
+        "termination_reason": _cut(new_state.get("termination_reason") or "", 300),
+        "budget_total": b["total"],
+        "budget_used": b["used"],
+        "budget_reserved": b["reserved"],
+    }
+
+
+def task_append_event(
+    *,
+    task: Task,
+    event_type: str,
+    payload: dict,
+    actor: str,
+    lease_generation: int | None = None,
+    causation_id: uuid.UUID | None = None,
+    occurred_at=None,
+    side_effects: Callable[[Task, TaskEvent], None] | None = None,
+) -> Task:
+    """Apply δ to ``task`` (as read, at ``task.version``) and commit the event with CAS.
+
+    When ``lease_generation`` is given, the commit also requires the task's fencing token to be
+    still ``lease_generation`` (only the lease holder may commit). ``side_effects(task, event)``
+    runs inside the same transaction (approval rows, action + outbox rows, ...).
+
+    Returns the updated task. Raises :class:`reducer.IllegalTransition` when δ refuses the event
+    and :class:`StaleWrite` when the CAS loses (version moved or fencing token superseded); both
+    are first recorded as a :class:`RefusedEvent`, never applied.
+    """
+    try:
+        try:
+            reduce = reducer.reducer_for((task.artifact_bundle or {}).get("reducer"))
+        except reducer.UnknownReducer as exc:
+            raise reducer.IllegalTransition(task.status, event_type, str(exc)) from exc
+        new_state = reduce(task.state, event_type, payload)
+    except reducer.IllegalTransition as exc:
+        refused_event_record(task=task, event_type=event_type, payload=payload, reason=exc.reason, actor=actor,
+                             lease_generation=lease_generation)
+        raise
+    expected = task.version
+    now = timezone.now()
+    failpoint(f"before_commit:{event_type}")
+    try:
+        with transaction.atomic():
+            filt = Q(pk=task.pk, version=expected)
+            if lease_generation is not None:
+                filt &= Q(lease_generation=lease_generation)
+            columns = _apply_row(task, new_state)
+            updated = Task.objects.filter(filt).update(version=expected + 1, updated_at=now, **columns)
+            if updated != 1:
+                raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
+            event = TaskEvent.objects.create(
+                task_id=task.pk,
+                tenant_id=task.tenant_id,
+                seq=expected + 1,
+                type=event_type,
+                payload=payload,
+                payload_digest=sha256_json(payload),
+                occurred_at=occurred_at or now,
+                causation_id=causation_id,
+                actor=actor,
+                lease_generation=lease_generation if lease_generation is not None else task.lease_generation,
+            )
+            every = settings.FAULTDESK["SNAPSHOT_EVERY"]
+            if every and (expected + 1) % every == 0:
+                TaskSnapshot.objects.create(
+                    task_id=task.pk, seq=expected + 1, state=new_state, digest=_state_digest(new_state),
+                    reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION),
+                )
+            if "limits" in new_state:
+                tenant_ledger_apply(task, task.state, new_state)  # BudgetExceeded rolls the event back
+            if side_effects is not None:
+                side_effects(task, event)
+            for project in _PROJECTIONS:
+                project(task, event, new_state)
+    except StaleWrite:
+        refused_event_record(task=task, event_type=event_type, payload=payload,
+                             reason=_stale_reason(task.pk, expected, lease_generation), actor=actor,
+                             lease_generation=lease_generation)
+        raise
+    events_log.info("event.appended", tenant_id=str(task.tenant_id), task_id=str(task.pk), event_seq=expected + 1,
+                    event_type=event_type, actor=actor, lease_generation=lease_generation, status=new_state["status"])
+    # The in-memory task follows the row only once the transaction committed.
+    for field, value in columns.items():
+        setattr(task, field, value)
+    task.version = expected + 1
+    # "After commit" means after the outermost commit: inside a caller's transaction (a receipt
+    # recorded with its action and outbox rows) the failpoint waits for that commit.
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: failpoint(f"after_commit:{event_type}"))
+    else:
+        failpoint(f"after_commit:{event_type}")
+    return task
+
+
+def _stale_reason(task_id, expected: int, generation: int | None) -> str:
+    row = Task.objects.filter(pk=task_id).values("version", "lease_generation").first() or {}
+    if generation is not None and row.get("lease_generation") != generation:
+        return (f"stale write: lease lost (fencing token {generation}, current {row.get('lease_generation')}); "
+                "not applied")
+    return f"stale write: version moved ({expected} expected, now {row.get('version')}); not applied"
+
+
+def refused_event_record(*, task: Task, event_type: str, payload: dict, reason: str, actor: str,
+                         lease_generation: int | None = None) -> RefusedEvent:
+    """Record an event δ refused (DESIGN.md §4: late or illegal events are recorded, never
+    applied). A caller whose own transaction rolls back after a refusal records it again after
+    the rollback, so the record is not lost with it."""
+    return RefusedEvent.objects.create(
+        task_id=task.pk, tenant_id=task.tenant_id, at_version=task.version, type=event_type, payload=payload,
+        reason=reason[:300], actor=actor, lease_generation=lease_generation,
+    )
+
+
+def refused_after_rollback(*, task_id: uuid.UUID, event_type: str, payload: dict, reason: str, actor: str,
+                           lease_generation: int | None = None) -> RefusedEvent | None:
+    """Record again, after a rollback, an event δ refused (or a write that lost) inside a caller's
+    transaction: the rollback took :func:`task_append_event`'s own record with it, and the record
+    of what was refused must not be lost (DESIGN.md §4). Reads the task fresh (its version now);
+    None when the task is gone."""
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        return None
+    return refused_event_record(task=task, event_type=event_type, payload=payload, reason=reason, actor=actor,
+                                lease_generation=lease_generation)
+
+
+def task_append_with_retry(
+    *, task_id: uuid.UUID, event_type: str, payload_fn: Callable[[Task], dict], actor: str, attempts: int = 5,
+    side_effects: Callable[[Task, TaskEvent], None] | None = None,
+) -> Task:
+    """Append an event that does not need the lease (a person's decision, a cancel, a receipt).
+    The task row is locked (``SELECT … FOR UPDATE``) and read fresh, so the CAS cannot lose to
+    the ledger's writers, which lock the same row; ``attempts`` only guards against the
+    unexpected. ``payload_fn(task)`` builds the payload from the freshly read task.
+
+    Raises :class:`reducer.IllegalTransition` (recorded as refused, also when this function's
+    savepoint rolled the first record back) and :class:`StaleWrite` if every attempt lost."""
+    for _ in range(attempts):
+        try:
+            with transaction.atomic():
+                task = Task.objects.select_for_update().get(pk=task_id)
+                payload = payload_fn(task)
+                return task_append_event(task=task, event_type=event_type, payload=payload, actor=actor,
+                                         side_effects=side_effects)
+        except StaleWrite:
+            continue
+        except reducer.IllegalTransition as exc:
+            refused_after_rollback(task_id=task_id, event_type=event_type, payload=payload, reason=exc.reason,
+                                   actor=actor)
+            raise
+    raise StaleWrite(f"task {task_id}: {attempts} CAS attempts lost")
