@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from apps.core.errors import QuotaExceeded
 from apps.events.models import RefusedEvent, TaskEvent
-from apps.tasks import reducer, reducer_v3
+from apps.tasks import reducer
 from apps.tasks.budget import (
     activity_timeout,
     budget_release,
@@ -27,7 +27,8 @@ from apps.tasks.budget import (
     orphaned_reservations_settle,
 )
 from apps.tasks.models import Task, TenantUsage
-from apps.tasks.reducer_v3 import headroom
+from apps.tasks.reducer import v3 as reducer_v3
+from apps.tasks.reducer.v3 import headroom
 from apps.tasks.services import task_cancel, task_submit
 from apps.tasks.store import task_append_event
 from apps.tasks.usage import BudgetExceeded

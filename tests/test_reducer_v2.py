@@ -1,4 +1,4 @@
-"""δ version ``reducer/2`` (apps.tasks.reducer_v2): ticket reads, conflicts and compensation, as a
+"""δ version ``reducer/2`` (apps.tasks.reducer.v2): ticket reads, conflicts and compensation, as a
 pure function — every new transition, its guards, and the budget invariant over random
 sequences (issue 4 item 5)."""
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from apps.tasks import reducer as r1
-from apps.tasks import reducer_v2 as r2
+from apps.tasks.reducer import v2 as r2
 from tests.test_reducer import ACCEPT, ASK, DEVICE, DRAFT, EVID, GRANT, INTENT, RECEIPT, START
 
 TICKET = {"connector": "reference", "external_id": "REF-1", "version": 3, "status": "open"}

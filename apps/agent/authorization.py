@@ -26,9 +26,9 @@ from apps.approvals.policy import policy_decide
 from apps.approvals.services import approval_check_binding_now, approval_request_create
 from apps.evidence.selectors import chunk_readable
 from apps.llm.parser import draft_validate
-from apps.tasks import reducer_v2
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
+from apps.tasks.reducer import v2 as reducer_v2
 from apps.tasks.store import task_append_event
 from apps.tickets.connectors import CONNECTORS
 

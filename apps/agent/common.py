@@ -12,7 +12,7 @@ from django.utils import timezone
 from apps.accounts.principal import principal_current
 from apps.approvals.models import ApprovalRequest
 from apps.approvals.services import approval_invalidate
-from apps.tasks import reducer, reducer_v3
+from apps.tasks import reducer
 from apps.tasks.budget import budget_settle, stale_reservations
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
@@ -70,14 +70,14 @@ def bounds_exceeded(task: Task) -> str | None:
 
 
 def plans_comments(task: Task) -> bool:
-    """Is the task pinned to ``reducer/2`` or later (comments on an open ticket, conflicts,
-    compensation)? A ``reducer/1`` task keeps ``reducer/1``'s plan: always a new ticket."""
-    return (task.artifact_bundle or {}).get("reducer") in reducer.V2_PLAN
+    """Does the task's pinned reducer plan comments on an open ticket, conflicts and compensation
+    (``reducer/2`` on)? A ``reducer/1`` task keeps ``reducer/1``'s plan: always a new ticket."""
+    return reducer.supports((task.artifact_bundle or {}).get("reducer"), "comments")
 
 
 def has_ledger(task: Task) -> bool:
-    """Is the task pinned to ``reducer/3`` (the budget ledger and recorded model calls)?"""
-    return (task.artifact_bundle or {}).get("reducer") == reducer_v3.VERSION
+    """Does the task's pinned reducer keep the budget ledger and record model calls (``reducer/3``)?"""
+    return reducer.supports((task.artifact_bundle or {}).get("reducer"), "ledger")
 
 
 def cancel_requested(task_id: uuid.UUID) -> bool:

@@ -28,9 +28,10 @@ from apps.approvals.policy import policy_decide
 from apps.approvals.services import approval_request_create
 from apps.core import tool_errors as errors
 from apps.events.models import TaskEvent
-from apps.tasks import reducer_v2
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
+from apps.tasks.reducer import v2 as reducer_v2
+from apps.tasks.reducer.core import admission_refusal
 from apps.tasks.store import task_append_event
 from apps.tickets.connectors import CONNECTORS, connector_for
 from apps.tickets.selectors import ticket_snapshot
@@ -167,11 +168,9 @@ def compensate(task: Task, lease: Lease) -> bool:
         return moved
     if invalidated_unless_bound(task, lease, approval, proposal_digest(c["proposal"])):
         return True
-    b, cost = state["budget"], tool_get(c["proposal"]["tool"]).cost_units
-    if b["used"] + b["reserved"] + cost > b["total"]:
+    if refusal := admission_refusal(state["budget"], tool_get(c["proposal"]["tool"]).cost_units):
         task_append_event(task=task, event_type="compensation.failed", actor=actor, lease_generation=gen,
-                          payload={"reason": f"budget: U+R+r = {b['used']}+{b['reserved']}+{cost} exceeds "
-                                             f"B={b['total']}"})
+                          payload={"reason": refusal})
         return False
     original = Action.objects.for_tenant(task.tenant_id).get(pk=state["action"]["id"])
     return commit_intent(task, lease, proposal=c["proposal"], approval=approval,

@@ -24,11 +24,12 @@ from apps.core.digests import sha256_json
 from apps.core.failpoints import failpoint
 from apps.llm.drafter import local_draft, render_prompt
 from apps.llm.providers import TRANSIENT, CallResult, provider_for
-from apps.tasks import reducer, reducer_v3
+from apps.tasks import reducer
 from apps.tasks.answer import answer_compose
 from apps.tasks.budget import activity_timeout, budget_reserve, budget_settle
 from apps.tasks.leases import Lease, task_lease_renew
 from apps.tasks.models import Task
+from apps.tasks.reducer import v3 as reducer_v3
 from apps.tasks.store import task_append_event
 from apps.tasks.usage import BudgetExceeded
 

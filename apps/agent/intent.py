@@ -20,9 +20,9 @@ from apps.agent.common import (
 )
 from apps.approvals.models import ApprovalRequest
 from apps.outbox.services import outbox_enqueue
-from apps.tasks import reducer_v3
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
+from apps.tasks.reducer import v3 as reducer_v3
 from apps.tasks.store import refused_event_record, task_append_event
 from apps.tickets.connectors import CONNECTORS
 

@@ -22,8 +22,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.tasks import reducer, reducer_v3
+from apps.tasks import reducer
 from apps.tasks.models import Task
+from apps.tasks.reducer import v3 as reducer_v3
 from apps.tasks.store import refused_after_rollback, task_append_event
 from apps.tasks.usage import BudgetExceeded
 

@@ -31,7 +31,7 @@ from apps.approvals.models import ApprovalStatus
 from apps.outbox.models import OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.reducer_v3 import MODEL_OUTCOMES
+from apps.tasks.reducer.v3 import MODEL_OUTCOMES
 from apps.traces.health import health_check
 
 #: the time a task ended: its terminal event (a later update of the row does not move it)

@@ -1,7 +1,7 @@
 """δ version ``reducer/3``: the budget ledger and recorded model calls (issue 7; DESIGN.md §8, §10;
 spec §16.5 "预算、异步及取消", runtime-invariants.md §1.2).
 
-``reducer/3`` is ``reducer/2`` (:mod:`apps.tasks.reducer_v2`) plus a ledger with several limits:
+``reducer/3`` is ``reducer/2`` (:mod:`apps.tasks.reducer.v2`) plus a ledger with several limits:
 
 * ``budget`` — money-like cost units: total ``B``, settled ``U``, reserved ``R`` (as before);
 * ``limits`` — ``tokens`` (model tokens), ``tool_calls`` and ``retries``, each
@@ -26,16 +26,17 @@ too, for the re-draft prompt.
 
 from __future__ import annotations
 
-from apps.tasks import reducer as r1
-from apps.tasks import reducer_v2 as r2
-from apps.tasks.reducer import (
+from apps.tasks.reducer import core
+from apps.tasks.reducer import v1 as r1
+from apps.tasks.reducer import v2 as r2
+from apps.tasks.reducer.core import (
     CANCELLED,
     FAILED,
     NON_TERMINAL,
     PROPOSING,
     RETRIEVING,
     VALIDATING,
-    _require,
+    require,
 )
 
 VERSION = "reducer/3"
@@ -61,17 +62,16 @@ def _set_account(s: dict, dim: str, value: dict) -> None:
 
 def _amounts(p: dict, key: str, etype: str, s: dict) -> dict:
     raw = p.get(key) or {}
-    _require(set(raw) <= set(DIMENSIONS), s, etype, f"unknown ledger dimension in {sorted(raw)}")
+    require(set(raw) <= set(DIMENSIONS), s, etype, f"unknown ledger dimension in {sorted(raw)}")
     out = {d: raw.get(d, 0) for d in DIMENSIONS}
-    _require(all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in out.values()), s, etype,
+    require(all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in out.values()), s, etype,
              "ledger amounts are non-negative integers")
     return out
 
 
 def headroom(state: dict) -> dict:
     """``{dimension: total - used - reserved}`` of ``state`` (what a new reservation may take)."""
-    return {d: _account(state, d)["total"] - _account(state, d)["used"] - _account(state, d)["reserved"]
-            for d in DIMENSIONS}
+    return {d: core.account_room(_account(state, d)) for d in DIMENSIONS}
 
 
 # --- task.accepted -------------------------------------------------------------------------------
@@ -88,12 +88,12 @@ def _accepted(s: dict, p: dict) -> None:
 
 def _budget_reserved(s: dict, p: dict) -> None:
     rid = p["reservation_id"]
-    _require(rid not in s["reservations"], s, "budget.reserved", "reservation id already used")
+    require(rid not in s["reservations"], s, "budget.reserved", "reservation id already used")
     amounts = _amounts(p, "amounts", "budget.reserved", s)
     for dim in DIMENSIONS:
         acct, r = _account(s, dim), amounts[dim]
-        _require(acct["used"] + acct["reserved"] + r <= acct["total"], s, "budget.reserved",
-                 f"{dim}: U+R+r = {acct['used']}+{acct['reserved']}+{r} exceeds B={acct['total']}")
+        refusal = core.admission_refusal(acct, r, what=dim)
+        require(refusal is None, s, "budget.reserved", refusal or "")
     for dim in DIMENSIONS:
         acct = _account(s, dim)
         _set_account(s, dim, {**acct, "reserved": acct["reserved"] + amounts[dim]})
@@ -104,12 +104,12 @@ def _budget_reserved(s: dict, p: dict) -> None:
 
 def _settle(s: dict, p: dict, etype: str) -> None:
     rid = p["reservation_id"]
-    _require(rid in s["reservations"], s, etype,
+    require(rid in s["reservations"], s, etype,
              "no open reservation with this id (settled, released, or never made): a late result")
     reserved = s["reservations"][rid]["amounts"]
     used = _amounts(p, "used", etype, s)
     for dim in DIMENSIONS:
-        _require(used[dim] <= reserved[dim], s, etype,
+        require(used[dim] <= reserved[dim], s, etype,
                  f"{dim}: cost {used[dim]} exceeds reservation {reserved[dim]} (c ≤ r)")
     for dim in DIMENSIONS:
         acct = _account(s, dim)
@@ -132,7 +132,7 @@ def _release_all(s: dict, ids) -> None:
 
 def _budget_released(s: dict, p: dict) -> None:
     ids = list(p["reservation_ids"])
-    _require(bool(ids) and all(rid in s["reservations"] for rid in ids), s, "budget.released",
+    require(bool(ids) and all(rid in s["reservations"] for rid in ids), s, "budget.released",
              "every released reservation must be open")
     _release_all(s, ids)
 
@@ -140,7 +140,7 @@ def _budget_released(s: dict, p: dict) -> None:
 # --- model calls ---------------------------------------------------------------------------------
 
 def _model_called(s: dict, p: dict) -> None:
-    _require(p["outcome"] in MODEL_OUTCOMES, s, "model.called", f"unknown outcome {p['outcome']!r}")
+    require(p["outcome"] in MODEL_OUTCOMES, s, "model.called", f"unknown outcome {p['outcome']!r}")
     _settle(s, p, "model.called")
     m = s["model"]
     last = {"call_id": p["reservation_id"], "outcome": p["outcome"], "problems": p.get("problems") or []}
@@ -162,8 +162,8 @@ def _draft_invalid(s: dict, p: dict) -> None:
 
 def _intent_committed(s: dict, p: dict) -> None:
     acct = s["limits"]["tool_calls"]
-    _require(acct["used"] + acct["reserved"] + 1 <= acct["total"], s, "intent.committed",
-             f"tool_calls: U+R+r = {acct['used']}+{acct['reserved']}+1 exceeds B={acct['total']}")
+    refusal = core.admission_refusal(acct, 1, what="tool_calls")
+    require(refusal is None, s, "intent.committed", refusal or "")
     r2._intent_committed(s, p)
     s["limits"] = {**s["limits"], "tool_calls": {**acct, "used": acct["used"] + 1}}
 
@@ -200,7 +200,7 @@ _T2 = r2.TRANSITIONS
 _ACTIVE = frozenset({RETRIEVING, PROPOSING, VALIDATING})
 #: a result may settle its reservation whenever one can be open: while the task runs, and after a
 #: cancel (the activity in flight reports what it cost; its output is not used)
-_SETTLEABLE = frozenset(NON_TERMINAL) | {CANCELLED, FAILED, r1.COMPENSATING, r1.WAITING_COMPENSATION}
+_SETTLEABLE = frozenset(NON_TERMINAL) | {CANCELLED, FAILED, core.COMPENSATING, core.WAITING_COMPENSATION}
 
 #: The state table of ``reducer/3``: event type -> (statuses in which it is legal, handler).
 TRANSITIONS = {
@@ -208,7 +208,7 @@ TRANSITIONS = {
     "task.accepted": (_T2["task.accepted"][0], _accepted),
     "budget.reserved": (_ACTIVE, _budget_reserved),
     "budget.settled": (_SETTLEABLE, _budget_settled),
-    "budget.released": (_SETTLEABLE | {r1.COMPLETED}, _budget_released),
+    "budget.released": (_SETTLEABLE | {core.COMPLETED}, _budget_released),
     "model.called": (_SETTLEABLE, _model_called),
     "draft.proposed": (_T2["draft.proposed"][0], _draft_proposed),
     "draft.invalid": (_T2["draft.invalid"][0], _draft_invalid),
@@ -223,12 +223,12 @@ EVENT_TYPES = tuple(TRANSITIONS)
 
 def reduce(state: dict, event_type: str, payload: dict) -> dict:
     """δ of ``reducer/3``: the next state for ``event_type`` with ``payload``. Never mutates
-    ``state``. Raises :class:`~apps.tasks.reducer.IllegalTransition` as ``reducer/2`` does, and when
+    ``state``. Raises :class:`~apps.tasks.reducer.core.IllegalTransition` as ``reducer/2`` does, and when
     a reservation would take any dimension past its total, a settlement exceeds its reservation
     or names no open reservation, or a ledger account goes out of ``0 ≤ used + reserved ≤ total``."""
-    nxt = r1.reduce_with(TRANSITIONS, state, event_type, payload)
+    nxt = core.reduce_with(TRANSITIONS, state, event_type, payload)
     for dim in LIMITS:
         acct = nxt["limits"][dim]
-        if acct["reserved"] < 0 or acct["used"] + acct["reserved"] > acct["total"]:
-            raise r1.IllegalTransition(state.get("status"), event_type, f"{dim} ledger invariant broken: {acct}")
+        if core.account_broken(acct):
+            raise core.IllegalTransition(state.get("status"), event_type, f"{dim} ledger invariant broken: {acct}")
     return nxt

@@ -30,8 +30,9 @@ The state gains ``ticket``, ``conflicts`` and ``compensation`` (set by ``task.ac
 
 from __future__ import annotations
 
-from apps.tasks import reducer as r1
-from apps.tasks.reducer import (
+from apps.tasks.reducer import core
+from apps.tasks.reducer import v1 as r1
+from apps.tasks.reducer.core import (
     CANCELLED,
     COMPENSATING,
     DISPATCHING,
@@ -39,7 +40,7 @@ from apps.tasks.reducer import (
     WAITING_APPROVAL,
     WAITING_COMPENSATION,
     WAITING_RECONCILIATION,
-    _require,
+    require,
 )
 
 VERSION = "reducer/2"
@@ -62,7 +63,7 @@ def _accepted(s: dict, p: dict) -> None:
 
 
 def _ticket_read(s: dict, p: dict) -> None:
-    _require(s["device"] is None, s, "ticket.read", "the ticket must be read before the device read")
+    require(s["device"] is None, s, "ticket.read", "the ticket must be read before the device read")
     s["ticket"] = p["ticket"]
 
 
@@ -111,7 +112,7 @@ def _approval_requested(s: dict, p: dict) -> None:
     if p.get("carried_over_from"):
         # The same low-risk write approved before in this task (only the ticket version moved):
         # granted by that approval, not asked again (DESIGN.md §7).
-        _require(previous is not None and previous["id"] == p["carried_over_from"]
+        require(previous is not None and previous["id"] == p["carried_over_from"]
                  and previous.get("reason") == CONFLICT_REASON, s, "approval.requested",
                  "only the approval a conflict invalidated can be carried over")
         s["approval"] = {**s["approval"], "status": "APPROVED", "decided_by": p["decided_by"],
@@ -120,19 +121,19 @@ def _approval_requested(s: dict, p: dict) -> None:
 
 def _approval_granted(s: dict, p: dict) -> None:
     if not _is_comp_approval(s, p):
-        _require(s["status"] == WAITING_APPROVAL, s, "approval.granted", "not the pending approval")
+        require(s["status"] == WAITING_APPROVAL, s, "approval.granted", "not the pending approval")
         return r1._approval_granted(s, p)
     c = s["compensation"]
-    _require(c["approval"]["status"] == "PENDING", s, "approval.granted", f"approval is {c['approval']['status']}")
+    require(c["approval"]["status"] == "PENDING", s, "approval.granted", f"approval is {c['approval']['status']}")
     s["compensation"] = {**c, "approval": {**c["approval"], "status": "APPROVED", "decided_by": p["decided_by"]}}
 
 
 def _approval_rejected(s: dict, p: dict) -> None:
     if not _is_comp_approval(s, p):
-        _require(s["status"] == WAITING_APPROVAL, s, "approval.rejected", "not the pending approval")
+        require(s["status"] == WAITING_APPROVAL, s, "approval.rejected", "not the pending approval")
         return r1._approval_rejected(s, p)
     c = s["compensation"]
-    _require(c["approval"]["status"] == "PENDING", s, "approval.rejected", f"approval is {c['approval']['status']}")
+    require(c["approval"]["status"] == "PENDING", s, "approval.rejected", f"approval is {c['approval']['status']}")
     s["compensation"] = {**c, "status": C_REJECTED,
                          "approval": {**c["approval"], "status": "REJECTED", "decided_by": p["decided_by"],
                                       "reason": p.get("reason", "")}}
@@ -141,15 +142,15 @@ def _approval_rejected(s: dict, p: dict) -> None:
 
 def _approval_invalidated(s: dict, p: dict) -> None:
     if not _is_comp_approval(s, p):
-        _require(s["status"] in (WAITING_APPROVAL, DISPATCHING), s, "approval.invalidated", "not the current approval")
+        require(s["status"] in (WAITING_APPROVAL, DISPATCHING), s, "approval.invalidated", "not the current approval")
         r1._approval_invalidated(s, p)
         s["ticket"] = None
         return
     c = s["compensation"]
-    _require(c["action"] is None or c["action"]["status"] == "INTENDED", s, "approval.invalidated",
+    require(c["action"] is None or c["action"]["status"] == "INTENDED", s, "approval.invalidated",
              "the compensation was already sent")
     if c["action"] is not None:
-        _require(p.get("action_not_sent") is True, s, "approval.invalidated", "a compensation was committed")
+        require(p.get("action_not_sent") is True, s, "approval.invalidated", "a compensation was committed")
         _release(s, c["action"])
     s["compensation"] = {**c, "status": C_REPLANNING, "action": None, "replans": c["replans"] + 1,
                          "approval": {**c["approval"], "status": "INVALIDATED", "reason": p["reason"]}}
@@ -161,15 +162,15 @@ def _intent_committed(s: dict, p: dict) -> None:
     if s["status"] != COMPENSATING:
         return r1._intent_committed(s, p)
     c = s["compensation"]
-    _require(c["status"] == C_WAITING_APPROVAL and c["action"] is None, s, "intent.committed",
+    require(c["status"] == C_WAITING_APPROVAL and c["action"] is None, s, "intent.committed",
              f"the compensation is {c['status']}")
-    _require(c.get("approval") is not None and c["approval"]["status"] == "APPROVED", s, "intent.committed",
+    require(c.get("approval") is not None and c["approval"]["status"] == "APPROVED", s, "intent.committed",
              "compensation approval not granted")
-    _require(c["approval"]["digest"] == p["digest"], s, "intent.committed", "digest differs from the approved one")
+    require(c["approval"]["digest"] == p["digest"], s, "intent.committed", "digest differs from the approved one")
     rsv = int(p["reservation"])
     b = s["budget"]
-    _require(rsv >= 0 and b["used"] + b["reserved"] + rsv <= b["total"], s, "intent.committed",
-             f"budget: U+R+r = {b['used']}+{b['reserved']}+{rsv} exceeds B={b['total']}")
+    refusal = core.admission_refusal(b, rsv)
+    require(refusal is None, s, "intent.committed", refusal or "")
     s["budget"] = {**b, "reserved": b["reserved"] + rsv}
     s["compensation"] = {**c, "status": C_DISPATCHING, "action": {
         "id": p["action_id"], "idempotency_key": p["idempotency_key"], "digest": p["digest"],
@@ -178,14 +179,14 @@ def _intent_committed(s: dict, p: dict) -> None:
 
 def _receipt_recorded(s: dict, p: dict) -> None:
     if not _is_comp_action(s, p):
-        _require(s["status"] in (DISPATCHING, WAITING_RECONCILIATION, CANCELLED), s, "receipt.recorded",
+        require(s["status"] in (DISPATCHING, WAITING_RECONCILIATION, CANCELLED), s, "receipt.recorded",
                  f"not legal in {s['status']}")
         return r1._receipt_recorded(s, p)
     c = s["compensation"]
-    _require(c["action"]["status"] in ("INTENDED", "UNKNOWN"), s, "receipt.recorded",
+    require(c["action"]["status"] in ("INTENDED", "UNKNOWN"), s, "receipt.recorded",
              f"the compensation is {c['action']['status']}")
     cost, rsv = int(p["cost"]), int(c["action"]["reservation"])
-    _require(0 <= cost <= rsv, s, "receipt.recorded", f"cost {cost} outside [0, reservation {rsv}]")
+    require(0 <= cost <= rsv, s, "receipt.recorded", f"cost {cost} outside [0, reservation {rsv}]")
     b = s["budget"]
     s["budget"] = {**b, "used": b["used"] + cost, "reserved": b["reserved"] - rsv}
     s["compensation"] = {**c, "status": C_DONE, "receipt": p["receipt"],
@@ -195,29 +196,29 @@ def _receipt_recorded(s: dict, p: dict) -> None:
 
 def _outcome_unknown(s: dict, p: dict) -> None:
     if not _is_comp_action(s, p):
-        _require(s["status"] in (DISPATCHING, CANCELLED), s, "outcome.unknown", f"not legal in {s['status']}")
+        require(s["status"] in (DISPATCHING, CANCELLED), s, "outcome.unknown", f"not legal in {s['status']}")
         return r1._outcome_unknown(s, p)
     c = s["compensation"]
-    _require(c["action"]["status"] == "INTENDED", s, "outcome.unknown", f"the compensation is {c['action']['status']}")
+    require(c["action"]["status"] == "INTENDED", s, "outcome.unknown", f"the compensation is {c['action']['status']}")
     s["compensation"] = {**c, "action": {**c["action"], "status": "UNKNOWN"}}
 
 
 def _reconciliation_retry(s: dict, p: dict) -> None:
     if not _is_comp_action(s, p):
-        _require(s["status"] == WAITING_RECONCILIATION, s, "reconciliation.retry", f"not legal in {s['status']}")
+        require(s["status"] == WAITING_RECONCILIATION, s, "reconciliation.retry", f"not legal in {s['status']}")
         return r1._reconciliation_retry(s, p)
     c = s["compensation"]
-    _require(c["action"]["status"] == "UNKNOWN", s, "reconciliation.retry", "the compensation is not unknown")
+    require(c["action"]["status"] == "UNKNOWN", s, "reconciliation.retry", "the compensation is not unknown")
     s["compensation"] = {**c, "action": {**c["action"], "status": "INTENDED"}}
 
 
 def _dispatch_failed(s: dict, p: dict) -> None:
     if not _is_comp_action(s, p):
-        _require(s["status"] in (DISPATCHING, WAITING_RECONCILIATION, CANCELLED), s, "dispatch.failed",
+        require(s["status"] in (DISPATCHING, WAITING_RECONCILIATION, CANCELLED), s, "dispatch.failed",
                  f"not legal in {s['status']}")
         return r1._dispatch_failed(s, p)
     c = s["compensation"]
-    _require(c["action"]["status"] in ("INTENDED", "UNKNOWN"), s, "dispatch.failed",
+    require(c["action"]["status"] in ("INTENDED", "UNKNOWN"), s, "dispatch.failed",
              f"the compensation is {c['action']['status']}")
     _release(s, c["action"])
     s["compensation"] = {**c, "status": C_FAILED, "error": p["error"],
@@ -232,7 +233,7 @@ def _dispatch_conflict(s: dict, p: dict) -> None:
                 "current_version": p.get("current_version")}
     if _is_comp_action(s, p):
         c = s["compensation"]
-        _require(c["action"]["status"] == "INTENDED", s, "dispatch.conflict",
+        require(c["action"]["status"] == "INTENDED", s, "dispatch.conflict",
                  f"the compensation is {c['action']['status']}")
         _release(s, c["action"])
         s["compensation"] = {**c, "status": C_REPLANNING, "action": None, "conflicts": c["conflicts"] + 1,
@@ -240,9 +241,9 @@ def _dispatch_conflict(s: dict, p: dict) -> None:
                              "approval": {**c["approval"], "status": "INVALIDATED", "reason": CONFLICT_REASON}}
         return
     a = s["action"]
-    _require(a is not None and a["id"] == p["action_id"], s, "dispatch.conflict", "conflict for an unknown action")
-    _require(a["status"] == "INTENDED", s, "dispatch.conflict", f"the action is {a['status']}")
-    _require(s["status"] in (DISPATCHING, CANCELLED), s, "dispatch.conflict", f"not legal in {s['status']}")
+    require(a is not None and a["id"] == p["action_id"], s, "dispatch.conflict", "conflict for an unknown action")
+    require(a["status"] == "INTENDED", s, "dispatch.conflict", f"the action is {a['status']}")
+    require(s["status"] in (DISPATCHING, CANCELLED), s, "dispatch.conflict", f"not legal in {s['status']}")
     _release(s, a)
     if s["status"] == CANCELLED:
         s["action"] = {**a, "status": "FAILED", "reservation": 0, "error": "version_mismatch"}
@@ -264,15 +265,15 @@ def _compensation_requested(s: dict, p: dict) -> None:
     c = _comp(s)
     if s["status"] == CANCELLED:
         receipt = s["receipt"]
-        _require(receipt is not None and receipt.get("kind", "ticket") == "ticket", s, "compensation.requested",
+        require(receipt is not None and receipt.get("kind", "ticket") == "ticket", s, "compensation.requested",
                  "only a ticket this task created can be compensated")
-        _require(c is None, s, "compensation.requested", "a compensation was already requested")
+        require(c is None, s, "compensation.requested", "a compensation was already requested")
         c = {"after": CANCELLED, "reason": p["reason"], "conflicts": 0, "replans": 0, "action": None,
              "history": []}
     else:
-        _require(c is not None and c["status"] == C_REPLANNING, s, "compensation.requested",
+        require(c is not None and c["status"] == C_REPLANNING, s, "compensation.requested",
                  "the compensation is not re-planning")
-    _require(p["ticket"]["external_id"] == s["receipt"]["external_id"], s, "compensation.requested",
+    require(p["ticket"]["external_id"] == s["receipt"]["external_id"], s, "compensation.requested",
              "a compensation closes the ticket this task created, no other")
     history = [*c["history"], c["approval"]] if c.get("approval") else c["history"]
     c = {**c, "ticket": p["ticket"], "history": history, "approval": None, "proposal": None,
@@ -289,8 +290,8 @@ def _compensation_requested(s: dict, p: dict) -> None:
         s["compensation"] = {**c, "status": C_FAILED, "error": p["note"]}
         s["status"] = WAITING_COMPENSATION
         return
-    _require(outcome is None, s, "compensation.requested", f"unknown outcome {outcome!r}")
-    _require(bool(p.get("proposal")) and bool(p.get("approval_id")), s, "compensation.requested",
+    require(outcome is None, s, "compensation.requested", f"unknown outcome {outcome!r}")
+    require(bool(p.get("proposal")) and bool(p.get("approval_id")), s, "compensation.requested",
              "a compensation needs its proposal and its own approval")
     approval = {"id": p["approval_id"], "status": "PENDING", "digest": p["proposal"]["digest"],
                 "object_version": p["ticket"]["version"], "policy_version": p["policy_version"],
@@ -301,7 +302,7 @@ def _compensation_requested(s: dict, p: dict) -> None:
 
 def _compensation_failed(s: dict, p: dict) -> None:
     c = s["compensation"]
-    _require(c["action"] is None or c["action"]["status"] in ("FAILED", "SUCCEEDED"), s, "compensation.failed",
+    require(c["action"] is None or c["action"]["status"] in ("FAILED", "SUCCEEDED"), s, "compensation.failed",
              "the compensation action is in flight or unknown: reconcile it first")
     s["compensation"] = {**c, "status": C_FAILED, "error": p["reason"]}
     s["status"] = WAITING_COMPENSATION
@@ -317,9 +318,9 @@ def _compensation_retry(s: dict, p: dict) -> None:
 
 def _compensation_resolved(s: dict, p: dict) -> None:
     c = s["compensation"]
-    _require(s["status"] == WAITING_COMPENSATION or c["status"] == C_REPLANNING, s, "compensation.resolved",
+    require(s["status"] == WAITING_COMPENSATION or c["status"] == C_REPLANNING, s, "compensation.resolved",
              "only a failed or re-planning compensation can be resolved without its action")
-    _require(p["outcome"] in ("done_by_hand", "not_needed"), s, "compensation.resolved", "unknown outcome")
+    require(p["outcome"] in ("done_by_hand", "not_needed"), s, "compensation.resolved", "unknown outcome")
     s["compensation"] = {**c, "status": C_RESOLVED, "resolution": {k: p.get(k) for k in ("outcome", "by", "note")}}
     words = {"done_by_hand": "done by hand", "not_needed": "not needed"}[p["outcome"]]
     _after_compensation(s, f"{words} ({p.get('note') or p['by']})")
@@ -355,6 +356,6 @@ EVENT_TYPES = tuple(TRANSITIONS)
 
 def reduce(state: dict, event_type: str, payload: dict) -> dict:
     """δ of ``reducer/2``: the next state for ``event_type`` with ``payload``. Never mutates
-    ``state``. Raises :class:`~apps.tasks.reducer.IllegalTransition` as ``reducer/1`` does, and
+    ``state``. Raises :class:`~apps.tasks.reducer.core.IllegalTransition` as ``reducer/1`` does, and
     for the guards of the events above."""
-    return r1.reduce_with(TRANSITIONS, state, event_type, payload)
+    return core.reduce_with(TRANSITIONS, state, event_type, payload)
