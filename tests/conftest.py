@@ -213,7 +213,7 @@ def drive(task_id, *, rounds: int = 30):
     Returns the task as it then stands."""
     from apps.agent.context import context_read
     from apps.agent.runner import agent_run
-    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.dispatch import outbox_dispatch_batch
     from apps.outbox.unknown_outcomes import actions_reconcile
     from apps.tasks.models import Task
 

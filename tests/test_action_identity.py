@@ -14,7 +14,7 @@ from apps.agent import context, intent
 from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalPolicy
 from apps.events.models import RefusedEvent
-from apps.outbox import services as outbox
+from apps.outbox import dispatch as outbox
 from apps.outbox.models import OutboxMessage
 from apps.tasks import reducer
 from apps.tasks.models import Task

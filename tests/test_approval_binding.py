@@ -22,7 +22,7 @@ from apps.approvals.rules import DEFAULT_RULES
 from apps.approvals.services import approval_decide
 from apps.core.errors import Forbidden
 from apps.devices.services import device_update_state
-from apps.outbox.services import outbox_dispatch_batch
+from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit

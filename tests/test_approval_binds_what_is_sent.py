@@ -20,7 +20,7 @@ from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalPolicy, ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.core.errors import Conflict
-from apps.outbox.services import outbox_dispatch_batch
+from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit

@@ -16,8 +16,8 @@ from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
+from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.outbox.models import OutboxMessage
-from apps.outbox.services import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit

@@ -23,7 +23,7 @@ from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.core.errors import Conflict, Forbidden, NotFound
 from apps.events.models import TaskEvent
-from apps.outbox.services import outbox_dispatch_batch
+from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.compensation import compensation_settle, compensations_waiting
 from apps.tasks.models import Task

@@ -9,7 +9,7 @@ from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.core.errors import Forbidden
-from apps.outbox.services import outbox_dispatch_batch
+from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.services import task_cancel, task_submit
 from tests.conftest import drive, p

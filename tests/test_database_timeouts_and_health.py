@@ -22,8 +22,8 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 
 from apps.actions.models import Action, ActionStatus
+from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.outbox.models import OutboxMessage, OutboxStatus
-from apps.outbox.services import outbox_dispatch_batch
 from apps.tasks.models import Task
 from config.database import retryable, timeout_options
 

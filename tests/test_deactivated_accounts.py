@@ -10,7 +10,7 @@ from apps.actions.models import Action, ActionStatus
 from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
-from apps.outbox.services import outbox_dispatch_batch
+from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.services import task_submit
 from tests.conftest import drive, p

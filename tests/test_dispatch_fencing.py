@@ -18,12 +18,13 @@ from apps.approvals.services import approval_decide
 from apps.core import tool_errors as errors
 from apps.devices.services import device_update_state
 from apps.events.models import RefusedEvent, TaskEvent
-from apps.outbox import services as outbox
+from apps.outbox import dispatch as outbox
 from apps.outbox import unknown_outcomes
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
+from apps.tasks.store import task_append_with_retry
 from apps.tickets.connectors import ReferenceTicketConnector
 from tests.conftest import drive, p
 
@@ -228,8 +229,8 @@ def test_definite_failure_after_an_unanswered_attempt_adopts_the_ticket(committe
     action = Action.objects.get(task=committed)
     Action.objects.filter(pk=action.pk).update(status=ActionStatus.INTENDED)
     OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.PENDING, available_at=action.created_at)
-    outbox.task_append_with_retry(task_id=committed.pk, event_type="reconciliation.retry", actor="test",
-                                  payload_fn=lambda t: {"action_id": str(action.pk), "reason": "not found by key"})
+    task_append_with_retry(task_id=committed.pk, event_type="reconciliation.retry", actor="test",
+                           payload_fn=lambda t: {"action_id": str(action.pk), "reason": "not found by key"})
 
     def rejected(self, **kwargs):
         raise errors.InvalidParams("HTTP 422: idempotency_key_reused", status=422)

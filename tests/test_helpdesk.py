@@ -19,7 +19,7 @@ from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.core import tool_errors as errors
 from apps.events.models import TaskEvent
-from apps.outbox import services as outbox
+from apps.outbox import dispatch as outbox
 from apps.outbox import unknown_outcomes
 from apps.tasks import reducer
 from apps.tasks.models import Task

@@ -268,7 +268,7 @@ def test_dispatch_log_lines_do_not_carry_the_previous_rows_attempt(json_lines, r
     """Two rows in one dispatcher batch: the second (cancelled, never sent) must not log with the
     first row's attempt number."""
     from apps.agent.runner import agent_run
-    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.dispatch import outbox_dispatch_batch
 
     tasks = []
     for dev in (device, DeviceFactory(tenant=device.tenant)):

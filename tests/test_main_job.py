@@ -130,7 +130,7 @@ def test_device_change_after_approval_invalidates_and_reasks(submitted, approver
 
 def test_lost_response_is_reconciled_by_key_without_a_second_ticket(submitted, approver, refservice, refadmin):
     from apps.agent.runner import agent_run
-    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.dispatch import outbox_dispatch_batch
 
     task = drive(submitted.pk)
     _approve(approver, task)
@@ -153,7 +153,7 @@ def test_lost_response_is_reconciled_by_key_without_a_second_ticket(submitted, a
 
 def test_temporarily_unavailable_is_retried_with_the_same_key(submitted, approver, refservice, refadmin):
     from apps.agent.runner import agent_run
-    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.dispatch import outbox_dispatch_batch
 
     task = drive(submitted.pk)
     _approve(approver, task)
@@ -229,7 +229,7 @@ def test_a_stale_dispatcher_records_nothing_after_another_recorded_the_receipt(s
     from apps.actions.models import ActionAttempt
     from apps.agent.runner import agent_run
     from apps.core import tool_errors as errors
-    from apps.outbox.services import _record_error, outbox_claim_batch, outbox_deliver
+    from apps.outbox.dispatch import _record_error, outbox_claim_batch, outbox_deliver
 
     task = drive(submitted.pk)
     _approve(approver, task)
@@ -255,7 +255,7 @@ def test_a_stale_dispatcher_records_nothing_after_another_recorded_the_receipt(s
 def test_reconciler_carries_on_past_an_action_it_cannot_settle(submitted, approver, refservice, refadmin, monkeypatch):
     from apps.agent.runner import agent_run
     from apps.outbox import unknown_outcomes as outbox_services
-    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.dispatch import outbox_dispatch_batch
     from apps.outbox.unknown_outcomes import actions_reconcile
 
     task = drive(submitted.pk)

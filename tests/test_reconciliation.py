@@ -12,7 +12,7 @@ from apps.actions.models import Action, ActionStatus
 from apps.core import tool_errors as errors
 from apps.core.errors import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
 from apps.events.models import TaskEvent
-from apps.outbox import services as outbox
+from apps.outbox import dispatch as outbox
 from apps.outbox import unknown_outcomes
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.reconciliation import reconciliation_list, reconciliation_resolve

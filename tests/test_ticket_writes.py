@@ -14,8 +14,8 @@ from apps.agent.context import context_read
 from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalPolicy
 from apps.core import tool_errors as errors
+from apps.outbox.dispatch import outbox_claim_batch
 from apps.outbox.models import OutboxMessage, OutboxStatus
-from apps.outbox.services import outbox_claim_batch
 from apps.tasks.services import task_submit
 from apps.tickets.connectors import ReferenceTicketConnector
 from tests.conftest import p

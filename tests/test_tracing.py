@@ -25,7 +25,7 @@ def test_tracing_is_off_without_an_endpoint(monkeypatch):
 
 def test_requests_celery_tasks_and_outbound_calls_make_spans(spans, client, committed, requester):
     from apps.agent.tasks import agent_step
-    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.dispatch import outbox_dispatch_batch
 
     client.force_login(requester)
     assert client.get("/requests/").status_code == 200

@@ -31,7 +31,7 @@ from apps.actions.models import Action, ActionStatus
 from apps.actions.registry import tool_get
 from apps.core import tool_errors as errors
 from apps.core.errors import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
-from apps.outbox.services import receipt_record
+from apps.outbox.settlement import receipt_record
 from apps.outbox.unknown_outcomes import ActionChanged, action_settle_unknown
 from apps.tickets.connectors import Receipt, connector_for
 

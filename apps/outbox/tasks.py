@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 @shared_task(name=queue.OUTBOX_DISPATCH)
 def dispatch_pending() -> int:
-    from apps.outbox.services import outbox_dispatch_batch
+    from apps.outbox.dispatch import outbox_dispatch_batch
 
     return outbox_dispatch_batch()
 

@@ -2,7 +2,7 @@
 action whose send got no answer is looked up by its idempotency key at its ticket system — found
 is the receipt, not found (once that is provable) is re-queued with the same key — and
 :func:`action_settle_unknown` settles one for a person on the reconciliation page. The send itself
-and the receipts are in :mod:`apps.outbox.services`."""
+and the receipts are in :mod:`apps.outbox.settlement`."""
 
 from __future__ import annotations
 
@@ -16,15 +16,9 @@ from django.utils import timezone
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.core import tool_errors as errors
 from apps.core.queue import OUTBOX_DISPATCH, enqueue_on_commit
+from apps.outbox.dispatch import MAX_ATTEMPTS, action_deadline
 from apps.outbox.models import OutboxMessage, OutboxStatus
-from apps.outbox.services import (
-    MAX_ATTEMPTS,
-    _append_or_record_refusal,
-    _fence,
-    action_deadline,
-    backoff_delay,
-    receipt_record,
-)
+from apps.outbox.settlement import append_or_record_refusal, backoff_delay, fence, receipt_record
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.store import StaleWrite, refused_after_rollback, task_append_with_retry
@@ -145,7 +139,7 @@ def action_settle_unknown(action: Action, *, actor: str, reason: str, resolution
         OutboxMessage.objects.filter(action=action).update(lease_generation=F("lease_generation") + 1,
                                                             lease_owner=None, lease_expires_at=None)
         token = OutboxMessage.objects.get(action=action).lease_generation
-    found = _fence(action, token)
+    found = fence(action, token)
     if found is not None:
         # Whatever was asserted, the ticket system decides: it was executed.
         if resolution:
@@ -168,6 +162,6 @@ def action_settle_unknown(action: Action, *, actor: str, reason: str, resolution
         )
         payload = {"action_id": str(action.pk), "error": reason, "executed": False,
                    "fenced_at_token": token, **({"resolution": resolution} if resolution else {})}
-        _append_or_record_refusal(task_id=action.task_id, event_type="dispatch.failed", actor=actor,
+        append_or_record_refusal(task_id=action.task_id, event_type="dispatch.failed", actor=actor,
                                   payload_fn=lambda t: payload)
     return None

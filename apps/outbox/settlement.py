@@ -1,0 +1,211 @@
+"""Settlement of an outbox row (DESIGN.md §6, §7; spec §16.4, table 16.5): the receipt (action
+SUCCEEDED, ticket mirror, outbox DELIVERED and the task's ``receipt.recorded`` in one transaction),
+"not executed" only when it is known — no attempt can have reached the remote, or the key was
+first fenced at the remote with the row's current fencing token and nothing was found — and the
+outcome events a dispatcher or reconciler records on the task."""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.core import tool_errors as errors
+from apps.core.queue import AGENT_STEP, enqueue_on_commit
+from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.tasks import reducer
+from apps.tasks.store import refused_after_rollback, task_append_with_retry
+from apps.tickets.connectors import Receipt, connector_for
+from apps.tickets.models import TicketMirror
+
+log = logging.getLogger(__name__)
+
+
+def kick_agent(task_id) -> None:
+
+    enqueue_on_commit(AGENT_STEP, task_id)
+
+
+def append_or_record_refusal(*, task_id, event_type: str, actor: str, payload_fn) -> bool:
+    """Append an event for the task from inside the caller's transaction. When δ refuses it (a
+    late outcome on a terminal task) the refusal is already recorded as a ``RefusedEvent`` in
+    that same transaction, which still commits the caller's row updates: the facts about the
+    remote are kept, the task does not change. Returns whether the event was applied."""
+    try:
+        task_append_with_retry(task_id=task_id, event_type=event_type, actor=actor, payload_fn=payload_fn)
+    except reducer.IllegalTransition as exc:
+        log.warning("task %s refused %s: %s", task_id, event_type, exc.reason)
+        return False
+    return True
+
+
+def may_have_executed(action_id, *, except_attempt_id=None) -> bool:
+    """True when an attempt of the action may have reached the remote: it is still in flight (its
+    dispatcher died or stalls) or ended without an answer. Attempts that ended with a definite
+    answer (receipt, refusal, not delivered) do not count."""
+    attempts = ActionAttempt.objects.filter(action_id=action_id,
+                                            outcome__in=[AttemptOutcome.IN_FLIGHT, AttemptOutcome.UNKNOWN])
+    if except_attempt_id is not None:
+        attempts = attempts.exclude(pk=except_attempt_id)
+    return attempts.exists()
+
+
+class NotYetProvable(errors.TemporarilyUnavailable):
+    """The ticket system cannot fence, and an unanswered request of the action may still take
+    effect until ``provable_at`` (its start + the connector's request lifetime)."""
+
+    code = "not_yet_provable"
+
+    def __init__(self, provable_at):
+        super().__init__(f"an unanswered request may still take effect until {provable_at.isoformat()}")
+        self.provable_at = provable_at
+
+
+def fence(action: Action, token: int):
+    """Make "nothing found by key" final, then look the key up (ADR 0009). Where the ticket system
+    can fence a key, fence it at ``token``. Where it cannot (django-helpdesk), wait until every
+    unanswered attempt is older than the connector's request lifetime, then look up. Returns the
+    ticket as a :class:`Receipt` or None; raises :class:`NotYetProvable` or the connector's
+    :class:`~apps.actions.errors.ToolError`."""
+    connector = connector_for(action.tool, action.connector)
+    if not connector.supports_fence:
+        newest = ActionAttempt.objects.filter(
+            action_id=action.pk, outcome__in=[AttemptOutcome.IN_FLIGHT, AttemptOutcome.UNKNOWN]
+        ).aggregate(newest=Max("started_at"))["newest"]
+        if newest is not None:
+            provable_at = newest + timedelta(seconds=connector.request_lifetime_seconds)
+            if timezone.now() < provable_at:
+                raise NotYetProvable(provable_at)
+    return connector.fence(idempotency_key=action.idempotency_key, fencing_token=token)
+
+
+def settle_not_executed(message, action, fencing_token: int, actor: str, *, except_attempt_id=None) -> str | None:
+    """Establish that the action was not executed before anyone records so (DESIGN.md §6).
+
+    Returns None when "not executed" is proven: no attempt may have reached the remote, or the
+    key, fenced at the remote with this dispatcher's ``fencing_token``, has no ticket — and no
+    older token can create one any more. Otherwise returns the outcome already recorded here:
+    ``"receipt"`` (the ticket exists: a late effect of an earlier attempt, recorded as the
+    receipt), ``"undecided"`` (the remote could not be asked: the row goes back to PENDING with
+    backoff and the next claim asks again) or ``"lost_lease"``."""
+    if not may_have_executed(action.pk, except_attempt_id=except_attempt_id):
+        return None
+    try:
+        found = fence(action, fencing_token)
+    except errors.ToolError as exc:
+        with transaction.atomic():
+            if not still_ours(message.pk, fencing_token).exists():
+                return "lost_lease"
+            now = timezone.now()
+            retry_at = now + timedelta(seconds=backoff_delay(message.attempts))
+            if isinstance(exc, NotYetProvable):
+                retry_at = max(retry_at, exc.provable_at)
+            OutboxMessage.objects.filter(pk=message.pk).update(
+                status=OutboxStatus.PENDING, available_at=retry_at,
+                last_error={**exc.as_dict(), "while": "fencing before recording not executed"},
+                lease_owner=None, lease_expires_at=None,
+            )
+        return "undecided"
+    if found is None:
+        return None
+    receipt_record(action_id=action.pk, receipt=found, actor=actor)
+    return "receipt"
+
+
+def finish_not_sent(message, action, fencing_token, status, reason, actor="dispatcher") -> None:
+    with transaction.atomic():
+        if not still_ours(message.pk, fencing_token).exists():
+            return
+        Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error={"reason": reason})
+        OutboxMessage.objects.filter(pk=message.pk).update(status=status, last_error={"reason": reason},
+                                                           lease_owner=None, lease_expires_at=None)
+        append_or_record_refusal(
+            task_id=action.task_id, event_type="dispatch.failed", actor=actor,
+            payload_fn=lambda t: {"action_id": str(action.pk), "error": reason, "executed": False},
+        )
+
+
+def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str, resolution: dict | None = None) -> None:
+    """Record a receipt (DESIGN.md §1 step 8): action SUCCEEDED, ticket mirror, outbox DELIVERED
+    and the task's ``receipt.recorded`` event (settling the budget reservation) in one
+    transaction; then the agent composes the answer. Idempotent: a second receipt for the same
+    action changes nothing. ``resolution`` (a person's reconciliation: who, why, verified how) is
+    recorded in the event payload."""
+    try:
+        _receipt_record(action_id=action_id, receipt=receipt, attempt_id=attempt_id, actor=actor,
+                        resolution=resolution)
+    except reducer.IllegalTransition as exc:
+        # The whole recording rolled back with the refusal; keep the record of what δ refused.
+        task_id = Action.objects.filter(pk=action_id).values_list("task_id", flat=True).get()
+        refused_after_rollback(task_id=task_id, event_type="receipt.recorded", payload={
+            "action_id": str(action_id), "receipt": receipt.as_dict()}, reason=exc.reason, actor=actor)
+        log.error("receipt for action %s refused: %s", action_id, exc.reason)
+
+
+def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str, resolution=None) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        action = Action.objects.select_for_update().get(pk=action_id)
+        if action.status == ActionStatus.SUCCEEDED:
+            return
+        if attempt_id is not None:
+            ActionAttempt.objects.filter(pk=attempt_id).update(outcome=AttemptOutcome.RECEIPT, finished_at=now)
+        # Attempts whose dispatcher never reported (died or stalls): one of them may be the one
+        # that created the ticket, none is still "in flight" for the record.
+        ActionAttempt.objects.filter(action_id=action_id, outcome=AttemptOutcome.IN_FLIGHT).exclude(
+            pk=attempt_id).update(outcome=AttemptOutcome.UNKNOWN, finished_at=now,
+                                  error={"detail": "no report from its dispatcher; the action has its receipt"})
+        action.status = ActionStatus.SUCCEEDED
+        action.receipt = receipt.as_dict()
+        action.external_id = receipt.external_id
+        action.external_version = receipt.version
+        action.save(update_fields=["status", "receipt", "external_id", "external_version", "updated_at"])
+        if receipt.kind == "ticket":
+            TicketMirror.objects.update_or_create(
+                action=action,
+                defaults={"tenant_id": action.tenant_id, "connector": receipt.connector,
+                          "external_id": receipt.external_id, "external_version": receipt.version,
+                          "status": receipt.status, "data": receipt.body},
+            )
+        else:
+            # A comment or update on an existing ticket: the ticket's mirror learns its new version
+            # (and, for an update, its status), never going backwards.
+            changes = {"external_version": receipt.version}
+            if receipt.kind == "update":
+                changes.update(status=receipt.status, data=receipt.body)
+            TicketMirror.objects.filter(tenant_id=action.tenant_id, connector=receipt.connector,
+                                        external_id=receipt.ticket_id,
+                                        external_version__lt=receipt.version).update(**changes)
+        OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.DELIVERED, delivered_at=now,
+                                                            lease_owner=None, lease_expires_at=None)
+        task_append_with_retry(
+            task_id=action.task_id, event_type="receipt.recorded", actor=actor,
+            payload_fn=lambda t: {"action_id": str(action.pk), "receipt": receipt.as_dict(),
+                                  "cost": action.reservation, "recorded_at": now.isoformat(),
+                                  **({"resolution": resolution} if resolution else {})},
+        )
+        kick_agent(action.task_id)
+
+
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 60.0
+
+
+def backoff_delay(attempt: int, *, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter: uniform(0, min(cap, base · 2^attempt)) seconds, with
+    the base from ``FAULTDESK["RETRY_BACKOFF_BASE_SECONDS"]`` (default 1 s)."""
+    rng = rng or random.Random()  # noqa: S311 - jitter, not security
+    base = settings.FAULTDESK.get("RETRY_BACKOFF_BASE_SECONDS", BACKOFF_BASE_SECONDS)
+    return rng.uniform(0, min(BACKOFF_CAP_SECONDS, base * (2**attempt)))
+
+
+def still_ours(message_id, fencing_token: int):
+    """The outbox row ``message_id``, locked, while its fencing token is still ``fencing_token``
+    (empty once another dispatcher claimed it)."""
+    return OutboxMessage.objects.select_for_update().filter(pk=message_id, lease_generation=fencing_token)
