@@ -38,7 +38,7 @@ class Tenant(models.Model):
     ticket_system = models.CharField(max_length=16, choices=TicketSystem.choices, default=TicketSystem.REFERENCE,
                                      help_text="where this tenant's tickets are created; an action keeps the "
                                                "system it was committed for")
-    # Quotas on top of each task's own budget (issue 7; runtime-invariants.md §1.2): empty means the
+    # Quotas on top of each task's own budget (runtime-invariants.md §1.2): empty means the
     # service default (settings.FAULTDESK TENANT_*).
     daily_budget_units = models.PositiveIntegerField(
         null=True, blank=True, help_text="cost units this tenant's tasks may use per UTC day (empty: default)")

@@ -1,5 +1,5 @@
-"""Tenant scoping: the one mechanism every principal-facing read goes through (issue 5 item 1;
-DESIGN.md §12 "no data crosses tenants"; spec runtime-invariants.md §2.2).
+"""Tenant scoping: the one mechanism every principal-facing read goes through (DESIGN.md §12 "no data crosses
+tenants"; spec runtime-invariants.md §2.2).
 
 Every tenant-owned model's default manager is :class:`TenantScopedManager`. Code that acts for a
 person reads through ``Model.objects.visible_to(principal)`` (or ``for_tenant(tenant_id)`` where

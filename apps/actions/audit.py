@@ -1,5 +1,5 @@
 """Audit of a task's actions against its event-sourced state and, optionally, against the ticket
-system itself (DESIGN.md §12 invariants 2 and 7; spec §16.3 "replay"; issue 3 review note).
+system itself (DESIGN.md §12 invariants 2 and 7; spec §16.3 "replay").
 
 Replay proves the task row equals its event log. This proves the rest of the record agrees:
 

@@ -1,4 +1,4 @@
-"""System check: idempotency keys are kept long enough (DESIGN.md §6; issue 4 item 1).
+"""System check: idempotency keys are kept long enough (DESIGN.md §6).
 
 An action's key must outlive every moment at which the same logical action could be sent again or
 looked up: the task's whole deadline (retries), the reconciliation window (an unknown outcome

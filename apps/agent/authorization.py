@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def premises_changed(task: Task) -> str | None:
-    """Re-check what the plan assumed before resuming it (issue 3 item 6): the requester still
+    """Re-check what the plan assumed before resuming it: the requester still
     belongs to the tenant and may still read every cited chunk. Returns what changed, or None."""
 
     requester = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)

@@ -57,7 +57,7 @@ def release_stale(task: Task, lease: Lease) -> Task:
 
 
 def bounds_exceeded(task: Task) -> str | None:
-    """The first bound this task has hit (issue 3: steps, re-plans — recursion depth — and wall
+    """The first bound this task has hit (steps, re-plans — recursion depth — and wall
     time; re-drafts are checked where drafting happens), as a termination reason, or None."""
     conf = settings.FAULTDESK
     if task.version >= conf["MAX_EVENTS_PER_TASK"]:

@@ -80,8 +80,8 @@ def _model_call(task: Task, state: dict) -> dict:
 
 
 def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
-    """One call to the model pinned in the task's artifact bundle (``reducer/3``; issue 7 items
-    1, 2, 4): reserve its tokens, cost units and — when it repeats an attempt that gave no draft —
+    """One call to the model pinned in the task's artifact bundle (``reducer/3``; DESIGN.md §8, §10): reserve its
+    tokens, cost units and — when it repeats an attempt that gave no draft —
     one retry; give it a deadline-bounded timeout; make the call, cancellable; settle the real
     cost in ``model.called`` with the raw output, before anything uses it.
 

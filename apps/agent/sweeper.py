@@ -38,7 +38,7 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 200) -> l
 def tasks_with_orphaned_reservations(*, now: datetime, limit: int = 200) -> list[str]:
     """Ids of ended ``reducer/3`` tasks (a cancel: completion and failure release their own) that
     still hold open reservations while nobody holds their lease — the activity's worker died
-    after the cancel. The sweeper releases those reservations (issue 7 item 1)."""
+    after the cancel. The sweeper releases those reservations."""
     free = Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now)
     rows = (Task.objects.filter(status__in=reducer.TERMINAL, artifact_bundle__reducer="reducer/3")
             .exclude(state__reservations={}).filter(free).values_list("id", flat=True)[:limit])

@@ -1,4 +1,4 @@
-"""Tenant-scoped reads of approvals: the list and the approver's queue page (issue 5 item 7)."""
+"""Tenant-scoped reads of approvals: the list and the approver's queue page."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The approver's queue (HTMX; issue 5 item 7): approvals with the concrete tool, parameters (and
+"""The approver's queue (HTMX): approvals with the concrete tool, parameters (and
 what changed since the task's previous proposal), target object with its version then and now,
 side effects, evidence, requester and expiry; filters and pagination; approve or reject with a
 reason without a page reload. Invalidated and expired approvals stay visible with their reason."""

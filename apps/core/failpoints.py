@@ -1,4 +1,4 @@
-"""Failpoints for crash tests (issue 3): make this process die or stall at a named point.
+"""Failpoints for crash tests: make this process die or stall at a named point.
 
 Off unless ``FAULTDESK_FAILPOINT`` names a point. ``FAULTDESK_FAILPOINT_ACTION`` is ``kill``
 (SIGKILL this process, the default) or ``sleep:<seconds>``. With ``FAULTDESK_FAILPOINT_ONCE`` set

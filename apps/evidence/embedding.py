@@ -159,7 +159,7 @@ def embed_query(text: str, *, model: str | None = None) -> list[float]:
     :func:`embed_texts`. ``all-MiniLM-L6-v2`` runs on a thread of its own with
     ``FAULTDESK["EMBEDDING_QUERY_THREADS"]`` torch threads (default 1; 0 or less: in the caller's
     thread on torch's default): a single sentence gains nothing from a thread pool and, on a busy
-    machine, loses a lot to it (issue 9's profile: ~175 ms with two threads against ~18 ms with
+    machine, loses a lot to it (profiled: ~175 ms with two threads against ~18 ms with
     one, docs/performance.md)."""
     from django.conf import settings
 

@@ -1,4 +1,4 @@
-"""Retrieval evaluation (issue 6 item 6): a labelled question set over the project's knowledge base,
+"""Retrieval evaluation: a labelled question set over the project's knowledge base,
 scored for the vector ranking alone, the full-text ranking alone and their RRF fusion.
 
 Each question names the documents that answer it and the scopes of a reader who may see them

@@ -1,4 +1,4 @@
-"""Retrieved text is data, never instructions (issue 6 item 5; DESIGN.md §9; spec §16.6).
+"""Retrieved text is data, never instructions (DESIGN.md §9; spec §16.6).
 
 Two tools for the agent:
 

@@ -110,7 +110,7 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
     the strategy used: ``"exact"`` or ``"hnsw"``.
 
     Complete: it returns ``min(limit, permitted rows)`` ids, whatever share of the tenant's chunks
-    the scopes permit (issue 6 item 2). Rare permitted rows (under :data:`EXACT_SELECTIVITY` of the
+    the scopes permit. Rare permitted rows (under :data:`EXACT_SELECTIVITY` of the
     tenant's chunks, or at most :data:`EXACT_MAX_ROWS`) are ranked exactly; otherwise the HNSW
     index answers, and a short answer (the filter removed too many of its neighbours) is redone
     exactly. Only chunks in force at ``now`` (default: the current time) and embedded by ``model``

@@ -1,4 +1,4 @@
-"""The evidence view (issue 6 items 3 and 4): one cited chunk version, shown only if the viewer may
+"""The evidence view: one cited chunk version, shown only if the viewer may
 read it *now* (the permission is re-checked on every view, not taken from when it was cited), with
 a notice when the cited version has been superseded or its document retired."""
 

@@ -1,4 +1,4 @@
-"""Model providers (issue 7 item 4; DESIGN.md §10; spec §16.5, long-task-runtime.md "预算").
+"""Model providers (DESIGN.md §10; spec §16.5, long-task-runtime.md "预算").
 
 Two providers draft a ticket from the recorded context:
 

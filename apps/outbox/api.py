@@ -1,4 +1,4 @@
-"""Reconciliation API (DESIGN.md §6; issue 4 items 4 and 5): the tenant's unknown actions and a
+"""Reconciliation API (DESIGN.md §6): the tenant's unknown actions and a
 person's resolution of one; failed compensations and a person's decision on one. Admins only;
 another tenant's action or task is 404."""
 

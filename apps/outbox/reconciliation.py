@@ -1,6 +1,6 @@
 """Reconciliation by a person: the admin's view of actions whose outcome is unknown, and the two
 recorded resolutions, "executed, here is the ticket" and "not executed" (DESIGN.md §6; spec
-§16.4 "结果未知", table 16.5 row "remote done, response lost"; issue 4 item 4).
+§16.4 "结果未知", table 16.5 row "remote done, response lost").
 
 The reconciler (:func:`apps.outbox.unknown_outcomes.actions_reconcile`) settles most unknown outcomes by
 itself: it looks the action up by key and adopts the ticket, or re-sends with the same key. An

@@ -1,6 +1,6 @@
 """The admin's reconciliation page (HTMX): actions whose outcome is unknown, what is known about
 each (attempts with their errors, lookups by key so far), and the two recorded resolutions
-(DESIGN.md §6; issue 4 item 4). The same through the API in :mod:`apps.outbox.api`."""
+(DESIGN.md §6). The same through the API in :mod:`apps.outbox.api`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The budget ledger's writes and deadline propagation (issue 7 items 1–2; DESIGN.md §8; spec §16.5
+"""The budget ledger's writes and deadline propagation (DESIGN.md §8; spec §16.5
 "预留避免并行超支", runtime-invariants.md §1.2).
 
 A task's ledger lives in its event-sourced state (``reducer/3``): ``budget`` (cost units ``B, U,

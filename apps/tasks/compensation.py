@@ -1,4 +1,4 @@
-"""Failed compensations and the people who settle them (issue 4 item 5; DESIGN.md §6 "saga";
+"""Failed compensations and the people who settle them (DESIGN.md §6 "saga";
 spec §16.4: "补偿失败需要单独的待处理状态" — a failed compensation needs its own pending state).
 
 A compensation (closing a ticket that a cancelled task created anyway) that failed waits in

@@ -100,7 +100,7 @@ class Task(models.Model):
 
 
 class TenantUsage(models.Model):
-    """A tenant's ledger for one UTC day (issue 7 item 1; runtime-invariants.md §1.2: quotas per
+    """A tenant's ledger for one UTC day (runtime-invariants.md §1.2: quotas per
     run *and* per principal, so one tenant cannot exhaust the service).
 
     Every ``reducer/3`` task event that moves the task's money or token ledger moves this row by

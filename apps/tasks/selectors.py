@@ -71,7 +71,7 @@ def task_now(task: Task) -> str:
     return steps.get(task.status, task.status)
 
 
-#: events whose payload carries people's words, document text or model output (issue 8 item 1):
+#: events whose payload carries people's words, document text or model output:
 #: traces show their digest and link to the access-checked view of the payload
 SENSITIVE_EVENTS = frozenset({"task.accepted", "evidence.retrieved", "model.called", "draft.proposed",
                               "input.provided", "input.requested", "approval.requested", "intent.committed",

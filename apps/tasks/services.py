@@ -137,7 +137,7 @@ def task_submit(
 
 
 def _tenant_admits(tenant_id: int) -> None:
-    """Per-tenant admission of a new request (issue 7 item 1): the tenant's row is locked, so
+    """Per-tenant admission of a new request: the tenant's row is locked, so
     concurrent submits of one tenant are counted one after the other. Raises
     :class:`QuotaExceeded` (429, with ``retry_after`` seconds) when the tenant has
     ``max_active_tasks`` requests in progress (cancelled ones whose compensation is pending do not

@@ -1,4 +1,4 @@
-"""Reads of tickets for the agent's plan (DESIGN.md §11; issue 4 item 5)."""
+"""Reads of tickets for the agent's plan (DESIGN.md §11)."""
 
 from __future__ import annotations
 

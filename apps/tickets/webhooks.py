@@ -1,4 +1,4 @@
-"""Inbound webhooks from the reference ticket service (DESIGN.md §11; issue 4 item 8).
+"""Inbound webhooks from the reference ticket service (DESIGN.md §11).
 
 ``POST /webhooks/reference/`` — the only unauthenticated-by-session endpoint; the HMAC signature
 is its authentication (format in :mod:`apps.tickets.refservice.webhooks`). In order:

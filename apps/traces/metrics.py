@@ -1,4 +1,4 @@
-"""Metrics (issue 8 item 3; DESIGN.md §1 "admin … see metrics"; spec §16.11).
+"""Metrics (DESIGN.md §1 "admin … see metrics"; spec §16.11).
 
 Every figure is read from PostgreSQL, the single source of truth, with a fixed number of aggregate
 queries: the cost of a page or a scrape does not grow with the number of events.

@@ -25,7 +25,7 @@ def admin_tasks(request):
     return render_page(request, "traces/tasks.html", {"tasks": task_list(principal=p)[:100]})
 
 
-#: the causal chain of a task (issue 8 item 1): the phase each event belongs to, in the order the
+#: the causal chain of a task: the phase each event belongs to, in the order the
 #: main job goes through them
 PHASES = {
     "task.accepted": "request", "cancel.requested": "request", "input.requested": "request",

@@ -1,5 +1,5 @@
-"""δ version ``reducer/2``: writes on an existing ticket, conflicts and compensation (issue 4 item 5;
-DESIGN.md §4, §6; spec §16.4 "补偿事务", table 16.5 "取消后收到回执").
+"""δ version ``reducer/2``: writes on an existing ticket, conflicts and compensation (DESIGN.md §4, §6; spec §16.4
+"补偿事务", table 16.5 "取消后收到回执").
 
 ``reducer/2`` is ``reducer/1`` (:mod:`apps.tasks.reducer`) plus:
 

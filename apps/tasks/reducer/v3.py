@@ -1,4 +1,4 @@
-"""δ version ``reducer/3``: the budget ledger and recorded model calls (issue 7; DESIGN.md §8, §10;
+"""δ version ``reducer/3``: the budget ledger and recorded model calls (DESIGN.md §8, §10;
 spec §16.5 "预算、异步及取消", runtime-invariants.md §1.2).
 
 ``reducer/3`` is ``reducer/2`` (:mod:`apps.tasks.reducer.v2`) plus a ledger with several limits:

@@ -23,7 +23,7 @@ from apps.tasks.demo_data import KB_DIR
 
 
 class Command(BaseCommand):
-    help = "Score vector, full-text and hybrid retrieval on the labelled questions (issue 6)."
+    help = "Score vector, full-text and hybrid retrieval on the labelled questions."
 
     def add_arguments(self, parser):
         parser.add_argument("--tenant", default="eval",
