@@ -1,6 +1,6 @@
 """Property tests over generated event sequences, committed through the real CAS path into the
 database (issue 3; DESIGN.md §12 invariants 1, 3, 4 and 7). The reducer-level properties are in
-``test_reducer.py``."""
+``apps/tasks/tests/test_reducer_v1.py``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from apps.tasks.models import Task
 from apps.tasks.replay import task_replay
 from apps.tasks.services import task_submit
 from apps.tasks.store import task_append_event
+from apps.tasks.tests.test_reducer_v1 import EVENTS_FOR_FUZZ
 from tests.conftest import p
-from tests.test_reducer import EVENTS_FOR_FUZZ
 
 pytestmark = pytest.mark.property
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from apps.tasks import reducer as r1
 from apps.tasks.reducer import v2 as r2
-from tests.test_reducer import ACCEPT, ASK, DEVICE, DRAFT, EVID, GRANT, INTENT, RECEIPT, START
+from apps.tasks.tests.test_reducer_v1 import ACCEPT, ASK, DEVICE, DRAFT, EVID, GRANT, INTENT, RECEIPT, START
 
 TICKET = {"connector": "reference", "external_id": "REF-1", "version": 3, "status": "open"}
 TREAD = ("ticket.read", {"ticket": TICKET})
