@@ -338,8 +338,8 @@ def seed(printers: dict[str, int]) -> None:
     from apps.accounts.models import AccessScope, Membership, Role, Tenant
     from apps.approvals.models import ApprovalPolicy
     from apps.devices.models import Device
+    from apps.evidence.corpus import KB_DIR
     from apps.evidence.services import document_ingest
-    from apps.tasks.demo_data import KB_DIR
 
     devices = {}
     for system, count in printers.items():

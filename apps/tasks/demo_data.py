@@ -15,7 +15,6 @@ from apps.accounts.models import AccessScope, Membership, Role, Tenant, TicketSy
 from apps.approvals.services import policy_current
 from apps.devices.models import Device
 
-KB_DIR = Path(__file__).resolve().parent.parent / "evidence" / "kb"
 DEMO_DEVICE = "PRN-0417"
 
 USERS = [

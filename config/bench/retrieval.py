@@ -104,7 +104,7 @@ def _kb_sentences() -> list[tuple[str, str]]:
     """``(section, sentence)`` pairs from the project's knowledge base (every scope), 40–240
     characters, at least 6 words, no tables; deduplicated, in a stable order."""
     from apps.evidence.chunking import parse_document
-    from apps.tasks.demo_data import KB_DIR
+    from apps.evidence.corpus import KB_DIR
 
     seen: dict[str, str] = {}
     for path in sorted(Path(KB_DIR).rglob("*.md")):

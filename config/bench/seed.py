@@ -38,8 +38,8 @@ def tenant_seed(slug: str, *, devices: int, auto_approve: bool = True, kb: bool 
     from apps.accounts.models import AccessScope, Membership, Role, Tenant
     from apps.approvals.models import ApprovalPolicy
     from apps.devices.models import Device
+    from apps.evidence.corpus import KB_DIR
     from apps.evidence.services import document_ingest
-    from apps.tasks.demo_data import KB_DIR
 
     tenant = Tenant.objects.create(slug=slug, name=f"Bench {slug}", ticket_system="reference",
                                    max_active_tasks=100_000, daily_budget_units=100_000_000,

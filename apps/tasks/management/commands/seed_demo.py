@@ -7,8 +7,9 @@ from pathlib import Path
 from django.core.management.base import BaseCommand
 
 from apps.accounts.models import AccessScope, Tenant
+from apps.evidence.corpus import KB_DIR
 from apps.evidence.services import document_ingest, path_ingest
-from apps.tasks.demo_data import INITECH_KB, KB_DIR, demo_seed
+from apps.tasks.demo_data import INITECH_KB, demo_seed
 from config.env import VAR_DIR
 
 GLOBEX_KB = ("laser-printer-paper-jam.md", "mfp-toner-and-drum-replacement.md", "mfp-scan-to-email-failure.md")
