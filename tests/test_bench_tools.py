@@ -10,9 +10,9 @@ import pytest
 from django.db import connection, transaction
 
 from apps.tickets.connectors import ReferenceTicketConnector
-from config.bench.harness import WalCommits, percentile
-from config.bench.noop_remote import NoopHandler
-from config.bench.profile import summarize
+from tools.bench.harness import WalCommits, percentile
+from tools.bench.noop_remote import NoopHandler
+from tools.bench.profile import summarize
 
 
 def test_percentile_interpolates_between_closest_ranks_like_numpy():

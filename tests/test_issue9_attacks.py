@@ -23,8 +23,8 @@ from django.db import close_old_connections, connection, transaction
 from apps.actions import errors
 from apps.evidence import embedding
 from apps.tickets.connectors import HelpdeskConnector, ReferenceTicketConnector
-from config.bench.harness import WalCommits
 from config.tls import _context_for, tls_context
+from tools.bench.harness import WalCommits
 
 ROOT = Path(__file__).resolve().parents[1]
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
@@ -528,11 +528,11 @@ def test_no_session_level_state_in_code_that_runs_on_a_reused_connection():
     advisory lock or a temp table would leak into the next one. (SQL to SQLite and psql is not
     a Django connection.)"""
     offenders = []
-    for path in [*ROOT.glob("apps/**/*.py"), *ROOT.glob("config/**/*.py")]:
+    for path in [*ROOT.glob("apps/**/*.py"), *ROOT.glob("config/**/*.py"), *ROOT.glob("tools/**/*.py")]:
         rel = str(path.relative_to(ROOT))
         if "/migrations/" in rel or rel.startswith(("apps/tickets/refservice/", "config/embedded.py",
-                                                     "config/chaos.py", "config/bench/__main__.py",
-                                                     "config/bench/ceiling.py")):
+                                                     "tools/chaos.py", "tools/bench/__main__.py",
+                                                     "tools/bench/ceiling.py")):
             continue
         lines = path.read_text().splitlines()
         for n, line in enumerate(lines, 1):
@@ -548,7 +548,7 @@ def test_no_session_level_state_in_code_that_runs_on_a_reused_connection():
 def test_every_process_holding_a_persistent_connection_fits_max_connections():
     """make up plus make bench on the same embedded server, every gunicorn thread and Celery pool
     process holding its connection."""
-    from config.devstack import programs
+    from tools.devstack import programs
 
     held = 0
     for name, cmd in programs().items():
@@ -623,7 +623,7 @@ def test_e2e_stops_when_not_every_task_ended(monkeypatch):
     (it was 4 ÷ 10 s), a clear stop instead."""
     import redis
 
-    from config.bench import e2e
+    from tools.bench import e2e
 
     rows = [("COMPLETED", 0.0, 9.0, 10.0), ("COMPLETED", 0.0, 9.5, 10.0),
             ("RUNNING", 0.0, None, None), ("RUNNING", 0.0, None, None)]
@@ -643,7 +643,7 @@ def test_outbox_phase_stops_when_the_backlog_does_not_drain(monkeypatch):
     """outbox.run's docstring: SystemExit when the backlog ... does not drain. Half of it drained."""
     import redis
 
-    from config.bench import outbox
+    from tools.bench import outbox
 
     n = 10
     clock = iter(range(0, 10**9, 1000))
@@ -677,7 +677,7 @@ def test_outbox_phase_stops_when_the_backlog_does_not_drain(monkeypatch):
 
 def test_peak_rss_of_a_tree_counts_a_grandchild_larger_than_its_parent():
     """A stronger check of the harness: a small parent whose child holds 96 MiB."""
-    from config.bench.harness import rss_tree_peak_mb
+    from tools.bench.harness import rss_tree_peak_mb
 
     code = ("import subprocess, sys, time; "
             "c = subprocess.Popen([sys.executable, '-c', 'import time; b = bytearray(96 * 2**20); "

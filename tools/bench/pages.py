@@ -32,8 +32,8 @@ import uuid
 from datetime import UTC
 from unittest import mock
 
-from config.bench.harness import Bench, percentile, session_client
-from config.bench.seed import SYMPTOMS, tenant_seed
+from tools.bench.harness import Bench, percentile, session_client
+from tools.bench.seed import SYMPTOMS, tenant_seed
 
 PENDING = 10_000
 TRACE_EVENTS = 2_000

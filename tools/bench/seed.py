@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from config.bench.harness import PASSWORD
+from tools.bench.harness import PASSWORD
 
 SYMPTOMS = [
     "Fuser error after warm-up, pages come out smeared with unfused toner.",

@@ -1,4 +1,4 @@
-"""``python -m config.bench.report [var/bench/latest.json]``: a bench run's figures as a Markdown
+"""``python -m tools.bench.report [var/bench/latest.json]``: a bench run's figures as a Markdown
 table (figure, value, unit, note) under a line naming the machine — what docs/performance.md
 quotes."""
 
@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from config.bench.harness import BENCH_DIR
+from tools.bench.harness import BENCH_DIR
 
 
 def markdown(run: dict) -> str:

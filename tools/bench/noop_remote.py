@@ -2,7 +2,7 @@
 service's API (``POST /tickets``, ``GET /tickets?idempotency_key=``, ``GET /healthz``) to answer at
 once, storing nothing — so the dispatcher's own cost is what is measured.
 
-``python -m config.bench.noop_remote --port P``. Each ``POST /tickets`` answers 201 with a new
+``python -m tools.bench.noop_remote --port P``. Each ``POST /tickets`` answers 201 with a new
 ticket id; a lookup finds nothing."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class NoopHandler(BaseHTTPRequestHandler):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m config.bench.noop_remote", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.noop_remote", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     ThreadingHTTPServer(("127.0.0.1", args.port), NoopHandler).serve_forever()

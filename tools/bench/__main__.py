@@ -1,4 +1,4 @@
-"""``python -m config.bench``: see :mod:`config.bench`."""
+"""``python -m tools.bench``: see :mod:`tools.bench`."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _positives(text: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m config.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__)
     parser.add_argument("--only", action="append", choices=PHASES, help="run only this phase (repeatable)")
     parser.add_argument("--n", type=_positive, default=500, help="tasks per end-to-end run (default 500)")
     parser.add_argument("--workers", type=_positives, default=[1, 2, 4],
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
     from config import embedded
-    from config.bench import harness
+    from tools.bench import harness
 
     shutil.rmtree(harness.LOG_DIR, ignore_errors=True)
     harness.LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -114,27 +114,27 @@ def _interrupted(signum, _frame):
 
 def _run_phases(bench, phases, args) -> None:
     if "ceiling" in phases:
-        from config.bench import ceiling
+        from tools.bench import ceiling
 
         ceiling.run(bench, seconds=5 if args.quick else 20)
     if "floor" in phases:
-        from config.bench import floor
+        from tools.bench import floor
 
         floor.run(bench, seconds=5 if args.quick else 15)
     if "e2e" in phases:
-        from config.bench import e2e
+        from tools.bench import e2e
 
         e2e.run(bench, n=args.n, worker_counts=args.workers, profile=args.profile)
     if "outbox" in phases:
-        from config.bench import outbox
+        from tools.bench import outbox
 
         outbox.run(bench, n=args.outbox_n)
     if "retrieval" in phases:
-        from config.bench import retrieval
+        from tools.bench import retrieval
 
         retrieval.run(bench, sizes=args.chunks)
     if "pages" in phases:
-        from config.bench import pages
+        from tools.bench import pages
 
         pages.run(bench, requests=100)
 
@@ -142,7 +142,7 @@ def _run_phases(bench, phases, args) -> None:
 def _finish(bench, *, machine: dict, args, stamp: str, started: float, complete: bool) -> None:
     """The memory figures, the summary and the JSON file — also after a failed or stopped run,
     marked ``"complete": false``, with what was measured before it stopped."""
-    from config.bench import harness
+    from tools.bench import harness
 
     roles = {"worker": "worker process (all queues, end to end)", "fill_worker": "worker process serving agent "
              "and tools (the outbox backlog's)", "outbox_worker": "worker process serving only the outbox queue",

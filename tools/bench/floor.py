@@ -18,8 +18,8 @@ from datetime import timedelta
 import psycopg
 
 from config import embedded
-from config.bench.harness import DATABASE, Bench, WalCommits, percentile
-from config.bench.seed import SYMPTOMS, tenant_seed
+from tools.bench.harness import DATABASE, Bench, WalCommits, percentile
+from tools.bench.seed import SYMPTOMS, tenant_seed
 
 
 def _flow(seeded, i: int, connector) -> float:

@@ -20,7 +20,7 @@ Exit status 1 when any of the three is not zero. Everything runs in its own data
 (``faultdesk_chaos`` on the embedded PostgreSQL, recreated each run), its own Redis database and
 its own ticket-system files under ``var/chaos/``; figures also go to ``var/chaos/result.json``.
 
-Usage: ``python -m config.chaos [--n 200] [--helpdesk-n 50] [--only reference|helpdesk]
+Usage: ``python -m tools.chaos [--n 200] [--helpdesk-n 50] [--only reference|helpdesk]
 [--seed S]``.
 """
 
@@ -148,7 +148,7 @@ class Chaos:
         self.wait_http(f"http://127.0.0.1:{self.ports['proxy']}/helpdesk/login/", 60)
 
     def wait_http(self, url: str, timeout: float) -> None:
-        from config.devstack import wait_http
+        from tools.devstack import wait_http
 
         if not wait_http(url, timeout):
             raise SystemExit(f"{url} did not answer within {timeout:.0f} s; see {CHAOS_DIR}/*.log")
@@ -270,7 +270,7 @@ def run(args) -> int:
     # About two reports per printer: most printers get a ticket and then a comment on it, some
     # comments race each other (a 412 and a re-plan), as when a few people report the same fault.
     per_system = {s: max(10, n // 2) for s, n in plan}
-    _manage(chaos.env, "shell", "-c", f"from config.chaos import seed; seed({json.dumps(per_system)})")
+    _manage(chaos.env, "shell", "-c", f"from tools.chaos import seed; seed({json.dumps(per_system)})")
     helpdesk_site.prepare(chaos.hd_var, HD_TOKEN)
     import redis
 
@@ -293,7 +293,7 @@ def run(args) -> int:
                 chaos.start(name, cmd)
         print(f"• chaos stopped ({chaos.kills} kills, {chaos.faults} remote faults); settling", flush=True)
         _settle(chaos, args.settle_seconds)
-        out = _manage(chaos.env, "shell", "-c", "from config.chaos import check; check()")
+        out = _manage(chaos.env, "shell", "-c", "from tools.chaos import check; check()")
     finally:
         chaos.stop.set()
         chaos.stop_all()
@@ -432,7 +432,7 @@ def _remote_effects(system: str, connector) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m config.chaos", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=200, help="tasks against the reference service (default 200)")
     parser.add_argument("--helpdesk-n", type=int, default=50, help="tasks against django-helpdesk (default 50)")
     parser.add_argument("--only", choices=["reference", "helpdesk"], default=None)

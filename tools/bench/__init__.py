@@ -1,20 +1,20 @@
 """``make bench``: how fast faultdesk is, against this machine's own ceiling (issue 9).
 
-Phases, each printing one line per figure (``python -m config.bench [--only PHASE ...]``):
+Phases, each printing one line per figure (``python -m tools.bench [--only PHASE ...]``):
 
 1. ``ceiling``  — PostgreSQL's commit rate on this database server: pgbench, simple-update
-   (``-N``), several clients (:mod:`config.bench.ceiling`).
+   (``-N``), several clients (:mod:`tools.bench.ceiling`).
 2. ``floor``    — the main job's own work (device read, retrieval, local draft, the reference
    service's ``POST /tickets``, the request written and answered) from a thread pool with no
-   events, leases, Celery or outbox (:mod:`config.bench.floor`).
+   events, leases, Celery or outbox (:mod:`tools.bench.floor`).
 3. ``e2e``      — N tasks through the whole main job over HTTP, with 1, 2 and 4 Celery worker
-   processes (:mod:`config.bench.e2e`).
+   processes (:mod:`tools.bench.e2e`).
 4. ``outbox``   — the outbox dispatcher draining a backlog against a no-op remote
-   (:mod:`config.bench.outbox`).
+   (:mod:`tools.bench.outbox`).
 5. ``retrieval`` — hybrid retrieval at 10k and 100k chunks, with and without a 1% scope filter:
-   latency and recall@10 against exact search (:mod:`config.bench.retrieval`).
+   latency and recall@10 against exact search (:mod:`tools.bench.retrieval`).
 6. ``pages``    — the approval queue with 10,000 pending approvals and a trace of 2,000 events,
-   p95 over 100 requests (:mod:`config.bench.pages`).
+   p95 over 100 requests (:mod:`tools.bench.pages`).
 7. ``memory``   — the peak RSS of a worker process and of a web process seen during the run.
 
 Everything runs in its own database (``faultdesk_bench`` on the embedded PostgreSQL, recreated each

@@ -12,7 +12,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from config.bench.harness import BIN
+from tools.bench.harness import BIN
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
 

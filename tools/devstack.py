@@ -10,7 +10,7 @@ Processes (DESIGN.md §2), run under supervisord with logs in ``var/log``:
 
 PostgreSQL and Redis are embedded unless ``DATABASE_URL`` / ``REDIS_URL`` are set.
 
-Usage: ``python -m config.devstack up|down|status|demo [--no-wait] [--tenant acme|initech]``.
+Usage: ``python -m tools.devstack up|down|status|demo [--no-wait] [--tenant acme|initech]``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from pathlib import Path
 import httpx
 
 from apps.tickets.helpdesk_site import run as helpdesk_site
-from config import demo_client, embedded
+from config import embedded
 from config.env import BASE_DIR, VAR_DIR
+from tools import demo_client
 
 BIN = Path(sys.executable).parent
 RUN = VAR_DIR / "run"

@@ -8,7 +8,7 @@ import re
 import subprocess
 
 from config import embedded
-from config.bench.harness import LOG_DIR, Bench
+from tools.bench.harness import LOG_DIR, Bench
 
 DATABASE = "faultdesk_pgbench"
 

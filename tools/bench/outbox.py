@@ -4,7 +4,7 @@ nothing.
 Stage 1 builds the backlog the real way: N reports go through the main job with workers serving
 only the ``agent`` and ``tools`` queues, so every task stops with its ``ticket.create`` intent
 committed and its outbox row ``PENDING``. Stage 2 starts a worker serving only ``outbox`` (two
-processes, as ``make up`` runs it) against a no-op remote (:mod:`config.bench.noop_remote`) and
+processes, as ``make up`` runs it) against a no-op remote (:mod:`tools.bench.noop_remote`) and
 measures messages/s from the first attempt to the last delivery, and writing commits per message."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 import psycopg
 
 from config import embedded
-from config.bench.e2e import submit_all
-from config.bench.harness import DATABASE, REDIS_DB, Bench, WalCommits
-from config.bench.seed import tenant_seed
+from tools.bench.e2e import submit_all
+from tools.bench.harness import DATABASE, REDIS_DB, Bench, WalCommits
+from tools.bench.seed import tenant_seed
 
 _PENDING_SQL = """
 SELECT count(*) FILTER (WHERE o.status = 'PENDING'), count(*) FILTER (WHERE o.status = 'DELIVERED'), count(*)
@@ -44,7 +44,7 @@ def run(bench: Bench, *, n: int = 500, dispatchers: int = 2) -> None:
     conn = psycopg.connect(embedded.postgres_url(DATABASE), autocommit=True)
     env = {**bench.env, "REFSERVICE_URL": f"http://127.0.0.1:{bench.ports['noop']}"}
     seeded = tenant_seed("outbox", devices=n)
-    bench.start("noop-remote", [sys.executable, "-m", "config.bench.noop_remote", "--port", str(bench.ports["noop"])])
+    bench.start("noop-remote", [sys.executable, "-m", "tools.bench.noop_remote", "--port", str(bench.ports["noop"])])
     bench.wait_http(f"http://127.0.0.1:{bench.ports['noop']}/healthz", 30)
     try:
         # Stage 1: the backlog, through the main job up to the committed intent.

@@ -165,7 +165,7 @@ class Bench:
 
     def wait_http(self, url: str, timeout: float = 90) -> None:
         """Wait until ``url`` answers 200; SystemExit naming the logs otherwise."""
-        from config.devstack import wait_http
+        from tools.devstack import wait_http
 
         if not wait_http(url, timeout):
             raise SystemExit(f"{url} did not answer within {timeout:.0f} s; see {LOG_DIR}/*.log")

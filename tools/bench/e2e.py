@@ -15,8 +15,8 @@ import time
 import psycopg
 
 from config import embedded
-from config.bench.harness import BENCH_DIR, DATABASE, REDIS_DB, Bench, WalCommits, percentile, session_client
-from config.bench.seed import SYMPTOMS, tenant_seed
+from tools.bench.harness import BENCH_DIR, DATABASE, REDIS_DB, Bench, WalCommits, percentile, session_client
+from tools.bench.seed import SYMPTOMS, tenant_seed
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 #: Reports sent one at a time after the measured burst, for the latency of a task that waits for
@@ -99,7 +99,7 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
             raise SystemExit(f"e2e with {workers} worker processes: the warm-up tasks did not end in 180 s")
         sampler = None
         if profile:
-            from config.bench.profile import Sampler
+            from tools.bench.profile import Sampler
 
             sampler = Sampler(bench.procs["worker"].pid, BENCH_DIR / f"profile-e2e-{workers}w.txt")
         wal = WalCommits(conn)
@@ -126,7 +126,7 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         raise SystemExit(f"e2e with {workers} worker processes: only {done} of {n} tasks ended in time; "
                          f"see {BENCH_DIR / 'logs'}")
     if profile:
-        from config.bench.profile import report
+        from tools.bench.profile import report
 
         report(BENCH_DIR / f"profile-e2e-{workers}w.txt")
     with conn.cursor() as cur:

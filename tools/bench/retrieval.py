@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from config.bench.harness import Bench, percentile
+from tools.bench.harness import Bench, percentile
 
 TENANT_SLUG = "bench-retrieval"
 CHUNKS_PER_DOCUMENT = 50
