@@ -136,7 +136,7 @@ def whole_kb(tenant):
 @pytest.fixture
 def refservice(tmp_path, settings):
     """The reference ticket service as a real HTTP server on loopback, wired into settings."""
-    from apps.tickets.refservice import serve_in_thread
+    from tools.refservice import serve_in_thread
 
     server = serve_in_thread("127.0.0.1", 0, str(tmp_path / "tickets.sqlite3"), api_key="test-key")
     settings.FAULTDESK = {**settings.FAULTDESK, "REFSERVICE_URL": server.url, "REFSERVICE_API_KEY": "test-key",

@@ -24,11 +24,11 @@ from apps.tasks import reducer
 from apps.tasks.controller import agent_run
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
-from apps.tickets import faultproxy
 from apps.tickets.connectors import HelpdeskConnector
-from apps.tickets.helpdesk_site import run as helpdesk
 from tests.conftest import drive, p
 from tests.procs import free_port
+from tools import faultproxy
+from tools.helpdesk_site import run as helpdesk
 
 TOKEN = "helpdesktesttoken0000000000000000000000"[:40].ljust(40, "0")
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."

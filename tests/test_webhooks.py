@@ -18,10 +18,10 @@ from apps.approvals.models import ApprovalRequest
 from apps.approvals.services import approval_decide
 from apps.tasks.services import task_submit
 from apps.tickets.models import InboundWebhook, TicketMirror, WebhookOutcome
-from apps.tickets.refservice import serve_in_thread
-from apps.tickets.refservice.webhooks import event_body
 from apps.tickets.webhook_signature import sign, verify
 from tests.conftest import drive, p
+from tools.refservice import serve_in_thread
+from tools.refservice.webhooks import event_body
 
 SECRET = "test-webhook-secret"
 

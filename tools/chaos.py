@@ -41,9 +41,9 @@ from pathlib import Path
 
 import httpx
 
-from apps.tickets.helpdesk_site import run as helpdesk_site
 from config import embedded
 from config.env import BASE_DIR, VAR_DIR
+from tools.helpdesk_site import run as helpdesk_site
 
 CHAOS_DIR = VAR_DIR / "chaos"
 DATABASE = "faultdesk_chaos"
@@ -131,12 +131,12 @@ class Chaos:
         }
 
     def start_all(self) -> None:
-        self.start("refservice", [sys.executable, "-m", "apps.tickets.refservice", "--port", str(self.ports["ref"]),
+        self.start("refservice", [sys.executable, "-m", "tools.refservice", "--port", str(self.ports["ref"]),
                                   "--db", str(CHAOS_DIR / "tickets.sqlite3"), "--api-key", API_KEY])
         # gunicorn kills a helpdesk request after 10 s here; HELPDESK_REQUEST_LIFETIME_SECONDS is 15.
         hd_env = helpdesk_site.helpdesk_env(self.hd_var)
         self.start("helpdesk", helpdesk_site.gunicorn_command(self.ports["hd"], timeout=10), env=hd_env)
-        self.start("faultproxy", [sys.executable, "-m", "apps.tickets.faultproxy", "--port", str(self.ports["proxy"]),
+        self.start("faultproxy", [sys.executable, "-m", "tools.faultproxy", "--port", str(self.ports["proxy"]),
                                   "--upstream", f"http://127.0.0.1:{self.ports['hd']}",
                                   "--fault-prefix", "/helpdesk/api/tickets/"])
         self.start("web", [str(BIN / "gunicorn"), "config.wsgi", "-b", f"127.0.0.1:{self.ports['web']}", "-w", "2",

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import httpx
 
-from apps.tickets.helpdesk_site import run as helpdesk_site
 from config import embedded
 from config.env import BASE_DIR, VAR_DIR
 from tools import demo_client
+from tools.helpdesk_site import run as helpdesk_site
 
 BIN = Path(sys.executable).parent
 RUN = VAR_DIR / "run"
@@ -84,7 +84,7 @@ def programs() -> dict[str, str]:
         "worker-tools": f"{celery} worker -Q tools -n tools@%%h -c 2 --loglevel INFO",
         "worker-outbox": f"{celery} worker -Q outbox -n outbox@%%h -c 2 --loglevel INFO",
         "beat": f"{celery} beat --loglevel INFO -s {RUN / 'celerybeat-schedule'} --pidfile=",
-        "refservice": f"{sys.executable} -m apps.tickets.refservice --host 127.0.0.1 --port {refservice_port()} "
+        "refservice": f"{sys.executable} -m tools.refservice --host 127.0.0.1 --port {refservice_port()} "
                       f"--db {VAR_DIR / 'refservice' / 'tickets.sqlite3'}",
         # the scripted OpenAI-compatible model server (there is no hosted model here)
         "model": f"{sys.executable} -m apps.llm.scripted_server --host 127.0.0.1 --port {model_port()}",

@@ -186,7 +186,7 @@ class Bench:
         """The reference ticket service on ``ports['ref']`` with a fresh SQLite file."""
         db = BENCH_DIR / f"{name}.sqlite3"
         db.unlink(missing_ok=True)
-        self.start(name, [sys.executable, "-m", "apps.tickets.refservice", "--port", str(self.ports["ref"]),
+        self.start(name, [sys.executable, "-m", "tools.refservice", "--port", str(self.ports["ref"]),
                           "--db", str(db), "--api-key", API_KEY, "--log-level", "WARNING"])
         self.wait_http(f"http://127.0.0.1:{self.ports['ref']}/healthz", 30)
 

@@ -1,4 +1,4 @@
-"""Tests for the reference ticket service (apps.tickets.refservice), over real HTTP.
+"""Tests for the reference ticket service (tools.refservice), over real HTTP.
 
 Stdlib only: each call opens a fresh ``http.client`` connection to a server
 running in a thread on port 0 with a temporary SQLite file.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.tickets.refservice import serve_in_thread
-from apps.tickets.refservice.validation import body_digest
+from tools.refservice import serve_in_thread
+from tools.refservice.validation import body_digest
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -447,7 +447,7 @@ def test_runs_as_a_process_with_env_api_key(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "apps.tickets.refservice",
+        "tools.refservice",
         "--port",
         str(port),
         "--db",
@@ -515,7 +515,7 @@ def test_tokenless_create_after_a_fence_is_refused(server):
 def test_a_newer_storage_schema_is_not_opened(db_path):
     import sqlite3
 
-    from apps.tickets.refservice.store import SCHEMA_VERSION, TicketStore
+    from tools.refservice.store import SCHEMA_VERSION, TicketStore
 
     TicketStore(db_path)
     with sqlite3.connect(db_path) as conn:
@@ -527,7 +527,7 @@ def test_a_newer_storage_schema_is_not_opened(db_path):
 def test_schema_2_files_get_the_fenced_at_column(db_path):
     import sqlite3
 
-    from apps.tickets.refservice.store import FencingTokenRequired, TicketStore
+    from tools.refservice.store import FencingTokenRequired, TicketStore
 
     db_path.parent.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(db_path) as conn:

@@ -4,10 +4,10 @@ faultdesk only through its REST API (:class:`apps.tickets.connectors.HelpdeskCon
 
 Run it::
 
-    DJANGO_SETTINGS_MODULE=apps.tickets.helpdesk_site.settings HELPDESK_VAR_DIR=var/helpdesk \\
-        .venv/bin/python -m apps.tickets.helpdesk_site migrate
-    ... -m apps.tickets.helpdesk_site hd_bootstrap --token <40 chars>
-    ... gunicorn apps.tickets.helpdesk_site.wsgi -b 127.0.0.1:8766 --timeout 30
+    DJANGO_SETTINGS_MODULE=tools.helpdesk_site.settings HELPDESK_VAR_DIR=var/helpdesk \\
+        .venv/bin/python -m tools.helpdesk_site migrate
+    ... -m tools.helpdesk_site hd_bootstrap --token <40 chars>
+    ... gunicorn tools.helpdesk_site.wsgi -b 127.0.0.1:8766 --timeout 30
 
 django-helpdesk has no idempotency support. faultdesk writes each action's idempotency key into
 the custom field ``faultdesk_key`` and, before any retry, looks the key up (the ``bridge`` app's

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from apps.tickets.helpdesk_site.bridge.views import TicketByCustomFieldView, TicketDetailView
+from tools.helpdesk_site.bridge.views import TicketByCustomFieldView, TicketDetailView
 
 urlpatterns = [
     path("admin/", admin.site.urls),

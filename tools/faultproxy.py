@@ -12,7 +12,7 @@ Every request is forwarded unchanged to ``upstream``. Faults armed through
 * ``fail_503``: answer 503 without forwarding (nothing happened);
 * ``delay``: sleep, then forward.
 
-Run: ``python -m apps.tickets.faultproxy --port P --upstream http://127.0.0.1:8766``.
+Run: ``python -m tools.faultproxy --port P --upstream http://127.0.0.1:8766``.
 Standard library only; one thread per connection.
 """
 
@@ -29,8 +29,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from apps.tickets.refservice.faults import FaultInjector
-from apps.tickets.refservice.validation import ApiError, parse_json_object, validate_faults
+from tools.refservice.faults import FaultInjector
+from tools.refservice.validation import ApiError, parse_json_object, validate_faults
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def serve_in_thread(port: int, upstream: str, **kwargs) -> FaultProxy:
 
 def main(argv=None) -> int:
     """Run the proxy in the foreground until SIGINT/SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m apps.tickets.faultproxy")
+    parser = argparse.ArgumentParser(prog="python -m tools.faultproxy")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="e.g. http://127.0.0.1:8766")
     parser.add_argument("--fault-prefix", default="/", help="faults apply to writes under this path")

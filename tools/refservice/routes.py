@@ -1,7 +1,7 @@
 """Routes of the reference ticket service: the request and response shapes and one plain function
 per endpoint, ``handler(server, request) -> Response | None`` (``None``: close the connection
 without answering — the lost-response fault). The API is documented in the package docstring
-(:mod:`apps.tickets.refservice`); the HTTP layer is :mod:`.server`.
+(:mod:`tools.refservice`); the HTTP layer is :mod:`.server`.
 """
 
 import logging

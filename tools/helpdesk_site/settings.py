@@ -6,7 +6,7 @@ serves a dev box, CI and a test run on a random port with a throw-away DB.
 import os
 from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parents[3]
+BASE_DIR = Path(__file__).resolve().parents[2]
 VAR_DIR = Path(os.environ.get("HELPDESK_VAR_DIR", BASE_DIR / "var" / "helpdesk"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
@@ -26,7 +26,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",    # TokenAuthentication for the machine client
     "helpdesk",
-    "apps.tickets.helpdesk_site.bridge",  # bootstrap command + lookup-by-custom-field views
+    "tools.helpdesk_site.bridge",  # bootstrap command + lookup-by-custom-field views
 ]
 # NOT needed in 2.6.x: bootstrap4form (templates use helpdesk's own
 # bootstrap5_form tag), pinax-teams/account/reversion (turned off below).
@@ -41,8 +41,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "apps.tickets.helpdesk_site.urls"
-WSGI_APPLICATION = "apps.tickets.helpdesk_site.wsgi.application"
+ROOT_URLCONF = "tools.helpdesk_site.urls"
+WSGI_APPLICATION = "tools.helpdesk_site.wsgi.application"
 
 TEMPLATES = [
     {
@@ -110,7 +110,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",  # browsable API for humans
     ],
     # IntegrityError (duplicate unique custom-field value) -> 409 + rollback
-    "EXCEPTION_HANDLER": "apps.tickets.helpdesk_site.bridge.exceptions.exception_handler",
+    "EXCEPTION_HANDLER": "tools.helpdesk_site.bridge.exceptions.exception_handler",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

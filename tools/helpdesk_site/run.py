@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-SETTINGS = "apps.tickets.helpdesk_site.settings"
-ROOT = Path(__file__).resolve().parents[3]
+SETTINGS = "tools.helpdesk_site.settings"
+ROOT = Path(__file__).resolve().parents[2]
 #: gunicorn kills a request after this many seconds; HELPDESK_REQUEST_LIFETIME_SECONDS adds a margin.
 REQUEST_TIMEOUT_SECONDS = 30
 
@@ -27,7 +27,7 @@ def prepare(var_dir: Path, token: str, *, site_domain: str = "127.0.0.1") -> Non
     the ``faultdesk_key`` custom field with its unique index, and the staff API user with ``token``
     (40 characters). Raises ``subprocess.CalledProcessError`` with the output on failure."""
     env = helpdesk_env(var_dir)
-    base = [sys.executable, "-m", "apps.tickets.helpdesk_site"]
+    base = [sys.executable, "-m", "tools.helpdesk_site"]
     subprocess.run([*base, "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env, check=True,  # noqa: S603
                    capture_output=True)
     subprocess.run([*base, "hd_bootstrap", "--site-domain", site_domain, "--queue", "faults:Device faults",  # noqa: S603
@@ -38,5 +38,5 @@ def prepare(var_dir: Path, token: str, *, site_domain: str = "127.0.0.1") -> Non
 def gunicorn_command(port: int, *, workers: int = 2, timeout: int = REQUEST_TIMEOUT_SECONDS) -> list[str]:
     """The command line that serves the helpdesk on 127.0.0.1:``port``; gunicorn kills a request
     after ``timeout`` seconds (keep HELPDESK_REQUEST_LIFETIME_SECONDS above it)."""
-    return [str(Path(sys.executable).parent / "gunicorn"), "apps.tickets.helpdesk_site.wsgi", "-b",
+    return [str(Path(sys.executable).parent / "gunicorn"), "tools.helpdesk_site.wsgi", "-b",
             f"127.0.0.1:{port}", "-w", str(workers), "--timeout", str(timeout)]

@@ -1,6 +1,6 @@
 """HTTP layer of the reference ticket service: connections, auth, faults and JSON I/O.
 
-The API is documented in the package docstring (:mod:`apps.tickets.refservice`); the endpoints
+The API is documented in the package docstring (:mod:`tools.refservice`); the endpoints
 and their routing are in :mod:`.routes`.
 """
 

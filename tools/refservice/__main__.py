@@ -1,4 +1,4 @@
-"""Command line entry point: ``python -m apps.tickets.refservice [options]``.
+"""Command line entry point: ``python -m tools.refservice [options]``.
 
 Options: ``--host`` (127.0.0.1), ``--port`` (8765; 0 picks a free port),
 ``--db`` (var/refservice/tickets.sqlite3), ``--api-key`` (else the
@@ -16,13 +16,13 @@ import sys
 
 from .server import make_server
 
-log = logging.getLogger("apps.tickets.refservice")
+log = logging.getLogger("tools.refservice")
 
 
 def build_parser():
     """Return the ``argparse`` parser for the command line options."""
     parser = argparse.ArgumentParser(
-        prog="python -m apps.tickets.refservice", description="Run the faultdesk reference ticket service."
+        prog="python -m tools.refservice", description="Run the faultdesk reference ticket service."
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     parser.add_argument(

@@ -3,7 +3,7 @@
 It runs as its own process with its own SQLite storage (WAL mode) and uses the
 Python standard library only (no Django). Start it with::
 
-    python -m apps.tickets.refservice --host 127.0.0.1 --port 8765 \\
+    python -m tools.refservice --host 127.0.0.1 --port 8765 \\
         --db var/refservice/tickets.sqlite3 --api-key KEY
 
 ``--api-key`` may instead come from the environment variable
