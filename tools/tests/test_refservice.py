@@ -21,7 +21,7 @@ from tools.refservice.validation import body_digest
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 TICKET = {
     "title": "Router R-12 drops uplink every hour",
