@@ -149,7 +149,7 @@ def refservice(tmp_path, settings):
 def model_server(settings):
     """The scripted model server as a real HTTP server on loopback, with new tasks pinned to the
     ``openai_compatible`` provider pointing at it. ``model_server.set_script([...])`` scripts it."""
-    from apps.llm.scripted_server import serve_in_thread
+    from tools.scripted_model_server import serve_in_thread
 
     server = serve_in_thread("127.0.0.1", 0, api_key="test-model-key")
     settings.FAULTDESK = {**settings.FAULTDESK, "MODEL_PROVIDER": "openai_compatible", "MODEL_BASE_URL": server.url,

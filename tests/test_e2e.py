@@ -155,7 +155,7 @@ def test_main_job_with_the_openai_compatible_provider_in_real_processes(transact
               FAULTDESK_MODEL_BASE_URL=f"http://127.0.0.1:{model_port}/v1", FAULTDESK_MODEL_API_KEY="e2e-model-key",
               FAULTDESK_RETRY_BACKOFF_BASE_SECONDS="0.05")
     try:
-        s.start("model", [sys.executable, "-m", "apps.llm.scripted_server", "--port", str(model_port),
+        s.start("model", [sys.executable, "-m", "tools.scripted_model_server", "--port", str(model_port),
                           "--script", str(script), "--api-key", "e2e-model-key"])
         s.start_refservice()
         s.start_web()

@@ -124,7 +124,7 @@ class _RawHandler(BaseHTTPRequestHandler):
 
 
 def _ok_completion(body, *, usage='{"prompt_tokens": 100, "completion_tokens": 50}', message=None):
-    from apps.llm.scripted_server import draft_from_prompt
+    from tools.scripted_model_server import draft_from_prompt
 
     content = json.dumps(draft_from_prompt(body["messages"]))
     msg = message if message is not None else json.dumps({"role": "assistant", "content": content})

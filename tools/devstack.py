@@ -87,7 +87,7 @@ def programs() -> dict[str, str]:
         "refservice": f"{sys.executable} -m tools.refservice --host 127.0.0.1 --port {refservice_port()} "
                       f"--db {VAR_DIR / 'refservice' / 'tickets.sqlite3'}",
         # the scripted OpenAI-compatible model server (there is no hosted model here)
-        "model": f"{sys.executable} -m apps.llm.scripted_server --host 127.0.0.1 --port {model_port()}",
+        "model": f"{sys.executable} -m tools.scripted_model_server --host 127.0.0.1 --port {model_port()}",
         # django-helpdesk, the second ticket system: its own project, settings and SQLite file.
         "helpdesk": " ".join(helpdesk_site.gunicorn_command(helpdesk_port())),
     }

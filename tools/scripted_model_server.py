@@ -18,7 +18,7 @@ out, each further request gets ``default`` (a valid draft built from the prompt)
 what was received (model, the messages, ``max_tokens``, ``response_format``, time); ``POST /_script``
 replaces the script with ``{"steps": [...], "default": {...}}`` and clears the request log.
 
-``python -m apps.llm.scripted_server --port 8767 [--script steps.json] [--api-key KEY]`` runs it
+``python -m tools.scripted_model_server --port 8767 [--script steps.json] [--api-key KEY]`` runs it
 standalone (``make up`` does, on ``MODEL_PORT``, so ``FAULTDESK_MODEL_PROVIDER=openai_compatible``
 works out of the box).
 """
