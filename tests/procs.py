@@ -212,15 +212,13 @@ def running_stack(log_dir: Path, **env_extra: str):
 def demo_stack(log_dir: Path, *, helpdesk: bool = False):
     """``make demo``'s processes against the test database, seeded as ``make demo`` seeds it: the
     reference service, web, one worker on every queue, beat and (with ``helpdesk``) django-helpdesk
-    behind the fault proxy; ``manage.py seed_demo`` has run, with its passwords in
+    behind the fault proxy; :func:`tools.demo_data.seed` has run, with its passwords in
     ``log_dir / "demo-credentials.json"``. Yields ``(stack, credentials_path)``; every process is
     stopped on exit. The caller holds a transactional database (the processes must see the seed)."""
-    from io import StringIO
-
-    from django.core.management import call_command
+    from tools.demo_data import seed
 
     credentials = log_dir / "demo-credentials.json"
-    call_command("seed_demo", credentials=credentials, stdout=StringIO())
+    seed(credentials_path=credentials, write=lambda line: None)
     stack = Stack(log_dir)
     try:
         stack.start_refservice()

@@ -33,7 +33,7 @@ SYMPTOM = (
 
 @dataclass(frozen=True)
 class DemoTenant:
-    """Who plays which part in one tenant of the demo data (``seed_demo``), and on which device."""
+    """Who plays which part in one tenant of the demo data (``python -m tools.seed_demo``), and on which device."""
 
     requester: str
     approver: str
@@ -42,7 +42,7 @@ class DemoTenant:
 
 
 #: tenant slug → its demo cast. ``acme`` files in the reference ticket service, ``initech`` in
-#: django-helpdesk (apps/tasks/demo_data.py seeds both).
+#: django-helpdesk (tools/demo_data.py seeds both).
 TENANTS = {
     "acme": DemoTenant(requester="riley", approver="avery", admin="adele", device="PRN-0417"),
     "initech": DemoTenant(requester="ines", approver="ivan", admin="iris", device="PRN-0811"),
@@ -142,7 +142,7 @@ def _held_at_ticket_system(systems: TicketSystems, receipt: dict, key: str) -> l
 def run(*, base_url: str, credentials_path: Path, tenant: str = "acme", systems: TicketSystems | None = None,
         timeout: float = 180.0, before_ok: Callable[[], None] | None = None) -> bool:
     """Run the main job against a running faultdesk at ``base_url`` as ``tenant``'s demo cast
-    (:data:`TENANTS`), with passwords from ``credentials_path`` (``seed_demo`` writes it).
+    (:data:`TENANTS`), with passwords from ``credentials_path`` (``python -m tools.seed_demo`` writes it).
 
     Returns True when the task completed with a receipt and the ticket system (``systems``,
     default :meth:`TicketSystems.from_env`) holds exactly one ticket or comment for the action's
@@ -171,7 +171,7 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
          before_ok: Callable[[], None] | None) -> bool:
     devices = _json(requester.get("/api/devices/", params={"asset_tag": cast.device}), "finding the device")
     if not devices:
-        raise DemoFailed(f"no device {cast.device} for {cast.requester}; run `manage.py seed_demo` first")
+        raise DemoFailed(f"no device {cast.device} for {cast.requester}; run `python -m tools.seed_demo` first")
     device = devices[0]
     if device["asset_tag"] != cast.device:
         raise DemoFailed(f"asked for device {cast.device}, the API answered with {device['asset_tag']}")

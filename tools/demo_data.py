@@ -1,6 +1,9 @@
 """Demo data: the ``acme`` tenant with a requester, an approver and an admin, a fleet of devices
 with states and object versions; a second tenant ``globex`` (to show isolation); and a third,
-``initech``, whose tickets go to django-helpdesk (the demo's second ticket system, DESIGN.md §11)."""
+``initech``, whose tickets go to django-helpdesk (the demo's second ticket system, DESIGN.md §11).
+
+:func:`seed` creates (or keeps) all of it and ingests the knowledge base; ``python -m tools.seed_demo``
+runs it from the command line (``make demo`` does), the tests' demo stack calls it in-process."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from django.db import transaction
 from apps.accounts.models import AccessScope, Membership, Role, Tenant, TicketSystem
 from apps.approvals.services import policy_current
 from apps.devices.models import Device
+from apps.evidence.corpus import KB_DIR
+from apps.evidence.services import document_ingest, path_ingest
 
 DEMO_DEVICE = "PRN-0417"
 
@@ -38,6 +43,8 @@ INITECH_KB = [
     (AccessScope.PUBLIC, "mfp-toner-and-drum-replacement.md"),
     (AccessScope.PUBLIC, "mfp-scan-to-email-failure.md"),
 ]
+#: globex's own small copy of the public printer procedures (file names under ``kb/public/``)
+GLOBEX_KB = ("laser-printer-paper-jam.md", "mfp-toner-and-drum-replacement.md", "mfp-scan-to-email-failure.md")
 
 # asset_tag, name, kind, model, site, criticality, state, alert_code, alert_message, version
 FLEET = [
@@ -146,4 +153,37 @@ def demo_seed(*, credentials_path: Path) -> dict:
     credentials_path.parent.mkdir(parents=True, exist_ok=True)
     credentials_path.write_text(json.dumps(creds, indent=2))
     credentials_path.chmod(0o600)
+    return creds
+
+
+def seed(*, credentials_path: Path, kb: bool = True, write=print) -> dict:
+    """Seed the demo tenants, users, devices and (unless not ``kb``) the knowledge base: acme gets
+    every scope folder of ``KB_DIR``, globex and initech their own copies of a few printer procedures
+    (tenants share nothing). Passwords are kept in ``credentials_path`` (see :func:`demo_seed`);
+    progress goes to ``write``, one line per call. Returns ``{username: password}``."""
+    creds = demo_seed(credentials_path=credentials_path)
+    write("Demo users (tenant acme; gus is in tenant globex; ines, ivan and iris in tenant "
+          "initech, whose tickets go to django-helpdesk):")
+    for username, password in creds.items():
+        write(f"  {username:6s} password: {password}")
+    if not kb:
+        return creds
+    acme = Tenant.objects.get(slug="acme")
+    for scope in AccessScope.values:
+        report = path_ingest(
+            tenant=acme, path=KB_DIR / scope, scope=scope,
+            progress=lambda i, n, src, outcome: write(f"  [{i}/{n}] {outcome:9s} {src}"),
+        )
+        write(f"knowledge base {scope}: {report.created} created, {report.updated} updated, "
+              f"{report.unchanged} unchanged, {report.chunks_embedded} chunks embedded")
+    globex = Tenant.objects.get(slug="globex")
+    for name in GLOBEX_KB:
+        document_ingest(tenant=globex, source=f"public/{name}", raw=(KB_DIR / "public" / name).read_text(),
+                        scope=AccessScope.PUBLIC)
+    write(f"knowledge base globex: {len(GLOBEX_KB)} public printer documents")
+    initech = Tenant.objects.get(slug="initech")
+    for scope, name in INITECH_KB:
+        document_ingest(tenant=initech, source=f"{scope}/{name}", raw=(KB_DIR / scope / name).read_text(),
+                        scope=scope)
+    write(f"knowledge base initech: {len(INITECH_KB)} printer documents")
     return creds
