@@ -14,7 +14,7 @@ from apps.accounts.models import AccessScope, Role
 from apps.accounts.principal import principal_for_user
 from tests.factories import DeviceFactory, MembershipFactory, TenantFactory, UserFactory
 
-# Property-test profiles (issue 3): CI runs at least 1,000 examples per property, `make proptest`
+# Property-test profiles: CI runs at least 1,000 examples per property, `make proptest`
 # at least 10,000; HYPOTHESIS_PROFILE=dev is quicker for local iteration.
 hypothesis_settings.register_profile("ci", max_examples=1000, deadline=None)
 hypothesis_settings.register_profile("proptest", max_examples=10000, deadline=None)
@@ -233,7 +233,7 @@ def drive(task_id, *, rounds: int = 30):
 def _replay_every_task(request):
     """After every test that used the database, replay each task it created and fail on any
     divergence from the materialized row, or any action row that disagrees with the replayed
-    state (issue 3; DESIGN.md §12 invariant 7). Tests that tamper with a row on purpose are marked
+    state (DESIGN.md §12 invariant 7). Tests that tamper with a row on purpose are marked
     ``allow_divergence``."""
     marker = request.node.get_closest_marker("django_db")
     names = request.fixturenames

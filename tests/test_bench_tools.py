@@ -1,5 +1,6 @@
-"""The measuring instruments of ``make bench`` (issue 9), checked against known answers: no figure
-of the bench itself is asserted anywhere (speed lives in ``make bench``, never in a timed test)."""
+"""The measuring instruments of ``make bench`` (docs/performance.md), checked against known answers:
+no figure of the bench itself is asserted anywhere (speed lives in ``make bench``, never in a timed
+test)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Adversarial tests of issue 7 (budgets, deadlines, cancellation, the model layer), written by a
-fresh reviewer and kept as regression tests: odd and hostile model servers, crashes and lease
-loss around model calls, cancels during backoff and under ledger contention, tenant quotas under
+"""Adversarial tests of budgets, deadlines, cancellation and the model layer (ADR 0013), written by
+a fresh reviewer and kept as regression tests: odd and hostile model servers, crashes and lease loss
+around model calls, cancels during backoff and under ledger contention, tenant quotas under
 concurrency, deadlines during retries. Each test states the property it checks."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Review of issue 8 (traces, metrics, logs, tracing, requester pages): adversarial tests."""
+"""Adversarial tests of what faultdesk shows about itself: traces, metrics, logs, tracing and the
+requester's pages."""
 
 from __future__ import annotations
 

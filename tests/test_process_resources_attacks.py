@@ -1,5 +1,6 @@
-"""Review of issue 9 (make bench; one torch thread per query embedding, one TLS context per process,
-persistent database connections): adversarial tests."""
+"""Adversarial tests of the per-process resources the bench's profile led to (docs/performance.md):
+one torch thread per query embedding, one TLS context per process, persistent database connections —
+and the bench's own instruments."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Signed webhooks from the reference ticket service to faultdesk (DESIGN.md §11; issue 4 items 6
-and 8): the service signs and retries; faultdesk authenticates, deduplicates, correlates and
-applies only newer versions; a forged, replayed or uncorrelated delivery changes nothing and is
-recorded."""
+"""Signed webhooks from the reference ticket service to faultdesk (DESIGN.md §11): the service signs
+and retries; faultdesk authenticates, deduplicates, correlates and applies only newer versions; a
+forged, replayed or uncorrelated delivery changes nothing and is recorded."""
 
 from __future__ import annotations
 

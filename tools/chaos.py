@@ -1,4 +1,4 @@
-"""``make chaos``: the chaos run of DESIGN.md §12 invariant 5 (issue 4 item 9).
+"""``make chaos``: the chaos run of DESIGN.md §12 invariant 5.
 
 N tasks per ticket system go through the whole main job — HTTP API, agent, tools and outbox
 workers, beat, the reference ticket service and django-helpdesk — on an auto-approval policy,

@@ -1,6 +1,6 @@
 """A fault-injecting HTTP reverse proxy, for putting the reference service's faults in front of a
-ticket system that has none (django-helpdesk; issue 4 acceptance "response lost after the remote
-committed" against django-helpdesk, and ``make chaos``).
+ticket system that has none (django-helpdesk: the recovery table's "response lost after the remote
+committed" row against django-helpdesk, and ``make chaos``).
 
 Every request is forwarded unchanged to ``upstream``. Faults armed through
 ``POST /_proxy/faults`` (same body as the reference service's ``/_admin/faults``: ``mode``

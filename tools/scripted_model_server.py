@@ -1,5 +1,5 @@
 """A scripted model server: the OpenAI-compatible chat-completions API on loopback, answering from
-a script (issue 7 item 5). Tests and the demo drive the ``openai_compatible`` provider against it
+a script (ADR 0013). Tests and the demo drive the ``openai_compatible`` provider against it
 as a real HTTP server; there is no hosted model here.
 
 A script is a list of steps, consumed one per ``POST /v1/chat/completions``. When the script runs

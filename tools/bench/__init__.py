@@ -1,4 +1,4 @@
-"""``make bench``: how fast faultdesk is, against this machine's own ceiling (issue 9).
+"""``make bench``: how fast faultdesk is, against this machine's own ceiling (docs/performance.md).
 
 Phases, each printing one line per figure (``python -m tools.bench [--only PHASE ...]``):
 

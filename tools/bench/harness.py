@@ -1,4 +1,4 @@
-"""What every benchmark phase of ``make bench`` shares (issue 9): the bench database, the processes
+"""What every benchmark phase of ``make bench`` shares: the bench database, the processes
 it starts, the figures it prints, PostgreSQL's commit counter and the peak RSS of a process tree.
 
 Nothing here asserts a figure: a phase measures, :meth:`Bench.figure` prints one line and keeps the

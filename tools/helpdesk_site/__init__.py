@@ -1,5 +1,5 @@
-"""django-helpdesk 2.6 as faultdesk's second, third-party ticket system (DESIGN.md §11; issue 4
-item 7): its own Django project, in its own process and its own SQLite database, reached by
+"""django-helpdesk 2.6 as faultdesk's second, third-party ticket system (DESIGN.md §11; ADR
+0010): its own Django project, in its own process and its own SQLite database, reached by
 faultdesk only through its REST API (:class:`apps.tickets.connectors.HelpdeskConnector`).
 
 Run it::
