@@ -34,17 +34,17 @@ install: $(STAMP)
 ## make demo — set up, start everything, run the main job over HTTP, keep the web up until Ctrl-C
 ## (DEMO_ARGS="--no-wait" exits after the DEMO OK line; "--tenant initech" files in django-helpdesk)
 demo: $(STAMP)
-	$(BIN)/python -m config.devstack demo $(DEMO_ARGS)
+	$(BIN)/python -m tools.devstack demo $(DEMO_ARGS)
 
 ## make up / make down — start / stop all services in the background
 up: $(STAMP)
-	$(BIN)/python -m config.devstack up
+	$(BIN)/python -m tools.devstack up
 
 down:
-	@if [ -x $(BIN)/python ]; then $(BIN)/python -m config.devstack down; fi
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m tools.devstack down; fi
 
 status: $(STAMP)
-	$(BIN)/python -m config.devstack status
+	$(BIN)/python -m tools.devstack status
 
 ## make test — the whole test suite (starts the embedded PostgreSQL/Redis it needs)
 test: $(STAMP)
@@ -68,12 +68,12 @@ proptest: $(STAMP)
 ## make chaos — N tasks per ticket system through the full flow with random SIGKILLs and remote faults,
 ## then a check of lost tasks, duplicate effects and replay divergences (CHAOS_ARGS="--n 200 --helpdesk-n 50")
 chaos: $(STAMP)
-	$(BIN)/python -m config.chaos $(CHAOS_ARGS)
+	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)
 
 ## make bench — throughput, latency and memory against this machine's own PostgreSQL ceiling; figures to
 ## stdout and var/bench/*.json, nothing asserted (BENCH_ARGS="--n 500 --workers 1,2,4 --profile")
 bench: $(STAMP)
-	$(BIN)/python -m config.bench $(BENCH_ARGS)
+	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

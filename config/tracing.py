@@ -1,7 +1,7 @@
-"""OpenTelemetry spans (issue 8 item 4): a span for every web request, every Celery task and every
-outbound HTTP call (ticket systems, the model endpoint), exported over OTLP/HTTP — only when an
-endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT``, or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``).
-With none, nothing is instrumented and nothing is exported: tracing costs nothing by default.
+"""OpenTelemetry spans: a span for every web request, every Celery task and every outbound HTTP call
+(ticket systems, the model endpoint), exported over OTLP/HTTP — only when an endpoint is configured
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``). With none, nothing is
+instrumented and nothing is exported: tracing costs nothing by default.
 
 The web process calls :func:`setup_tracing` from ``config/wsgi.py``; each Celery worker process
 calls it on ``worker_process_init`` (after the fork, as the SDK requires). The service name is

@@ -14,7 +14,7 @@ from apps.accounts.models import AccessScope, Role
 from apps.accounts.principal import principal_for_user
 from tests.factories import DeviceFactory, MembershipFactory, TenantFactory, UserFactory
 
-# Property-test profiles (issue 3): CI runs at least 1,000 examples per property, `make proptest`
+# Property-test profiles: CI runs at least 1,000 examples per property, `make proptest`
 # at least 10,000; HYPOTHESIS_PROFILE=dev is quicker for local iteration.
 hypothesis_settings.register_profile("ci", max_examples=1000, deadline=None)
 hypothesis_settings.register_profile("proptest", max_examples=10000, deadline=None)
@@ -136,7 +136,7 @@ def whole_kb(tenant):
 @pytest.fixture
 def refservice(tmp_path, settings):
     """The reference ticket service as a real HTTP server on loopback, wired into settings."""
-    from apps.tickets.refservice import serve_in_thread
+    from tools.refservice import serve_in_thread
 
     server = serve_in_thread("127.0.0.1", 0, str(tmp_path / "tickets.sqlite3"), api_key="test-key")
     settings.FAULTDESK = {**settings.FAULTDESK, "REFSERVICE_URL": server.url, "REFSERVICE_API_KEY": "test-key",
@@ -149,7 +149,7 @@ def refservice(tmp_path, settings):
 def model_server(settings):
     """The scripted model server as a real HTTP server on loopback, with new tasks pinned to the
     ``openai_compatible`` provider pointing at it. ``model_server.set_script([...])`` scripts it."""
-    from apps.llm.scripted_server import serve_in_thread
+    from tools.scripted_model_server import serve_in_thread
 
     server = serve_in_thread("127.0.0.1", 0, api_key="test-model-key")
     settings.FAULTDESK = {**settings.FAULTDESK, "MODEL_PROVIDER": "openai_compatible", "MODEL_BASE_URL": server.url,
@@ -234,7 +234,7 @@ def drive(task_id, *, rounds: int = 30):
 def _replay_every_task(request):
     """After every test that used the database, replay each task it created and fail on any
     divergence from the materialized row, or any action row that disagrees with the replayed
-    state (issue 3; DESIGN.md §12 invariant 7). Tests that tamper with a row on purpose are marked
+    state (DESIGN.md §12 invariant 7). Tests that tamper with a row on purpose are marked
     ``allow_divergence``."""
     marker = request.node.get_closest_marker("django_db")
     names = request.fixturenames

@@ -112,7 +112,7 @@ class Stack:
         return proc
 
     def start_refservice(self) -> None:
-        self.start("refservice", [sys.executable, "-m", "apps.tickets.refservice", "--host", "127.0.0.1",
+        self.start("refservice", [sys.executable, "-m", "tools.refservice", "--host", "127.0.0.1",
                                   "--port", str(self.ref_port), "--db", str(self.log_dir / "tickets.sqlite3"),
                                   "--api-key", "e2e-key"])
         self.wait_http(f"{self.ref}/healthz", 30)
@@ -123,13 +123,13 @@ class Stack:
 
     def start_helpdesk(self) -> None:
         """A real django-helpdesk (own settings, own SQLite) and the fault proxy in front of it."""
-        from apps.tickets.helpdesk_site import run as helpdesk
+        from tools.helpdesk_site import run as helpdesk
 
         var = self.log_dir / "helpdesk"
         helpdesk.prepare(var, HELPDESK_TOKEN)
         self.start("helpdesk", helpdesk.gunicorn_command(self.hd_port, timeout=10),
                    DJANGO_SETTINGS_MODULE=helpdesk.SETTINGS, HELPDESK_VAR_DIR=str(var))
-        self.start("faultproxy", [sys.executable, "-m", "apps.tickets.faultproxy", "--port", str(self.proxy_port),
+        self.start("faultproxy", [sys.executable, "-m", "tools.faultproxy", "--port", str(self.proxy_port),
                                   "--upstream", f"http://127.0.0.1:{self.hd_port}",
                                   "--fault-prefix", "/helpdesk/api/tickets/"])
         self.wait_http(f"{self.proxy}/helpdesk/login/", 60)
@@ -212,15 +212,13 @@ def running_stack(log_dir: Path, **env_extra: str):
 def demo_stack(log_dir: Path, *, helpdesk: bool = False):
     """``make demo``'s processes against the test database, seeded as ``make demo`` seeds it: the
     reference service, web, one worker on every queue, beat and (with ``helpdesk``) django-helpdesk
-    behind the fault proxy; ``manage.py seed_demo`` has run, with its passwords in
+    behind the fault proxy; :func:`tools.demo_data.seed` has run, with its passwords in
     ``log_dir / "demo-credentials.json"``. Yields ``(stack, credentials_path)``; every process is
     stopped on exit. The caller holds a transactional database (the processes must see the seed)."""
-    from io import StringIO
-
-    from django.core.management import call_command
+    from tools.demo_data import seed
 
     credentials = log_dir / "demo-credentials.json"
-    call_command("seed_demo", credentials=credentials, stdout=StringIO())
+    seed(credentials_path=credentials, write=lambda line: None)
     stack = Stack(log_dir)
     try:
         stack.start_refservice()

@@ -1,9 +1,8 @@
-"""Approval binding, re-checked before the intent and again at the moment of dispatch (issue 5
-items 2 and 3; DESIGN.md §7; spec §16.6): each invalidation cause — parameters changed after the
-approval, the device's version changed, the approval expired, the approver's role revoked — sends
-nothing, records why, and leads to a new approval that can be granted. And the versioned policy:
-risk levels, who may decide, validation.
-"""
+"""Approval binding, re-checked before the intent and again at the moment of dispatch (DESIGN.md §7;
+spec §16.6): each invalidation cause — parameters changed after the approval, the device's version
+changed, the approval expired, the approver's role revoked — sends nothing, records why, and leads
+to a new approval that can be granted. And the versioned policy: risk levels, who may decide,
+validation."""
 
 from __future__ import annotations
 

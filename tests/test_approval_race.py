@@ -1,7 +1,7 @@
-"""Concurrent decisions on one approval over real HTTP (issue 5 item 5 and its acceptance point):
-double clicks, approve against reject, two approvers — fired at the same moment at the real web
-server (gunicorn, 2 processes × 2 threads). Exactly one decision takes effect; every other gets 409
-with the current decision; never a 500, never a second outbox row."""
+"""Concurrent decisions on one approval over real HTTP (ADR 0012): double clicks, approve against
+reject, two approvers — fired at the same moment at the real web server (gunicorn, 2 processes × 2
+threads). Exactly one decision takes effect; every other gets 409 with the current decision; never a
+500, never a second outbox row."""
 
 from __future__ import annotations
 

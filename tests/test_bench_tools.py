@@ -1,5 +1,6 @@
-"""The measuring instruments of ``make bench`` (issue 9), checked against known answers: no figure
-of the bench itself is asserted anywhere (speed lives in ``make bench``, never in a timed test)."""
+"""The measuring instruments of ``make bench`` (docs/performance.md), checked against known answers:
+no figure of the bench itself is asserted anywhere (speed lives in ``make bench``, never in a timed
+test)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 from django.db import connection, transaction
 
 from apps.tickets.connectors import ReferenceTicketConnector
-from config.bench.harness import WalCommits, percentile
-from config.bench.noop_remote import NoopHandler
-from config.bench.profile import summarize
+from tools.bench.harness import WalCommits, percentile
+from tools.bench.noop_remote import NoopHandler
+from tools.bench.profile import summarize
 
 
 def test_percentile_interpolates_between_closest_ranks_like_numpy():

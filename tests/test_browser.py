@@ -1,12 +1,12 @@
-"""The three people's pages in a real browser (issue 8 acceptance): Playwright drives Debian's
-Chromium (``/usr/bin/chromium``, installed by ``make browser``) against the live Django server,
-while an agent thread runs the agent, tools, outbox and reconciler steps and the reference ticket
-service answers over HTTP. Each test saves a screenshot under ``var/test-artifacts/screenshots/``.
+"""The three people's pages in a real browser: Playwright drives Debian's Chromium
+(``/usr/bin/chromium``, installed by ``make browser``) against the live Django server, while an
+agent thread runs the agent, tools, outbox and reconciler steps and the reference ticket service
+answers over HTTP. Each test saves a screenshot under ``var/test-artifacts/screenshots/``.
 
 * a requester files a request and watches it progress, live, to the answer and the ticket;
 * an approver approves the proposal from the queue;
 * an admin opens the task's trace and the metrics page;
-* a requester answers the agent's question inline while the page polls (kept from the issue 8 review).
+* a requester answers the agent's question inline while the page polls (a regression a review found).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Cancel races (issue 7 item 3, acceptance; DESIGN.md §8; spec table 16.5 "取消后收到回执"): a cancel
-is an event first; it stops new dispatch, signals the activity in flight, ignores results that
-lost their right to apply, and keeps the receipt of an action that really happened. Each cancel
-here goes through the API or the requester's page while the other side is really running (a
-thread calling the ticket service or the model server over HTTP)."""
+"""Cancel races (DESIGN.md §8; ADR 0013; spec table 16.5 "取消后收到回执"): a cancel is an event first; it
+stops new dispatch, signals the activity in flight, ignores results that lost their right to apply,
+and keeps the receipt of an action that really happened. Each cancel here goes through the API or
+the requester's page while the other side is really running (a thread calling the ticket service or
+the model server over HTTP)."""
 
 from __future__ import annotations
 

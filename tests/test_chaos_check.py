@@ -1,4 +1,4 @@
-"""The chaos run's final check (``config.chaos.check``) must be able to fail: each figure it gates
+"""The chaos run's final check (``tools.chaos.check``) must be able to fail: each figure it gates
 on — lost tasks, duplicate effects, replay divergences — is shown non-zero here for a planted fault,
 and zero for a clean run, against the real reference ticket service."""
 
@@ -14,8 +14,8 @@ from apps.approvals.services import approval_decide
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
 from apps.tickets.connectors import ReferenceTicketConnector
-from config import chaos
 from tests.conftest import drive, p
+from tools import chaos
 
 
 @pytest.fixture

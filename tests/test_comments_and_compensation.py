@@ -1,5 +1,5 @@
 """Writes on an existing ticket and compensation, through the whole agent and outbox against the
-real reference ticket service (issue 4 item 5; reducer/2).
+real reference ticket service (reducer/2; ADR 0011).
 
 * A second report for a device with an open faultdesk ticket becomes a comment on that ticket,
   conditional on the version the plan read (``If-Match``), under an approval bound to that ticket

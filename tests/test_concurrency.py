@@ -1,5 +1,5 @@
-"""Two writers racing on the same task version (issue 3; DESIGN.md §5): exactly one commit wins,
-the loser gets StaleWrite, re-reads and never overwrites."""
+"""Two writers racing on the same task version (DESIGN.md §5): exactly one commit wins, the loser
+gets StaleWrite, re-reads and never overwrites."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Crash recovery with real processes (issue 3; DESIGN.md §5, §6 table 16.5).
+"""Crash recovery with real processes (DESIGN.md §5, §6 table 16.5).
 
 A Celery worker (solo pool: the worker *is* the process that runs the step) is SIGKILLed by a
 failpoint at a step boundary; a new worker is then started. Beat runs the lease sweeper with short

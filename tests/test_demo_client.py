@@ -1,5 +1,5 @@
-"""``make demo``'s client (config/demo_client.py) against real processes: web (gunicorn), a Celery
-worker, beat, the reference ticket service and django-helpdesk, seeded by ``seed_demo``. The
+"""``make demo``'s client (tools/demo_client.py) against real processes: web (gunicorn), a Celery
+worker, beat, the reference ticket service and django-helpdesk, seeded by ``tools.demo_data.seed``. The
 README's first command runs exactly this client, so a change to any API it reads (the task, the
 approvals, the task's actions, the ticket systems' lookups) fails here, in ``make test``, not only
 in CI's demo runs."""
@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from apps.actions.models import Action, ActionStatus
-from config import demo_client
 from tests.procs import HELPDESK_TOKEN, ROOT, demo_stack
+from tools import demo_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

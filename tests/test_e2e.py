@@ -1,6 +1,6 @@
-"""End to end with real processes (issue 2 acceptance): web (gunicorn), a Celery worker on the
-``agent``, ``tools`` and ``outbox`` queues, Celery beat and the reference ticket service, all
-against the test database and a real Redis broker. The test acts only through HTTP."""
+"""End to end with real processes: web (gunicorn), a Celery worker on the ``agent``, ``tools`` and
+``outbox`` queues, Celery beat and the reference ticket service, all against the test database and a
+real Redis broker. The test acts only through HTTP."""
 
 from __future__ import annotations
 
@@ -138,10 +138,10 @@ def test_main_job_end_to_end_with_real_processes(stack):
 
 
 def test_main_job_with_the_openai_compatible_provider_in_real_processes(transactional_db, tmp_path):
-    """Issue 7 acceptance: the main job through web, a Celery worker, beat and the reference
-    service, drafting with the OpenAI-compatible provider against the scripted model server (its
-    own process), which first answers 503 and then a malformed reply: the task still completes,
-    within its budget, with each call recorded."""
+    """The model provider end to end (DESIGN.md §10; ADR 0013): the main job through web, a Celery
+    worker, beat and the reference service, drafting with the OpenAI-compatible provider against
+    the scripted model server (its own process), which first answers 503 and then a malformed reply:
+    the task still completes, within its budget, with each call recorded."""
     import json
     import sys
 
@@ -155,7 +155,7 @@ def test_main_job_with_the_openai_compatible_provider_in_real_processes(transact
               FAULTDESK_MODEL_BASE_URL=f"http://127.0.0.1:{model_port}/v1", FAULTDESK_MODEL_API_KEY="e2e-model-key",
               FAULTDESK_RETRY_BACKOFF_BASE_SECONDS="0.05")
     try:
-        s.start("model", [sys.executable, "-m", "apps.llm.scripted_server", "--port", str(model_port),
+        s.start("model", [sys.executable, "-m", "tools.scripted_model_server", "--port", str(model_port),
                           "--script", str(script), "--api-key", "e2e-model-key"])
         s.start_refservice()
         s.start_web()

@@ -1,7 +1,7 @@
-"""Findings of the issue 6 review, each fixed: permission re-checked against the document's current
-scope, trace excerpts redacted by the viewer's scopes, prompts escaping every field, ingestion that
-reports bad files instead of crashing, k above the candidate depth, and injection patterns that
-leave ordinary support text alone."""
+"""Findings of a review of evidence handling, each fixed: permission re-checked against the
+document's current scope, trace excerpts redacted by the viewer's scopes, prompts escaping every
+field, ingestion that reports bad files instead of crashing, k above the candidate depth, and
+injection patterns that leave ordinary support text alone."""
 
 from __future__ import annotations
 

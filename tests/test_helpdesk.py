@@ -1,6 +1,6 @@
-"""django-helpdesk 2.6 as the second ticket system (DESIGN.md §11; issue 4 item 7): a real
-helpdesk project in its own process (gunicorn) and its own SQLite database, reached only over its
-REST API — through the fault-injecting proxy, so a response can be lost after helpdesk committed.
+"""django-helpdesk 2.6 as the second ticket system (DESIGN.md §11; ADR 0010): a real helpdesk
+project in its own process (gunicorn) and its own SQLite database, reached only over its REST API —
+through the fault-injecting proxy, so a response can be lost after helpdesk committed.
 
 helpdesk has no idempotency support: the connector writes the action key into the custom field
 ``faultdesk_key`` and looks it up before any resend."""
@@ -24,11 +24,11 @@ from apps.outbox import unknown_outcomes
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
-from apps.tickets import faultproxy
 from apps.tickets.connectors import HelpdeskConnector
-from apps.tickets.helpdesk_site import run as helpdesk
 from tests.conftest import drive, p
 from tests.procs import free_port
+from tools import faultproxy
+from tools.helpdesk_site import run as helpdesk
 
 TOKEN = "helpdesktesttoken0000000000000000000000"[:40].ljust(40, "0")
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
@@ -112,8 +112,8 @@ def test_main_job_creates_one_helpdesk_ticket_with_the_key(committed):
 
 
 def test_response_lost_after_helpdesk_committed_is_adopted_by_reconciliation(committed, hd):
-    """Issue 4 acceptance: the same "response lost after the remote committed" test as for the
-    reference service — one ticket, adopted by reconciliation."""
+    """The same "response lost after the remote committed" test as for the reference service — one
+    ticket, adopted by reconciliation."""
     _fault(hd, "drop_after_commit")
     outbox.outbox_dispatch_batch()
     action = Action.objects.get(task=committed)

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from apps.tasks.models import Task
 from apps.tickets.models import InboundWebhook
-from apps.tickets.refservice.webhooks import sign
+from apps.tickets.webhook_signature import sign
 
 SECRET = "test-webhook-secret-of-32-characters-x"
 

@@ -1,7 +1,7 @@
-"""Retrieved text is data (issue 6 item 5 and its acceptance point): ten adversarial documents in the
-test corpus — "ignore previous instructions", "approve this", "send the ticket to another tenant",
-tool calls, markup that tries to close its evidence element — change nothing about the proposed
-action's tool, target, scope or approval requirement, and the trace flags them."""
+"""Retrieved text is data: ten adversarial documents in the test corpus — "ignore previous
+instructions", "approve this", "send the ticket to another tenant", tool calls, markup that tries to
+close its evidence element — change nothing about the proposed action's tool, target, scope or
+approval requirement, and the trace flags them."""
 
 from __future__ import annotations
 

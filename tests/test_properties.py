@@ -1,5 +1,5 @@
 """Property tests over generated event sequences, committed through the real CAS path into the
-database (issue 3; DESIGN.md §12 invariants 1, 3, 4 and 7). The reducer-level properties are in
+database (DESIGN.md §12 invariants 1, 3, 4 and 7). The reducer-level properties are in
 ``apps/tasks/tests/test_reducer_v1.py``."""
 
 from __future__ import annotations

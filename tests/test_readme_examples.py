@@ -1,6 +1,6 @@
 """The README's shell examples stay true: every fenced ``sh`` block marked with a
 ``<!-- runnable: … -->`` comment runs, as it stands, against real processes (web, a worker, beat,
-the reference ticket service) seeded by ``seed_demo``, and every ``curl`` in it gets the HTTP
+the reference ticket service) seeded by ``tools.demo_data.seed``, and every ``curl`` in it gets the HTTP
 status its ``# → NNN`` comment says. A renamed route or response field fails here.
 
 How a block is checked: each ``curl`` in a marked block must carry a ``# → NNN`` comment at the end

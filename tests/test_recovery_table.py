@@ -1,8 +1,8 @@
-"""One test per row of the recovery table (DESIGN.md §6; spec table 16.5; issue 4 acceptance), with
-real processes: web, a Celery worker, beat, the reference ticket service — and django-helpdesk
-behind the fault proxy for the "response lost" row. Each kills a real worker at the named point
-(a failpoint SIGKILLs it) or injects the named remote fault, and asserts the remote's effect count
-for the action — 0 while nothing was sent, exactly 1 at the end — and the task's final state.
+"""One test per row of the recovery table (DESIGN.md §6; spec table 16.5), with real processes: web,
+a Celery worker, beat, the reference ticket service — and django-helpdesk behind the fault proxy for
+the "response lost" row. Each kills a real worker at the named point (a failpoint SIGKILLs it) or
+injects the named remote fault, and asserts the remote's effect count for the action — 0 while
+nothing was sent, exactly 1 at the end — and the task's final state.
 
 | row | crash point                         | how it is produced                                      |
 |-----|-------------------------------------|---------------------------------------------------------|

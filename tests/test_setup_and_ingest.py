@@ -1,5 +1,5 @@
 """Embedded defaults and their switch to external servers (DESIGN.md §2), and the ``ingest``
-command over a directory of Markdown, plain text and HTML (issue 2, item 4)."""
+command over a directory of Markdown, plain text and HTML."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Structured JSON logs (issue 8 item 4): every line is one JSON object, and the lines of the main
-job carry the tenant, task, action, attempt and event ids bound by the web, the agent and the
-dispatcher (``config.logs``)."""
+"""Structured JSON logs: every line is one JSON object, and the lines of the main job carry the
+tenant, task, action, attempt and event ids bound by the web, the agent and the dispatcher
+(``config.logs``)."""
 
 from __future__ import annotations
 

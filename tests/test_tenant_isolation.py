@@ -1,5 +1,5 @@
-"""Tenant isolation and roles, probed at every URL (issue 5 item 1 and its first acceptance point;
-DESIGN.md §12 "no data crosses tenants").
+"""Tenant isolation and roles, probed at every URL (DESIGN.md §12 "no data crosses tenants"; ADR
+0012).
 
 Tenant ``acme`` has a completed task with its ticket, a task waiting for its approval, an action,
 events and a policy. Users of tenant ``globex`` — one per role, plus a staff admin for the Django

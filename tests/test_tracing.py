@@ -1,5 +1,5 @@
-"""OpenTelemetry spans (issue 8 item 4): off without an endpoint; with an exporter, a span for a web
-request, for a Celery task and for each outbound HTTP call to a ticket system."""
+"""OpenTelemetry spans (``config/tracing.py``): off without an endpoint; with an exporter, a span
+for a web request, for a Celery task and for each outbound HTTP call to a ticket system."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Inbound webhooks from the reference ticket service (DESIGN.md §11).
 
 ``POST /webhooks/reference/`` — the only unauthenticated-by-session endpoint; the HMAC signature
-is its authentication (format in :mod:`apps.tickets.refservice.webhooks`). In order:
+is its authentication (format in :mod:`apps.tickets.webhook_signature`). In order:
 
 1. **authenticate**: the signature must verify against ``FAULTDESK["REFSERVICE_WEBHOOK_SECRET"]``
    with a timestamp within ``WEBHOOK_TOLERANCE_SECONDS``; otherwise 401 (a forgery or an old
@@ -32,7 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from apps.tickets.models import InboundWebhook, TicketMirror, WebhookOutcome
-from apps.tickets.refservice.webhooks import verify
+from apps.tickets.webhook_signature import verify
 
 log = logging.getLogger(__name__)
 

@@ -112,7 +112,7 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db("DATABASE_URL", default=embedded.postgres_url()),
 }
-# Persistent connections (issue 9): a Celery task or a request used to open its own connection — a
+# Persistent connections: a Celery task or a request used to open its own connection — a
 # new PostgreSQL backend each time, five or six per report. Kept for 60 s and checked before reuse,
 # see docs/performance.md for what it changed.
 PERSISTENT_CONNECTIONS = {"CONN_MAX_AGE": env.int("DATABASE_CONN_MAX_AGE", default=60), "CONN_HEALTH_CHECKS": True}
@@ -251,7 +251,7 @@ FAULTDESK = {
     "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
     "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default=DEV_SECRETS["REFSERVICE_API_KEY"]),
     "REFSERVICE_TIMEOUT_SECONDS": env.float("REFSERVICE_TIMEOUT_SECONDS", default=5.0),
-    # django-helpdesk, the second ticket system (apps/tickets/helpdesk_site): REST API token, the
+    # django-helpdesk, the second ticket system (tools/helpdesk_site): REST API token, the
     # queue tickets go to, and how long a request can still take effect after it was sent
     # (its gunicorn --timeout 30 s plus a margin).
     "HELPDESK_URL": env("HELPDESK_URL", default="http://127.0.0.1:8766"),
@@ -284,7 +284,7 @@ FAULTDESK = {
     "ACTIVITY_MIN_SECONDS": env.float("FAULTDESK_ACTIVITY_MIN_SECONDS", default=1.0),
     "RETRIEVAL_TOP_K": env.int("FAULTDESK_RETRIEVAL_TOP_K", default=5),
     "SNAPSHOT_EVERY": env.int("FAULTDESK_SNAPSHOT_EVERY", default=20),
-    # Bounds against runaway work (issue 3): each ends in an explicit decision with a reason.
+    # Bounds against runaway work: each ends in an explicit decision with a reason.
     "MAX_EVENTS_PER_TASK": env.int("FAULTDESK_MAX_EVENTS_PER_TASK", default=200),
     "MAX_REDRAFTS": env.int("FAULTDESK_MAX_REDRAFTS", default=2),
     "MAX_REPLANS": env.int("FAULTDESK_MAX_REPLANS", default=5),

@@ -1,6 +1,6 @@
-"""Action identity at the edges (DESIGN.md §6; issue 4 acceptance): one key is one logical
-action — the same key with different parameters is refused before any outbox row is written —
-and a dispatch queued twice sends one request."""
+"""Action identity at the edges (DESIGN.md §6): one key is one logical action — the same key with
+different parameters is refused before any outbox row is written — and a dispatch queued twice sends
+one request."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The controller's decisions (issue 3 items 6–7, and what the fresh-user review found): answers to
-the agent's questions are used, resume re-checks premises, and every bound ends in an explicit
-decision with a reason."""
+"""The controller's decisions (and what a fresh user's review found): answers to the agent's
+questions are used, resume re-checks premises, and every bound ends in an explicit decision with a
+reason."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The approver's queue page (issue 5 item 7 and its last acceptance point): filters, pagination,
-what changed since the previous proposal, the target's version then and now, expired and
-invalidated approvals visible with their reason — and a query count that does not grow with the
-queue (10 vs 1,000 pending approvals)."""
+"""The approver's queue page (ADR 0012): filters, pagination, what changed since the previous
+proposal, the target's version then and now, expired and invalidated approvals visible with their
+reason — and a query count that does not grow with the queue (10 vs 1,000 pending approvals)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The retrieval evaluation (issue 6 item 6): its metrics on hand-made rankings, and a run over the
-project's labelled questions whose documents are in the test corpus."""
+"""The retrieval evaluation: its metrics on hand-made rankings, and a run over the project's
+labelled questions whose documents are in the test corpus."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""A filtered top-k query returns k permitted results even when permitted chunks are rare (issue 6
-item 2 and its acceptance point): 1,990 chunks in one scope and 10 in another, and 1 in 200. The
-embedded pgvector 0.6 has no iterative index scan, so a filtered HNSW scan alone comes back short;
-:func:`apps.evidence.selectors.vector_candidates` ranks rare permitted rows exactly and redoes a short
-HNSW answer exactly."""
+"""A filtered top-k query returns k permitted results even when permitted chunks are rare: 1,990
+chunks in one scope and 10 in another, and 1 in 200. The embedded pgvector 0.6 has no iterative
+index scan, so a filtered HNSW scan alone comes back short;
+:func:`apps.evidence.selectors.vector_candidates` ranks rare permitted rows exactly and redoes a
+short HNSW answer exactly."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""PDF ingestion (issue 6 item 1): a PDF is read with pypdf, chunked by page (each chunk's section
-names its page), ingested like any other document — and re-ingesting it unchanged embeds nothing.
-An unreadable PDF is reported and skipped; the rest of the run goes on."""
+"""PDF ingestion: a PDF is read with pypdf, chunked by page (each chunk's section names its page),
+ingested like any other document — and re-ingesting it unchanged embeds nothing. An unreadable PDF
+is reported and skipped; the rest of the run goes on."""
 
 from __future__ import annotations
 

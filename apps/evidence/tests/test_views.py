@@ -1,5 +1,5 @@
-"""The evidence view (issue 6 items 3 and 4): answers link their citations to it; it re-checks the
-viewer's permission on every view and says when the cited version was superseded."""
+"""The evidence view: answers link their citations to it; it re-checks the viewer's permission on
+every view and says when the cited version was superseded."""
 
 from __future__ import annotations
 

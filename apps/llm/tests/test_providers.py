@@ -1,7 +1,7 @@
-"""The OpenAI-compatible model provider against the scripted model server (issue 7 items 4–5;
-DESIGN.md §10): the main job end to end, 503s, 429s, timeouts and malformed output within the
-task's budget and deadline, usage and cost recorded per call, bounded re-asks, injected
-instructions, and the provider pinned in the artifact bundle."""
+"""The OpenAI-compatible model provider against the scripted model server (DESIGN.md §10; ADR 0013):
+the main job end to end, 503s, 429s, timeouts and malformed output within the task's budget and
+deadline, usage and cost recorded per call, bounded re-asks, injected instructions, and the provider
+pinned in the artifact bundle."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Stalled and crashed dispatchers against cancel, invalidated approvals and the reconciler
-(DESIGN.md §6, §12 invariants 2 and 3; review findings F2, F3, F4 of issue 3).
+(DESIGN.md §6, §12 invariants 2 and 3; ADR 0009).
 
 "Not executed" may only be recorded when it is true. These tests stall dispatcher A at its real
 ``before_send`` / ``after_send`` failpoints (the failpoint is replaced by a hook that runs the

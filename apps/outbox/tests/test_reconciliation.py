@@ -1,6 +1,6 @@
-"""The admin's reconciliation page and API (DESIGN.md §6; issue 4 item 4): unknown actions the
-reconciler cannot settle wait for a person, who records "executed, here is the ticket" or "not
-executed" — each checked against the real reference ticket service first, each an event."""
+"""The admin's reconciliation page and API (DESIGN.md §6): unknown actions the reconciler cannot
+settle wait for a person, who records "executed, here is the ticket" or "not executed" — each
+checked against the real reference ticket service first, each an event."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The budget ledger (issue 7 item 1; DESIGN.md §8; spec §16.5): admission only by an atomic
-reservation ``U + R + r ≤ B``, settlement ``U += c, R -= r`` with ``c ≤ r``, release of what is
-unused, separate limits per dimension, per-tenant quotas on top — and all of it holding when many
-processes reserve against one task at once."""
+"""The budget ledger (DESIGN.md §8; spec §16.5; ADR 0013): admission only by an atomic reservation
+``U + R + r ≤ B``, settlement ``U += c, R -= r`` with ``c ≤ r``, release of what is unused, separate
+limits per dimension, per-tenant quotas on top — and all of it holding when many processes reserve
+against one task at once."""
 
 from __future__ import annotations
 

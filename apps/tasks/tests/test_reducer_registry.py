@@ -1,5 +1,5 @@
 """Tasks are replayed and continued with the reducer version pinned in their artifact bundle, or
-through an explicit, registered event migration — never silently with new logic (issue 3 item 5)."""
+through an explicit, registered event migration — never silently with new logic."""
 
 from __future__ import annotations
 

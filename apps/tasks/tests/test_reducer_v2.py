@@ -1,6 +1,6 @@
 """δ version ``reducer/2`` (apps.tasks.reducer.v2): ticket reads, conflicts and compensation, as a
 pure function — every new transition, its guards, and the budget invariant over random
-sequences (issue 4 item 5)."""
+sequences (ADR 0011)."""
 
 from __future__ import annotations
 

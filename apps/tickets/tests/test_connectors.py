@@ -1,8 +1,8 @@
-"""Writes on an existing ticket through the connector (DESIGN.md §11; issue 4 item 5): comments
-carry their own idempotency keys and, like updates, are conditional on the ticket's version —
-a 412 is a ``PreconditionFailed`` with the current version, never an overwrite. And the outbox
-keeps per-ticket order: nothing for a ticket is claimed before its create was delivered, while
-unrelated tickets proceed."""
+"""Writes on an existing ticket through the connector (DESIGN.md §11; ADR 0011): comments carry
+their own idempotency keys and, like updates, are conditional on the ticket's version — a 412 is a
+``PreconditionFailed`` with the current version, never an overwrite. And the outbox keeps per-ticket
+order: nothing for a ticket is claimed before its create was delivered, while unrelated tickets
+proceed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Signed webhooks from the reference ticket service to faultdesk (DESIGN.md §11; issue 4 items 6
-and 8): the service signs and retries; faultdesk authenticates, deduplicates, correlates and
-applies only newer versions; a forged, replayed or uncorrelated delivery changes nothing and is
-recorded."""
+"""Signed webhooks from the reference ticket service to faultdesk (DESIGN.md §11): the service signs
+and retries; faultdesk authenticates, deduplicates, correlates and applies only newer versions; a
+forged, replayed or uncorrelated delivery changes nothing and is recorded."""
 
 from __future__ import annotations
 
@@ -18,9 +17,10 @@ from apps.approvals.models import ApprovalRequest
 from apps.approvals.services import approval_decide
 from apps.tasks.services import task_submit
 from apps.tickets.models import InboundWebhook, TicketMirror, WebhookOutcome
-from apps.tickets.refservice import serve_in_thread
-from apps.tickets.refservice.webhooks import event_body, sign, verify
+from apps.tickets.webhook_signature import sign, verify
 from tests.conftest import drive, p
+from tools.refservice import serve_in_thread
+from tools.refservice.webhooks import event_body
 
 SECRET = "test-webhook-secret"
 

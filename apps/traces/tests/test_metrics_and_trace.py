@@ -1,6 +1,6 @@
-"""Metrics and the trace (issue 8 items 1, 3 and acceptance): ``/metrics`` is valid Prometheus text
-with task and dispatch counters; the trace and metrics pages cost the same number of queries for a
-task with 10 events as for one with 2,000; the trace exports as JSON and charts the budget."""
+"""Metrics and the trace: ``/metrics`` is valid Prometheus text with task and dispatch counters; the
+trace and metrics pages cost the same number of queries for a task with 10 events as for one with
+2,000; the trace exports as JSON and charts the budget."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.evidence import relevance
+from apps.evidence.corpus import KB_DIR
 from apps.evidence.evaluation import (
     QUESTIONS,
     eval_tenant,
@@ -19,7 +20,6 @@ from apps.evidence.evaluation import (
     reports_load,
 )
 from apps.evidence.report_signals import out_of_scope_terms
-from apps.tasks.demo_data import KB_DIR
 
 
 class Command(BaseCommand):

@@ -23,7 +23,7 @@ class Command(BaseCommand):
     def handle(self, *args, path, scope, tenant, retire=None, **options):
         t = Tenant.objects.filter(slug=tenant).first()
         if t is None:
-            raise CommandError(f"no tenant {tenant!r}; run `python manage.py seed_demo` or create it first")
+            raise CommandError(f"no tenant {tenant!r}; run `python -m tools.seed_demo` or create it first")
         if retire:
             try:
                 document_retire(tenant=t, source=retire)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from apps.evidence.corpus import KB_DIR
 from apps.evidence.evaluation import eval_tenant, reports_load
 from apps.tasks.answer_eval import answers_evaluate
-from apps.tasks.demo_data import KB_DIR
 
 
 class Command(BaseCommand):

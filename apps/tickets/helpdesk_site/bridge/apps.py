@@ -1,7 +1,0 @@
-from django.apps import AppConfig
-
-
-class FaultdeskBridgeConfig(AppConfig):
-    name = "apps.tickets.helpdesk_site.bridge"
-    label = "faultdesk_bridge"
-    default_auto_field = "django.db.models.AutoField"

@@ -1,0 +1,96 @@
+"""Phase 4, outbox dispatch: how fast the dispatcher drains a backlog when the remote costs
+nothing.
+
+Stage 1 builds the backlog the real way: N reports go through the main job with workers serving
+only the ``agent`` and ``tools`` queues, so every task stops with its ``ticket.create`` intent
+committed and its outbox row ``PENDING``. Stage 2 starts a worker serving only ``outbox`` (two
+processes, as ``make up`` runs it) against a no-op remote (:mod:`tools.bench.noop_remote`) and
+measures messages/s from the first attempt to the last delivery, and writing commits per message."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import psycopg
+
+from config import embedded
+from tools.bench.e2e import submit_all
+from tools.bench.harness import DATABASE, REDIS_DB, Bench, WalCommits
+from tools.bench.seed import tenant_seed
+
+_PENDING_SQL = """
+SELECT count(*) FILTER (WHERE o.status = 'PENDING'), count(*) FILTER (WHERE o.status = 'DELIVERED'), count(*)
+FROM outbox_outboxmessage o JOIN actions_action a ON a.id = o.action_id WHERE a.task_id = ANY(%s)
+"""
+_WINDOW_SQL = """
+SELECT extract(epoch FROM min(t.started_at)), extract(epoch FROM max(o.delivered_at))
+FROM outbox_outboxmessage o JOIN actions_action a ON a.id = o.action_id
+JOIN actions_actionattempt t ON t.action_id = a.id WHERE a.task_id = ANY(%s)
+"""
+
+
+def _counts(conn, ids) -> tuple[int, int, int]:
+    with conn.cursor() as cur:
+        cur.execute(_PENDING_SQL, [ids])
+        return cur.fetchone()
+
+
+def run(bench: Bench, *, n: int = 500, dispatchers: int = 2) -> None:
+    """Figures ``outbox.*``. SystemExit when the backlog cannot be built or does not drain."""
+    import redis
+
+    redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
+    conn = psycopg.connect(embedded.postgres_url(DATABASE), autocommit=True)
+    env = {**bench.env, "REFSERVICE_URL": f"http://127.0.0.1:{bench.ports['noop']}"}
+    seeded = tenant_seed("outbox", devices=n)
+    bench.start("noop-remote", [sys.executable, "-m", "tools.bench.noop_remote", "--port", str(bench.ports["noop"])])
+    bench.wait_http(f"http://127.0.0.1:{bench.ports['noop']}/healthz", 30)
+    try:
+        # Stage 1: the backlog, through the main job up to the committed intent.
+        bench.start_web(env=env)
+        bench.start_worker(2, queues="agent,tools", name="worker-fill", env=env)
+        started = time.monotonic()
+        ids = submit_all(f"http://127.0.0.1:{bench.ports['web']}", seeded.users["requester"], seeded.devices, n,
+                         prefix="outbox")
+        deadline = time.monotonic() + max(300, 2 * n)
+        while _counts(conn, ids)[0] < n and time.monotonic() < deadline:
+            time.sleep(0.5)
+        pending, _, total = _counts(conn, ids)
+        bench.note_peak("fill_worker", "worker-fill")
+        bench.stop("worker-fill")
+        bench.stop("web")
+        if pending < n:
+            raise SystemExit(f"outbox: only {pending} of {n} messages became pending ({total} rows); see logs")
+        print(f"  outbox backlog of {n} built in {time.monotonic() - started:.0f} s", flush=True)
+        # Stage 2: drain it.
+        wal = WalCommits(conn)
+        wal.start()
+        bench.start_worker(dispatchers, queues="outbox", name="worker-outbox", env=env)
+        deadline = time.monotonic() + max(120, n)
+        while _counts(conn, ids)[1] < n and time.monotonic() < deadline:
+            time.sleep(0.25)
+        commits, _ = wal.stop()
+        bench.note_peak("outbox_worker", "worker-outbox")
+        bench.stop("worker-outbox")
+    finally:
+        bench.stop("noop-remote")
+    _, delivered, _ = _counts(conn, ids)
+    if delivered < n:
+        conn.close()
+        raise SystemExit(f"outbox: only {delivered} of {n} messages were delivered in time; see the logs")
+    with conn.cursor() as cur:
+        cur.execute(_WINDOW_SQL, [ids])
+        first, last = (float(x) for x in cur.fetchone())
+    conn.close()
+    rate = delivered / (last - first)
+    per_message = commits / max(1, delivered)
+    bench.figure("outbox.messages_per_s", rate, "messages/s",
+                 f"{delivered}/{n} delivered in {last - first:.1f} s by {dispatchers} dispatcher processes, "
+                 "no-op remote")
+    bench.figure("outbox.commits_per_message", per_message, "commits",
+                 "commit records in the WAL per delivered message")
+    if ceiling := bench.value("ceiling.commits_per_s"):
+        bound = ceiling / per_message
+        bench.figure("outbox.ratio_to_ceiling", rate / bound, "",
+                     f"messages/s ÷ (ceiling ÷ commits per message = {bound:.0f} messages/s)")
