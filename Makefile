@@ -75,8 +75,11 @@ chaos: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 
+## make lint — ruff, and the dependency direction: import-linter's contracts in pyproject.toml (layers,
+## no cycles, no DRF in services, the product never imports tools/)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 clean: down
 	rm -rf var
