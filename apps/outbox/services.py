@@ -1,25 +1,7 @@
-"""The outbox dispatcher (DESIGN.md §6, §7; spec §16.4, algorithm 16.1 steps
-4–6, table 16.5).
-
-Dispatch of one row:
-
-1. claim: ``SELECT … FOR UPDATE SKIP LOCKED`` a batch of due rows, lease them and bump each row's
-   fencing token (``lease_generation``), which travels with the request;
-2. re-authorize at the moment of dispatch (TOCTOU): task not cancelled, approval binding (h(a),
-   V_o now, expiry, approver's current role);
-3. write the attempt row *before* sending, so a crash mid-call leaves evidence of an attempt;
-4. send with the action's stable idempotency key and record exactly one of: receipt, definite
-   failure, retryable refusal (back to PENDING with backoff), or unknown (reconcile).
-
-"Not executed" is a claim about the remote, so it is only recorded when it is known: either no
-attempt of the action can have reached the remote (every earlier attempt ended with a definite
-answer), or the key was first *fenced* at the remote with the row's current fencing token and
-nothing was found (:func:`settle_not_executed`). After the fence, a stalled dispatcher holding
-an older token is refused by the remote, so it can never create the ticket later.
-
-Per-ticket ordering: a row is only claimed when no older row with the same ``ordering_key`` is
-still undelivered. The reconciler of unknown outcomes is :mod:`apps.outbox.unknown_outcomes`.
-"""
+"""The outbox's one write for other apps (DESIGN.md §1 step 6, §6): :func:`outbox_enqueue` queues an
+action in the intent's own transaction. Claiming and delivering rows is :mod:`apps.outbox.dispatch`;
+receipts, fences and "not executed" are :mod:`apps.outbox.settlement`; unknown outcomes are
+reconciled by :mod:`apps.outbox.unknown_outcomes`."""
 
 from __future__ import annotations
 
