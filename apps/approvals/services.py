@@ -20,7 +20,7 @@ from apps.approvals.rules import ROLES
 from apps.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.tasks import reducer
-from apps.tasks.store import refused_after_rollback
+from apps.tasks.store import refused_event_record
 
 
 def approval_decide(*, principal: Principal, approval_id, decision: str, reason: str = "") -> ApprovalRequest:
@@ -46,8 +46,9 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
         return _decide(principal=principal, approval_id=approval_id, decision=decision, reason=reason)
     except _Refused as refused:
         # The decision rolled back; keep the record of what δ refused.
-        refused_after_rollback(task_id=refused.task.pk, event_type=refused.event_type, payload=refused.payload,
-                               reason=refused.reason, actor=principal.as_actor())
+        # At the version δ refused it at: the task as read under the decision's lock, not as it is now.
+        refused_event_record(task=refused.task, event_type=refused.event_type, payload=refused.payload,
+                             reason=refused.reason, actor=principal.as_actor())
         raise Conflict(f"the task no longer waits for this approval: {refused.reason}") from None
 
 
