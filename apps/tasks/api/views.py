@@ -25,18 +25,21 @@ from apps.tasks.api.serializers import (
 from apps.tasks.selectors import payload_shown, task_events_for_viewer, task_get, task_list
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
 
+#: the status names a list may be filtered by, as plain strings (for the schema and the error)
+STATUS_NAMES = [str(s) for s in reducer.ALL_STATUSES]
+
 
 class TaskListCreateApi(APIView):
     permission_classes = [HasPrincipal]
 
     @extend_schema(responses=TaskSerializer(many=True),
-                   parameters=[OpenApiParameter("status", enum=list(reducer.ALL_STATUSES))])
+                   parameters=[OpenApiParameter("status", enum=STATUS_NAMES)])
     def get(self, request):
         principal = request_principal(request)
         qs = task_list(principal=principal)
         if s := request.query_params.get("status"):
-            if s not in reducer.ALL_STATUSES:
-                raise ValidationError({"status": f"must be one of {list(reducer.ALL_STATUSES)}"})
+            if s not in STATUS_NAMES:
+                raise ValidationError({"status": f"must be one of {STATUS_NAMES}"})
             qs = qs.filter(status=s)
         return Response(TaskSerializer(qs[:100], many=True).data)
 

@@ -35,6 +35,7 @@ from apps.tasks.reducer.core import (  # noqa: F401 - the kernel, re-exported fo
     WAITING_INPUT,
     WAITING_RECONCILIATION,
     IllegalTransition,
+    Status,
     UnknownReducer,
     reduce_with,
 )
