@@ -81,3 +81,38 @@ def test_the_noop_remote_answers_the_reference_connector_as_a_created_ticket():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.django_db
+def test_the_retrieval_bench_loads_chunks_the_products_own_selectors_retrieve():
+    """The bench's bulk load writes every column the product's retrieval filters on (in force,
+    governed, the configured embedding model), so what it times is the product's query over rows the
+    product would return, not a query over rows it skips."""
+    import numpy as np
+
+    from apps.accounts.models import Tenant
+    from apps.evidence.selectors import text_candidates, vector_candidates, vector_literal
+    from tools.bench.retrieval import CHUNKS_PER_DOCUMENT, FILTERS, _Corpus, _load
+
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(4, 512)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    sentences = [("Safety", "Switch the printer off before opening the fuser cover panel."),
+                 ("Diagnosis", "Measure the thermistor resistance at the fuser connector first."),
+                 ("Escalation", "Escalate a swollen battery module to the facilities team at once."),
+                 ("Diagnosis", "Reseat the network cable and check the link light on the port.")]
+    tenant = Tenant.objects.create(slug="bench-load-check", name="Bench load check")
+    added, _ = _load(tenant, _Corpus(sentences, vectors), first_doc=0, n=12)
+    assert added == -(-12 // CHUNKS_PER_DOCUMENT)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM evidence_chunk WHERE tenant_id = %s", [tenant.pk])
+        assert cur.fetchone()[0] == 12
+        ids, _strategy = vector_candidates(cur, tenant_id=tenant.pk, scopes=FILTERS["all"],
+                                           qvec=vector_literal(vectors[0]), limit=50)
+        assert len(ids) == 12
+        cur.execute("SELECT id FROM evidence_chunk WHERE tenant_id = %s AND text LIKE '%%thermistor%%'",
+                    [tenant.pk])
+        with_the_word = {r[0] for r in cur.fetchall()}
+        assert with_the_word  # the seeded draw uses every sentence among 12 chunks
+        found = text_candidates(cur, tenant_id=tenant.pk, scopes=FILTERS["all"], query="thermistor", limit=50)
+        assert set(found) == with_the_word

@@ -166,6 +166,7 @@ def _load(tenant, corpus: _Corpus, *, first_doc: int, n: int) -> tuple[int, floa
     from pgvector.psycopg.vector import register_vector_info
     from psycopg.types import TypeInfo
 
+    from apps.evidence.embedding import model_configured
     from apps.evidence.models import Document, DocumentVersion
 
     sections, texts, vecs = corpus.chunks(n)
@@ -203,15 +204,21 @@ def _load(tenant, corpus: _Corpus, *, first_doc: int, n: int) -> tuple[int, floa
                                     scopes[i // CHUNKS_PER_DOCUMENT], True, ordinal, sections[i], offset,
                                     offset + len(text), text, hashlib.sha256(text.encode()).hexdigest(), vecs[i]))
                     offset += len(text) + 1
-            # search_vector as document_ingest writes it: section weight A, text weight B, 'english'.
+            # search_vector as document_ingest writes it: section weight A, text weight B, 'english' (the
+            # bench's texts are English, so the 'simple' leg of Chinese words is empty). Every column the
+            # model defaults in Python (not in the database) is written here as the product would write it
+            # for a governed, always-in-force chunk embedded by the configured model, applicable to any
+            # device: the product's own selectors must see these rows.
             cur.execute("""
                 INSERT INTO evidence_chunk (document_version_id, tenant_id, scope, is_current, ordinal, section,
-                    start_offset, end_offset, text, content_digest, embedding, search_vector)
+                    start_offset, end_offset, text, content_digest, embedding, embedding_model, search_vector,
+                    locale, governed, effective_at, expires_at, device_kinds, alert_codes)
                 SELECT document_version_id, tenant_id, scope, is_current, ordinal, section, start_offset,
-                    end_offset, text, content_digest, embedding,
+                    end_offset, text, content_digest, embedding, %(model)s,
                     setweight(to_tsvector('english'::regconfig, COALESCE(section, '')), 'A')
-                    || setweight(to_tsvector('english'::regconfig, COALESCE(text, '')), 'B')
-                FROM bench_chunk_load""")
+                    || setweight(to_tsvector('english'::regconfig, COALESCE(text, '')), 'B'),
+                    'en', true, NULL, NULL, '{}'::varchar[], '{}'::varchar[]
+                FROM bench_chunk_load""", {"model": model_configured()})
     return n_docs, time.monotonic() - started
 
 
@@ -344,7 +351,7 @@ def run(bench: Bench, *, sizes=(10000, 100000)) -> None:
     from django.db import connection
 
     from apps.accounts.models import Tenant
-    from apps.evidence.embedding import embed_texts
+    from apps.evidence.embedding import embed_texts, model_configured
     from apps.evidence.selectors import vector_literal
 
     phase_started = time.monotonic()
@@ -362,7 +369,7 @@ def run(bench: Bench, *, sizes=(10000, 100000)) -> None:
     base = np.asarray(embed_texts([t for _, t in sentences]), dtype=np.float32)
     qvecs = [vector_literal(v) for v in embed_texts(queries)]
     bench.figure("retrieval.embed_s", time.monotonic() - started, "s",
-                 f"all-MiniLM-L6-v2, {len(sentences)} base sentences + {len(queries)} queries, once")
+                 f"{model_configured()}, {len(sentences)} base sentences + {len(queries)} queries, once")
     corpus = _Corpus(sentences, base)
     definition = _index_definition()
     tenant = Tenant.objects.create(slug=TENANT_SLUG, name="Bench retrieval")
