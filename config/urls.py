@@ -27,6 +27,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/cancel/", task_views.task_cancel_view, name="task-cancel"),
     path("tasks/<uuid:task_id>/input/", task_views.task_input_view, name="task-input"),
     path("tasks/<uuid:task_id>/trace/", trace_views.task_trace, name="task-trace"),
+    path("tasks/<uuid:task_id>/trace/budget/", trace_views.task_trace_budget, name="task-trace-budget"),
     path("tasks/<uuid:task_id>/trace.json", trace_views.task_trace_export, name="task-trace-export"),
     path("tasks/<uuid:task_id>/events/<int:seq>/", trace_views.task_event_payload, name="task-event"),
     path("admin-tasks/", trace_views.admin_tasks, name="admin-tasks"),

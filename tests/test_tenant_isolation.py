@@ -58,6 +58,7 @@ ACCESS: dict[str, set[str] | str] = {
     "task-input": {REQ},
     "task-trace": {ADMIN},
     "task-trace-export": {ADMIN},
+    "task-trace-budget": {ADMIN},
     "task-event": {ADMIN},
     "admin-tasks": {ADMIN},
     "metrics-page": {ADMIN},  # the admin's own tenant only

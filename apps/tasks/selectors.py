@@ -3,6 +3,7 @@ way to fetch a task without naming whose eyes read it."""
 
 from __future__ import annotations
 
+from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
 
 from apps.accounts.principal import Principal
@@ -28,18 +29,34 @@ def task_events(*, principal: Principal, task: Task) -> QuerySet[TaskEvent]:
     return TaskEvent.objects.visible_to(principal).filter(task_id=task.pk).order_by("seq")
 
 
-def task_events_for_viewer(*, principal: Principal, task: Task) -> list:
-    """The task's events in seq order as ``principal`` may see them: evidence excerpts of scopes the
-    viewer cannot read now are replaced by a notice in the (unsaved) ``payload`` of each event."""
+def _viewer_copies(principal: Principal, events: list) -> list:
+    """``events`` with evidence excerpts of scopes ``principal`` cannot read now replaced by a
+    notice in each (unsaved) ``payload``."""
     from apps.evidence.selectors import payload_for_viewer, readable_chunk_ids
 
-    events = list(task_events(principal=principal, task=task))
     cited = {r.get("chunk_id") for e in events if e.type == "evidence.retrieved" for r in e.payload.get("refs", [])}
     readable = readable_chunk_ids(tenant_id=principal.tenant_id, scopes=principal.scopes, chunk_ids=cited) \
         if cited else set()
     for e in events:
         e.payload = payload_for_viewer(e.type, e.payload, readable)
     return events
+
+
+def task_events_for_viewer(*, principal: Principal, task: Task) -> list:
+    """The task's events in seq order as ``principal`` may see them: evidence excerpts of scopes the
+    viewer cannot read now are replaced by a notice in the (unsaved) ``payload`` of each event."""
+    return _viewer_copies(principal, list(task_events(principal=principal, task=task)))
+
+
+def task_events_page(*, principal: Principal, task: Task, page, per_page: int) -> tuple[Page, list]:
+    """One page of the task's events in seq order, as :func:`task_events_for_viewer` shows them:
+    ``(the page, its events)``. ``page`` is a page number as the request sent it (a string or an
+    int); anything that is not a page number gives the first page, a number past the end the last
+    (Django's ``Paginator.get_page``). Costs one count and one page of rows, whatever the task's
+    length (the admin's trace, DESIGN.md §1)."""
+    paginator = Paginator(task_events(principal=principal, task=task), per_page)
+    shown = paginator.get_page(page)
+    return shown, _viewer_copies(principal, list(shown.object_list))
 
 
 def task_now(task: Task) -> str:

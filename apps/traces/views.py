@@ -13,9 +13,16 @@ from django.views.decorators.http import require_GET
 
 from apps.accounts.pages import page_admin
 from apps.actions.models import Action
-from apps.core.pages import render_page
-from apps.events.models import RefusedEvent
-from apps.tasks.selectors import SENSITIVE_EVENTS, payload_shown, task_events_for_viewer, task_get, task_list
+from apps.core.pages import is_fragment_request, render_page
+from apps.events.models import RefusedEvent, TaskEvent
+from apps.tasks.selectors import (
+    SENSITIVE_EVENTS,
+    payload_shown,
+    task_events_for_viewer,
+    task_events_page,
+    task_get,
+    task_list,
+)
 
 
 @login_required
@@ -44,24 +51,44 @@ PHASES = {
 }
 
 
-def _trace(request, task_id) -> dict:
+#: events on one page of the trace (the export carries them all)
+EVENTS_PER_PAGE = 100
+#: event types whose phase is "budget": a ledger row between two steps, never the start of a phase
+BUDGET_EVENTS = frozenset(t for t, phase in PHASES.items() if phase == "budget")
+
+
+def _admin_task(request, task_id):
     p = page_admin(request)
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
-    events = task_events_for_viewer(principal=p, task=task)
-    previous = None
+    return p, task
+
+
+def _mark_phases(events, previous: str | None) -> None:
+    """Give each event its ``phase``, ``new_phase`` (the first event of a phase, budget rows
+    aside) and ``sensitive``; ``previous`` is the phase in force before the first of them."""
     for e in events:
         e.sensitive = e.type in SENSITIVE_EVENTS
         e.phase = PHASES.get(e.type, "other")
         e.new_phase = e.phase != previous and e.phase != "budget"
         previous = e.phase if e.phase != "budget" else previous
+
+
+def _extras(p, task) -> dict:
     return {
-        "task": task,
-        "events": events,
         "refused": list(RefusedEvent.objects.visible_to(p).filter(task_id=task.pk).order_by("recorded_at")),
         "actions": list(Action.objects.visible_to(p).filter(task_id=task.pk).prefetch_related("attempts", "webhooks")),
     }
+
+
+def _trace(request, task_id) -> dict:
+    """The whole trace (the export): the task, every event as the viewer may see it, refused
+    events, actions with attempts and webhooks."""
+    p, task = _admin_task(request, task_id)
+    events = task_events_for_viewer(principal=p, task=task)
+    _mark_phases(events, None)
+    return {"task": task, "events": events, **_extras(p, task)}
 
 
 def budget_series(task, events) -> list[tuple[int, int, int]]:
@@ -82,17 +109,49 @@ def budget_series(task, events) -> list[tuple[int, int, int]]:
         return []
 
 
+BUDGET_CHART_TITLE = "Cost units over the events: used, and used + reserved"
+
+
+def _budget_chart(p, task) -> str:
+    """The SVG line chart of the task's cost units over all its events. It folds the recorded
+    payloads as they are: only the ledger's figures leave this function, never a payload."""
+    from apps.traces.charts import line_chart
+
+    events = TaskEvent.objects.visible_to(p).filter(task_id=task.pk).order_by("seq").only("seq", "type", "payload")
+    return line_chart(budget_series(task, events), total=task.budget_total, title=BUDGET_CHART_TITLE)
+
+
 @login_required
 @require_GET
 def task_trace(request, task_id):
-    from apps.traces.charts import line_chart
-
-    ctx = _trace(request, task_id)
-    # Folding the viewer's copy is exact: redaction replaces only evidence excerpts, which δ stores
-    # and never reads.
-    ctx["budget_chart"] = line_chart(budget_series(ctx["task"], ctx["events"]), total=ctx["task"].budget_total,
-                                     title="Cost units over the events: used, and used + reserved")
+    """The trace page: the task, one page of its events (:data:`EVENTS_PER_PAGE`, ``?page=N``; the
+    pager's htmx requests, aimed at ``#events``, get only that section), refused events, actions.
+    The cost chart is drawn on the page when every event is on it, and fetched as its own fragment
+    (:func:`task_trace_budget`) for a longer task, so a page costs the same for 10 or 2,000 events."""
+    p, task = _admin_task(request, task_id)
+    page, events = task_events_page(principal=p, task=task, page=request.GET.get("page", 1),
+                                    per_page=EVENTS_PER_PAGE)
+    previous = None
+    if events and events[0].seq > 1:
+        before = (TaskEvent.objects.visible_to(p).filter(task_id=task.pk, seq__lt=events[0].seq)
+                  .exclude(type__in=BUDGET_EVENTS).order_by("-seq").values_list("type", flat=True).first())
+        previous = PHASES.get(before, "other") if before else None
+    _mark_phases(events, previous)
+    ctx = {"task": task, "events": events, "page": page, **_extras(p, task)}
+    if is_fragment_request(request) and request.htmx.target == "events":  # the pager's links
+        return render_page(request, "traces/trace.html", ctx, fragment="traces/_events.html")
+    ctx["budget_chart"] = _budget_chart(p, task) if not page.has_other_pages() else None
     return render_page(request, "traces/trace.html", ctx)
+
+
+@login_required
+@require_GET
+def task_trace_budget(request, task_id):
+    """The cost chart of a task's trace on its own: the fragment the trace page of a long task
+    loads, or a page of its own without htmx."""
+    p, task = _admin_task(request, task_id)
+    ctx = {"task": task, "budget_chart": _budget_chart(p, task)}
+    return render_page(request, "traces/budget.html", ctx, fragment="traces/_budget.html")
 
 
 @login_required

@@ -1,7 +1,8 @@
 """Phase 6, pages: how fast two admin pages answer at a realistic size — the approver's queue with
-10,000 pending approvals (``/approvals/``) and the trace of a task with 2,000 events
-(``/tasks/<id>/trace/``) — p50/p95 over ``requests`` GETs each through gunicorn, logged in through
-the login form as a browser is.
+10,000 pending approvals (``/approvals/``) and the trace of a task with 2,000 events: its first page
+(``/tasks/<id>/trace/``, 100 events a page), its last page (``?page=20``) and the cost chart over
+all its events that the page loads as a fragment (``/tasks/<id>/trace/budget/``) — p50/p95 over
+``requests`` GETs each through gunicorn, logged in through the login form as a browser is.
 
 Seeding (in-process, on the bench database, well under a minute):
 
@@ -296,7 +297,8 @@ def run(bench: Bench, *, requests: int = 100) -> None:
     """Seed (see the module), start gunicorn, and GET the approval queue (as the approver) and the
     2,000-event trace (as the admin) ``requests`` times each after 3 warm-ups. Figures
     ``pages.seed_s`` (s), ``pages.approval_queue_10k.p50_ms`` / ``.p95_ms`` and
-    ``pages.trace_2000_events.p50_ms`` / ``.p95_ms`` (ms, wall time of the whole response seen by
+    ``pages.trace_2000_events.p50_ms`` / ``.p95_ms`` and the same for ``trace_2000_events_latest``
+    and ``trace_2000_events_chart`` (ms, wall time of the whole response seen by
     the client); records the web process's peak RSS. SystemExit when seeding fails or a page
     answers other than 200 or without what it should show."""
     started = time.monotonic()
@@ -313,16 +315,35 @@ def run(bench: Bench, *, requests: int = 100) -> None:
                 return f"the page does not say {PENDING} approvals pending"
             return None if rows == 20 else f"{rows} rows on the first page, not 20"
 
+        from apps.traces.views import EVENTS_PER_PAGE
+
+        last_page = -(-TRACE_EVENTS // EVENTS_PER_PAGE)
+
         def trace_ok(resp):
+            if f"{TRACE_EVENTS} events; events 1–{EVENTS_PER_PAGE} below" not in resp.text:
+                return f"the first page does not say {TRACE_EVENTS} events, 1–{EVENTS_PER_PAGE} shown"
+            rows = resp.text.count("<tr>") + resp.text.count('<tr class="phase-start">') - 1  # the header row
+            return None if rows == EVENTS_PER_PAGE else f"{rows} event rows on the first page"
+
+        def trace_latest_ok(resp):
             last = f"<tr><td>{TRACE_EVENTS}</td>"
             if last not in resp.text and f'class="phase-start"><td>{TRACE_EVENTS}</td>' not in resp.text:
-                return f"event {TRACE_EVENTS} is not on the trace"
-            return None if resp.text.count("<tr") >= TRACE_EVENTS else "fewer rows than events"
+                return f"event {TRACE_EVENTS} is not on the last page"
+            return None
 
+        def chart_ok(resp):
+            return None if "<polyline" in resp.text else "no chart line"
+
+        trace_url = f"/tasks/{trace.pk}/trace/"
+        admin = seeded.users["admin"]
         pages = (("approval_queue_10k", seeded.users["approver"], "/approvals/", queue_ok,
                   f"{PENDING:,} pending, 20 a page"),
-                 ("trace_2000_events", seeded.users["admin"], f"/tasks/{trace.pk}/trace/", trace_ok,
-                  f"{TRACE_EVENTS:,} events"))
+                 ("trace_2000_events", admin, trace_url, trace_ok,
+                  f"{TRACE_EVENTS:,} events, the first {EVENTS_PER_PAGE}"),
+                 ("trace_2000_events_latest", admin, f"{trace_url}?page={last_page}", trace_latest_ok,
+                  f"{TRACE_EVENTS:,} events, the last page"),
+                 ("trace_2000_events_chart", admin, f"{trace_url}budget/", chart_ok,
+                  f"the cost chart over all {TRACE_EVENTS:,} events (the fragment the page loads)"))
         for name, user, path, check, what in pages:
             client = session_client(base, user)
             try:

@@ -98,12 +98,18 @@ def test_trace_and_metrics_pages_cost_the_same_queries_for_10_and_2000_events(cl
     trace_small = _queries(client, f"/tasks/{small.pk}/trace/")
     metrics_small = _queries(client, "/ops/metrics/")
     export_small = _queries(client, f"/tasks/{small.pk}/trace.json")
+    chart_small = _queries(client, f"/tasks/{small.pk}/trace/budget/")
     large = _task_with_events(requester, device, 2000)
-    assert _queries(client, f"/tasks/{large.pk}/trace/") == trace_small
+    # the long trace's first page draws no chart inline (it is fetched as a fragment): one query fewer
+    assert _queries(client, f"/tasks/{large.pk}/trace/") == trace_small - 1
+    assert _queries(client, f"/tasks/{large.pk}/trace/?page=7") == trace_small  # + the phase before the page
+    assert _queries(client, f"/tasks/{large.pk}/trace/budget/") == chart_small
     assert _queries(client, "/ops/metrics/") == metrics_small
     assert _queries(client, f"/tasks/{large.pk}/trace.json") == export_small
     page = client.get(f"/tasks/{large.pk}/trace/").content.decode()
-    assert page.count("<code>budget.reserved</code>") == 999 and "<polyline" in page
+    assert page.count("<code>budget.reserved</code>") == 49 and "<polyline" not in page  # odd seqs 3–99
+    assert f'hx-get="/tasks/{large.pk}/trace/budget/"' in page and "page 1 of 20" in page
+    assert "<polyline" in client.get(f"/tasks/{large.pk}/trace/budget/").content.decode()
 
 
 def test_the_trace_exports_as_json_and_only_to_its_tenants_admin(client, completed, admin_user, requester,
@@ -210,3 +216,43 @@ def test_admin_pages_are_full_pages_or_htmx_fragments_and_vary_on_hx_request(cli
     assert "<html" in full.content.decode() and "<html" in restore.content.decode()
     body = fragment.content.decode()
     assert "<html" not in body and "<h1>" in body
+
+
+def test_the_pages_of_a_long_trace_show_every_event_once_in_order_with_its_phase(client, admin_user, requester,
+                                                                                device):
+    import re
+
+    task = _task_with_events(requester, device, 250)
+    client.force_login(admin_user)
+    seen, starts = [], []
+    for number in (1, 2, 3):
+        resp = client.get(f"/tasks/{task.pk}/trace/", {"page": number}, HTTP_HX_REQUEST="true",
+                          HTTP_HX_TARGET="events")
+        body = resp.content.decode()
+        assert resp.status_code == 200 and body.startswith('<section id="events">') and "<h1>" not in body
+        assert f"page {number} of 3" in body
+        seen += [int(s) for s in re.findall(r'<tr(?: class="phase-start")?><td>(\d+)</td>', body)]
+        starts += re.findall(r'class="phase-start"><td>(\d+)</td><td><strong>([^<]+)</strong>', body)
+    assert seen == list(range(1, 251))
+    # the phase carries across page boundaries: "request" starts at 1, "evidence and device" at 2, and
+    # the budget rows after them never start a phase of their own, on any page
+    assert starts == [("1", "request"), ("2", "evidence and device")]
+    # anything that is not a page number is the first page, a number past the end the last
+    assert "events 1–100" in client.get(f"/tasks/{task.pk}/trace/", {"page": "x'; DROP"}).content.decode()
+    assert "events 201–250" in client.get(f"/tasks/{task.pk}/trace/", {"page": 99}).content.decode()
+    # without htmx the pager's links are plain links to full pages
+    full = client.get(f"/tasks/{task.pk}/trace/", {"page": 2}).content.decode()
+    assert "<h1>" in full and 'href="?page=3"' in full and 'href="?page=1"' in full
+
+
+def test_the_cost_chart_of_a_trace_is_for_its_tenants_admin_only(client, completed, admin_user, requester,
+                                                                 other_tenant_user):
+    client.force_login(admin_user)
+    full = client.get(f"/tasks/{completed.pk}/trace/budget/")
+    fragment = client.get(f"/tasks/{completed.pk}/trace/budget/", HTTP_HX_REQUEST="true")
+    assert full.status_code == 200 and "<h1>" in full.content.decode() and "<polyline" in full.content.decode()
+    assert fragment.status_code == 200 and "<h1>" not in fragment.content.decode()
+    assert 'aria-label="Cost units over the events: used, and used + reserved"' in fragment.content.decode()
+    for user in (requester, other_tenant_user):
+        client.force_login(user)
+        assert client.get(f"/tasks/{completed.pk}/trace/budget/").status_code == 404
