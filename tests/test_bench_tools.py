@@ -4,6 +4,9 @@ test)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 from http.server import ThreadingHTTPServer
 
@@ -116,3 +119,35 @@ def test_the_retrieval_bench_loads_chunks_the_products_own_selectors_retrieve():
         assert with_the_word  # the seeded draw uses every sentence among 12 chunks
         found = text_candidates(cur, tenant_id=tenant.pk, scopes=FILTERS["all"], query="thermistor", limit=50)
         assert set(found) == with_the_word
+
+
+def test_cpu_tree_seconds_counts_a_busy_child_and_the_children_it_reaped():
+    import subprocess
+    import sys
+    import time
+
+    from tools.bench.harness import _process_tree, cpu_tree_seconds
+
+    # a parent that runs one busy child to its end (reaped: counted in the parent's cutime), then
+    # starts a second busy child and waits on it (alive: counted from its own stat)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+    script = (f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}])\n"
+              f"p = subprocess.Popen([sys.executable, '-c', {burn!r} + 'import time; time.sleep(30)'])\n"
+              "p.wait()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script])  # noqa: S603
+    try:
+        deadline = time.monotonic() + 30
+        seconds = 0.0
+        while time.monotonic() < deadline:
+            seconds = cpu_tree_seconds(parent.pid)
+            if seconds >= 0.8:
+                break
+            time.sleep(0.1)
+        assert seconds >= 0.8  # both children's 0.4 s of CPU, the first one already gone
+        assert cpu_tree_seconds(parent.pid) < 10  # and not wildly more (no double counting of ticks)
+    finally:
+        for pid in reversed(_process_tree(parent.pid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        parent.wait(10)
+    assert cpu_tree_seconds(parent.pid) == 0.0  # a reaped process has no stat to read

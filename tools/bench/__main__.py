@@ -180,6 +180,11 @@ def _summary(bench) -> None:
             f"p95 {v(e + 'latency_p95'):.2f} s (alone {v(e + 'unloaded_latency_p50') or 0:.2f} s), "
             f"{v(e + 'commits_per_task'):.1f} commits/task, {ratio(e + 'ratio_to_floor')} of floor, "
             f"{ratio(e + 'ratio_to_ceiling')} of ceiling")
+        roles = [k.removeprefix(e + "cpu_ms_per_task.") for k in bench.figures
+                 if k.startswith(e + "cpu_ms_per_task.") and not k.endswith(".total")]
+        if roles:
+            lines.append(f"            CPU per task {v(e + 'cpu_ms_per_task.total'):.1f} ms: "
+                         + ", ".join(f"{role} {v(e + 'cpu_ms_per_task.' + role):.1f}" for role in roles))
     if v("outbox.messages_per_s"):
         lines.append(f"  outbox    {v('outbox.messages_per_s'):,.1f} messages/s, "
                      f"{v('outbox.commits_per_message'):.2f} commits/message, {ratio('outbox.ratio_to_ceiling')} "

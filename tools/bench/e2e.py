@@ -76,6 +76,10 @@ def wait_terminal(conn, ids: list[str], *, timeout: float, alive=None) -> int:
     return done
 
 
+#: the process roles whose CPU the run measures (with ``postgres``, the database server)
+ROLES = ("web", "worker", "beat", "refservice")
+
+
 def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) -> dict:
     """One end-to-end run with a worker node of ``workers`` processes; returns its figures. With
     ``profile``, py-spy samples the worker processes during the measured part
@@ -104,10 +108,12 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
             sampler = Sampler(bench.procs["worker"].pid, BENCH_DIR / f"profile-e2e-{workers}w.txt")
         wal = WalCommits(conn)
         wal.start()
+        cpu_before = bench.cpu_seconds(ROLES)
         started = time.time()
         ids = submit_all(base, seeded.users["requester"], seeded.devices[:n], n, prefix=f"e2e-{workers}")
         submitted = time.time() - started
         done = wait_terminal(conn, ids, timeout=max(300, n * 2), alive=alive)
+        cpu_after = bench.cpu_seconds(ROLES)
         commits, _ = wal.stop()
         if sampler is not None:
             sampler.stop()
@@ -147,6 +153,9 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         "tasks_per_s": n / (last - first), "wall_seconds": last - first,
         "p50_s": percentile(latencies, 50), "p95_s": percentile(latencies, 95),
         "commits_per_task": commits / n,
+        # CPU per role over the measured part (submission to the last task's end), per task
+        "cpu_ms_per_task": {role: (cpu_after[role] - cpu_before[role]) * 1000 / n
+                            for role in cpu_after if role in cpu_before},
         "unloaded_p50_s": percentile(unloaded, 50), "unloaded_max_s": max(unloaded, default=float("nan")),
     }
 
@@ -171,6 +180,13 @@ def run(bench: Bench, *, n: int = 500, worker_counts=(1, 2, 4), profile: bool = 
                          f"(max {r['unloaded_max_s']:.2f} s)")
             bench.figure(f"{key}.commits_per_task", r["commits_per_task"], "commits",
                          "commit records in the WAL per task: web + workers + beat")
+            cpu = r["cpu_ms_per_task"]
+            for role, ms in cpu.items():
+                bench.figure(f"{key}.cpu_ms_per_task.{role}", ms, "ms",
+                             "CPU (user + system) of the role's processes per task, submission to the last end"
+                             if role == "web" else "")
+            bench.figure(f"{key}.cpu_ms_per_task.total", sum(cpu.values()), "ms",
+                         " + ".join(f"{role} {ms:.1f}" for role, ms in cpu.items()) + "; the load generator aside")
             if floor:
                 bench.figure(f"{key}.ratio_to_floor", r["tasks_per_s"] / floor, "", "tasks/s ÷ floor flows/s")
             if ceiling:

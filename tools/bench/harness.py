@@ -53,6 +53,19 @@ def percentile(values, q: float) -> float:
 def rss_tree_peak_mb(pid: int) -> tuple[float, float]:
     """``(largest, sum)`` of the peak resident set (``VmHWM``, MiB) over ``pid`` and its living
     descendants, read from ``/proc``. A process that already exited counts nothing."""
+    peaks = []
+    for p in _process_tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks.append(int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return (max(peaks, default=0.0), sum(peaks))
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its living descendants, from ``/proc``."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -63,18 +76,38 @@ def rss_tree_peak_mb(pid: int) -> tuple[float, float]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
-    peaks = []
-    todo = [pid]
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
         todo.extend(children.get(p, []))
+    return out
+
+
+def cpu_tree_seconds(pid: int) -> float:
+    """CPU seconds (user + system) spent so far by ``pid``, its living descendants, and the
+    descendants that exited and were reaped (``cutime``/``cstime`` of their parents), from
+    ``/proc/<pid>/stat``; 0.0 when ``pid`` is gone. The difference of two readings is the CPU a
+    process role used in between (a Celery pool child or a PostgreSQL backend that ended in between
+    is counted by its parent)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in _process_tree(pid):
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peaks.append(int(line.split()[1]) / 1024)
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-    return (max(peaks, default=0.0), sum(peaks))
+        # after the command: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14)
+        total += sum(int(f) for f in fields[11:15])
+    return total / tick
+
+
+def postgres_pid() -> int | None:
+    """The embedded PostgreSQL's postmaster pid (``postmaster.pid``'s first line), or None."""
+    try:
+        return int((embedded.PGDATA / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Bench:
@@ -141,6 +174,17 @@ class Bench:
         largest, _ = rss_tree_peak_mb(proc.pid)
         self.peaks[role] = max(self.peaks.get(role, 0.0), largest)
         return largest
+
+    def cpu_seconds(self, names) -> dict[str, float]:
+        """``{role: CPU seconds so far}`` (:func:`cpu_tree_seconds`) for each running process of
+        ``names`` (``web``, ``worker``, ``beat``, ``refservice`` …) and ``postgres`` (the embedded
+        server, all its backends)."""
+        out = {name: cpu_tree_seconds(self.procs[name].pid) for name in names
+               if name in self.procs and self.procs[name].poll() is None}
+        pg = postgres_pid()
+        if pg is not None:
+            out["postgres"] = cpu_tree_seconds(pg)
+        return out
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         """Stop process ``name`` and its children (SIGTERM, then SIGKILL after 20 s)."""
