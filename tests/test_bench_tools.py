@@ -151,3 +151,32 @@ def test_cpu_tree_seconds_counts_a_busy_child_and_the_children_it_reaped():
                 os.kill(pid, signal.SIGKILL)
         parent.wait(10)
     assert cpu_tree_seconds(parent.pid) == 0.0  # a reaped process has no stat to read
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sql_statements_counts_other_sessions_statements_and_not_its_own():
+    import psycopg
+
+    from tools.bench.harness import SqlStatements
+
+    params = {k: v for k, v in connection.get_connection_params().items()
+              if k in ("dbname", "user", "password", "host", "port")}
+    watcher = psycopg.connect(autocommit=True, **params)
+    other = psycopg.connect(**params)  # opened before counting starts: it must pick up the setting too
+    try:
+        counter = SqlStatements(watcher)
+        counter.start()
+        for _ in range(3):
+            watcher.execute("SELECT 1")  # the counter's own connection: not counted
+        with other.transaction():
+            for n in range(4):
+                other.execute("SELECT %s::int", [n])
+        statements, control = counter.stop()
+        assert statements == 4
+        assert control >= 2  # BEGIN and COMMIT of the transaction
+        with watcher.cursor() as cur:  # switched off again: no longer in the server's configuration
+            cur.execute("SELECT count(*) FROM pg_file_settings WHERE name = 'log_statement'")
+            assert cur.fetchone()[0] == 0
+    finally:
+        other.close()
+        watcher.close()

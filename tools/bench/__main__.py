@@ -183,7 +183,8 @@ def _summary(bench) -> None:
         roles = [k.removeprefix(e + "cpu_ms_per_task.") for k in bench.figures
                  if k.startswith(e + "cpu_ms_per_task.") and not k.endswith(".total")]
         if roles:
-            lines.append(f"            CPU per task {v(e + 'cpu_ms_per_task.total'):.1f} ms: "
+            lines.append(f"            {v(e + 'sql_statements_per_task') or 0:.0f} SQL statements/task (alone); "
+                         f"CPU per task {v(e + 'cpu_ms_per_task.total'):.1f} ms: "
                          + ", ".join(f"{role} {v(e + 'cpu_ms_per_task.' + role):.1f}" for role in roles))
     if v("outbox.messages_per_s"):
         lines.append(f"  outbox    {v('outbox.messages_per_s'):,.1f} messages/s, "

@@ -15,7 +15,16 @@ import time
 import psycopg
 
 from config import embedded
-from tools.bench.harness import BENCH_DIR, DATABASE, REDIS_DB, Bench, WalCommits, percentile, session_client
+from tools.bench.harness import (
+    BENCH_DIR,
+    DATABASE,
+    REDIS_DB,
+    Bench,
+    SqlStatements,
+    WalCommits,
+    percentile,
+    session_client,
+)
 from tools.bench.seed import SYMPTOMS, tenant_seed
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -118,11 +127,17 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         if sampler is not None:
             sampler.stop()
         # Service latency without a queue: a few reports one at a time, each after the last ended.
+        # SQL statements per task are counted here, where logging each one slows nothing measured.
         alone = []
-        for i in range(UNLOADED if done == n else 0):
-            alone += submit_all(base, seeded.users["requester"], [seeded.devices[n + 2 * workers + i]], 1,
-                                prefix=f"alone-{workers}-{i}", threads=1)
-            wait_terminal(conn, alone[-1:], timeout=60)
+        sql = SqlStatements(conn)
+        sql.start()
+        try:
+            for i in range(UNLOADED if done == n else 0):
+                alone += submit_all(base, seeded.users["requester"], [seeded.devices[n + 2 * workers + i]], 1,
+                                    prefix=f"alone-{workers}-{i}", threads=1)
+                wait_terminal(conn, alone[-1:], timeout=60)
+        finally:
+            statements, control = sql.stop()
         bench.note_peak("worker", "worker")
         bench.note_peak("web", "web")
     finally:
@@ -154,6 +169,8 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         "p50_s": percentile(latencies, 50), "p95_s": percentile(latencies, 95),
         "commits_per_task": commits / n,
         # CPU per role over the measured part (submission to the last task's end), per task
+        "sql_per_task": statements / len(alone) if alone else float("nan"),
+        "sql_control_per_task": control / len(alone) if alone else float("nan"),
         "cpu_ms_per_task": {role: (cpu_after[role] - cpu_before[role]) * 1000 / n
                             for role in cpu_after if role in cpu_before},
         "unloaded_p50_s": percentile(unloaded, 50), "unloaded_max_s": max(unloaded, default=float("nan")),
@@ -180,6 +197,10 @@ def run(bench: Bench, *, n: int = 500, worker_counts=(1, 2, 4), profile: bool = 
                          f"(max {r['unloaded_max_s']:.2f} s)")
             bench.figure(f"{key}.commits_per_task", r["commits_per_task"], "commits",
                          "commit records in the WAL per task: web + workers + beat")
+            bench.figure(f"{key}.sql_statements_per_task", r["sql_per_task"], "statements",
+                         f"SQL statements the server ran per task for the {UNLOADED} reports sent one at a time "
+                         f"(web + workers + beat), plus {r['sql_control_per_task']:.1f} BEGIN/COMMIT/SAVEPOINT/"
+                         "RELEASE/ROLLBACK")
             cpu = r["cpu_ms_per_task"]
             for role, ms in cpu.items():
                 bench.figure(f"{key}.cpu_ms_per_task.{role}", ms, "ms",

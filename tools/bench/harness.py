@@ -8,6 +8,7 @@ value for ``var/bench/*.json``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -319,3 +320,53 @@ def session_client(base: str, username: str, *, timeout: float = 60) -> httpx.Cl
     client.headers["X-CSRFToken"] = client.cookies.get("csrftoken")
     client.headers["Referer"] = f"{base}/"
     return client
+
+
+class SqlStatements:
+    """Counts the SQL statements the whole server executes between :meth:`start` and :meth:`stop`,
+    the bench's own connection ``conn`` aside: ``log_statement = 'all'`` is switched on for every
+    session with ``ALTER SYSTEM`` and a configuration reload (sessions already open pick it up at
+    their next command), and the embedded server's log (``var/pgdata/log``) is read from where it
+    stood. A statement is a ``statement:`` or ``execute …:`` line (simple and extended protocol);
+    ``BEGIN``/``COMMIT``/``ROLLBACK``/``SAVEPOINT``/``RELEASE`` are counted apart. Logging every
+    statement slows the server, so measure a quiet part of a run (the reports sent one at a time),
+    not the throughput."""
+
+    _LINE = re.compile(r"\[(\d+)\] LOG:  (?:statement|execute [^:]*): (\w+)")
+    _CONTROL = frozenset({"BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "START"})
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.log = embedded.PGDATA / "log"
+        self.offset = 0
+
+    def _set(self, sql: str) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute(sql)
+            cur.execute("SELECT pg_reload_conf()")
+
+    def start(self) -> None:
+        self.offset = self.log.stat().st_size if self.log.exists() else 0
+        self._set("ALTER SYSTEM SET log_statement = 'all'")
+        time.sleep(0.5)  # the postmaster signals the backends; each re-reads at its next command
+
+    def stop(self) -> tuple[int, int]:
+        """``(statements, transaction-control statements)`` since :meth:`start`; switches
+        statement logging off again."""
+        try:
+            time.sleep(0.2)
+        finally:
+            self._set("ALTER SYSTEM RESET log_statement")
+        own = str(self.conn.info.backend_pid)
+        statements = control = 0
+        with open(self.log, "rb") as f:
+            f.seek(self.offset)
+            for raw in f:
+                m = self._LINE.search(raw.decode("utf-8", "replace"))
+                if m is None or m.group(1) == own:
+                    continue
+                if m.group(2).upper() in self._CONTROL:
+                    control += 1
+                else:
+                    statements += 1
+        return statements, control
