@@ -101,6 +101,21 @@ def account_broken(account: dict) -> bool:
     return account["reserved"] < 0 or admission_refusal(account, 0) is not None
 
 
+def copy_state(value):
+    """A deep copy of a JSON-shaped ``value`` (dicts, lists, strings — statuses included —,
+    numbers, booleans, None), as :func:`copy.deepcopy` makes it but without its memo: about twice
+    as fast on a task's state, which δ copies at every event. Shared sub-objects come out as
+    separate copies, as they would after the state's JSON round trip through the database. Any
+    other type is handed to :func:`copy.deepcopy`."""
+    if type(value) is dict:
+        return {k: copy_state(v) for k, v in value.items()}
+    if type(value) is list:
+        return [copy_state(v) for v in value]
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return copy.deepcopy(value)
+
+
 def reduce_with(transitions: dict, state: dict, event_type: str, payload: dict) -> dict:
     """δ over the state table ``transitions`` (event type -> (legal statuses, handler)): the shared
     body of every reducer version. Raises :class:`IllegalTransition`."""
@@ -113,7 +128,7 @@ def reduce_with(transitions: dict, state: dict, event_type: str, payload: dict) 
         if status in TERMINAL:
             raise IllegalTransition(status, event_type, "task is terminal")
         raise IllegalTransition(status, event_type, f"not legal in {status}")
-    nxt = copy.deepcopy(state)
+    nxt = copy_state(state)
     handler(nxt, payload)
     b = nxt["budget"]
     if account_broken(b):
