@@ -95,3 +95,68 @@ def test_a_wide_scope_uses_the_index(tenant, monkeypatch):
     q = np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
     ids, strategy = _search(tenant, ["public"], q, 5)
     assert strategy == "hnsw" and len(ids) == 5
+
+
+_FULL_COVER_DENSITY_SQL = """
+WITH q AS (SELECT to_tsquery('english', replace(plainto_tsquery('english', %(qtext)s)::text, '&', '|')) AS tsq)
+SELECT c.id FROM evidence_chunk c, q WHERE c.tenant_id = %(tenant)s AND c.search_vector @@ q.tsq
+ORDER BY ts_rank_cd(c.search_vector, q.tsq) DESC, c.id
+"""
+
+
+def _text_corpus(tenant, texts: list[str]) -> None:
+    doc = Document.objects.create(tenant=tenant, source="public/text.md", title="text", scope="public",
+                                  current_version=1)
+    version = DocumentVersion.objects.create(document=doc, version=1, content_digest="x", content="x")
+    Chunk.objects.bulk_create([
+        Chunk(document_version=version, tenant=tenant, scope="public", ordinal=i, section="", start_offset=0,
+              end_offset=len(t), text=t, content_digest=str(i)) for i, t in enumerate(texts)])
+    with connection.cursor() as cur:
+        cur.execute("UPDATE evidence_chunk SET search_vector = to_tsvector('english', text) WHERE tenant_id = %s",
+                    [tenant.pk])
+
+
+TEXTS = [
+    "paper jam in tray 2; open the tray and remove the paper",  # dense: the words close together
+    "paper " + "filler " * 30 + "jam",  # the same words far apart: lower cover density
+    "tray 2 holds the paper",
+    "jam jam jam",
+    "the toner is low",  # no match
+    "paper paper tray tray jam jam",
+    "replace the paper",
+]
+
+
+def test_full_text_order_is_cover_density_over_every_match_when_there_are_few(tenant):
+    _text_corpus(tenant, TEXTS)
+    query = "paper jam tray 2"
+    with connection.cursor() as cur:
+        cur.execute(_FULL_COVER_DENSITY_SQL, {"qtext": query, "tenant": tenant.pk})
+        full = [r[0] for r in cur.fetchall()]
+        got = selectors.text_candidates(cur, tenant_id=tenant.pk, scopes=["public"], query=query, limit=50)
+    assert len(full) == 6 and got == full
+
+
+#: five matches whose cover-density order (0, 4, 1, 3, 2) differs from their ts_rank order (4, 1, 3, 0, 2)
+SPREAD = ["jam jam tray tray jam tray more other tray other tray other filler jam",
+          "tray more more more more jam more paper filler paper paper",
+          "more jam",
+          "jam other other jam tray paper",
+          "paper paper paper tray jam more tray jam jam"]
+
+
+def test_many_matches_are_preselected_by_rank_then_ordered_by_cover_density(tenant, monkeypatch):
+    _text_corpus(tenant, SPREAD)
+    ids = list(Chunk.objects.filter(tenant=tenant).order_by("ordinal").values_list("pk", flat=True))
+    monkeypatch.setattr(selectors, "TEXT_PRESELECT", 2)
+    query = "paper jam tray"
+    with connection.cursor() as cur:
+        cur.execute(_FULL_COVER_DENSITY_SQL, {"qtext": query, "tenant": tenant.pk})
+        assert [r[0] for r in cur.fetchall()] == [ids[0], ids[4], ids[1], ids[3], ids[2]]
+        got = selectors.text_candidates(cur, tenant_id=tenant.pk, scopes=["public"], query=query, limit=2)
+        more = selectors.text_candidates(cur, tenant_id=tenant.pk, scopes=["public"], query=query, limit=5)
+    # the two best by ts_rank (4 and 1), in cover-density order: 0 ranks first by cover density but is
+    # not among them
+    assert got == [ids[4], ids[1]]
+    # a limit above the pre-selection widens it: every match, in cover-density order
+    assert more == [ids[0], ids[4], ids[1], ids[3], ids[2]]
