@@ -128,16 +128,17 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
             sampler.stop()
         # Service latency without a queue: a few reports one at a time, each after the last ended.
         # SQL statements per task are counted here, where logging each one slows nothing measured.
-        alone = []
-        sql = SqlStatements(conn)
-        sql.start()
-        try:
-            for i in range(UNLOADED if done == n else 0):
-                alone += submit_all(base, seeded.users["requester"], [seeded.devices[n + 2 * workers + i]], 1,
-                                    prefix=f"alone-{workers}-{i}", threads=1)
-                wait_terminal(conn, alone[-1:], timeout=60)
-        finally:
-            statements, control = sql.stop()
+        alone, statements, control = [], 0, 0
+        if done == n:  # a run that fell short stops below; nothing more to measure
+            sql = SqlStatements(conn)
+            sql.start()
+            try:
+                for i in range(UNLOADED):
+                    alone += submit_all(base, seeded.users["requester"], [seeded.devices[n + 2 * workers + i]], 1,
+                                        prefix=f"alone-{workers}-{i}", threads=1)
+                    wait_terminal(conn, alone[-1:], timeout=60)
+            finally:
+                statements, control = sql.stop()
         bench.note_peak("worker", "worker")
         bench.note_peak("web", "web")
     finally:
