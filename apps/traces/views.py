@@ -14,10 +14,11 @@ from django.views.decorators.http import require_GET
 from apps.accounts.pages import page_admin
 from apps.actions.models import Action
 from apps.core.pages import is_fragment_request, render_page
-from apps.events.models import RefusedEvent, TaskEvent
+from apps.events.models import RefusedEvent
 from apps.tasks.selectors import (
     SENSITIVE_EVENTS,
     payload_shown,
+    task_events,
     task_events_for_viewer,
     task_events_page,
     task_get,
@@ -117,7 +118,7 @@ def _budget_chart(p, task) -> str:
     payloads as they are: only the ledger's figures leave this function, never a payload."""
     from apps.traces.charts import line_chart
 
-    events = TaskEvent.objects.visible_to(p).filter(task_id=task.pk).order_by("seq").only("seq", "type", "payload")
+    events = task_events(principal=p, task=task).only("seq", "type", "payload")
     return line_chart(budget_series(task, events), total=task.budget_total, title=BUDGET_CHART_TITLE)
 
 
@@ -133,8 +134,8 @@ def task_trace(request, task_id):
                                     per_page=EVENTS_PER_PAGE)
     previous = None
     if events and events[0].seq > 1:
-        before = (TaskEvent.objects.visible_to(p).filter(task_id=task.pk, seq__lt=events[0].seq)
-                  .exclude(type__in=BUDGET_EVENTS).order_by("-seq").values_list("type", flat=True).first())
+        before = (task_events(principal=p, task=task).filter(seq__lt=events[0].seq).exclude(type__in=BUDGET_EVENTS)
+                  .order_by("-seq").values_list("type", flat=True).first())
         previous = PHASES.get(before, "other") if before else None
     _mark_phases(events, previous)
     ctx = {"task": task, "events": events, "page": page, **_extras(p, task)}

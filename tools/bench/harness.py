@@ -353,10 +353,8 @@ class SqlStatements:
     def stop(self) -> tuple[int, int]:
         """``(statements, transaction-control statements)`` since :meth:`start`; switches
         statement logging off again."""
-        try:
-            time.sleep(0.2)
-        finally:
-            self._set("ALTER SYSTEM RESET log_statement")
+        time.sleep(0.2)  # the last statements reach the log
+        self._set("ALTER SYSTEM RESET log_statement")
         own = str(self.conn.info.backend_pid)
         statements = control = 0
         with open(self.log, "rb") as f:
