@@ -169,7 +169,7 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         "tasks_per_s": n / (last - first), "wall_seconds": last - first,
         "p50_s": percentile(latencies, 50), "p95_s": percentile(latencies, 95),
         "commits_per_task": commits / n,
-        # CPU per role over the measured part (submission to the last task's end), per task
+        # SQL per task over the reports sent alone; CPU per role over the measured part, per task
         "sql_per_task": statements / len(alone) if alone else float("nan"),
         "sql_control_per_task": control / len(alone) if alone else float("nan"),
         "cpu_ms_per_task": {role: (cpu_after[role] - cpu_before[role]) * 1000 / n
