@@ -24,11 +24,13 @@ still undelivered. The reconciler of unknown outcomes is :mod:`apps.outbox.unkno
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from apps.accounts.principal import principal_current
@@ -45,6 +47,7 @@ from apps.outbox.settlement import (
     finish_not_sent,
     kick_agent,
     receipt_record,
+    receipts_record_batch,
     settle_not_executed,
     still_ours,
 )
@@ -79,25 +82,214 @@ def outbox_claim_batch(*, owner: str, limit: int, now=None) -> list[OutboxMessag
             .filter(~Exists(older_open))
             .order_by("created_at")[:limit]
         )
+        if rows:
+            # One statement for the batch; the rows are locked, so each token is its old one + 1.
+            OutboxMessage.objects.filter(pk__in=[row.pk for row in rows]).update(
+                status=OutboxStatus.IN_FLIGHT, lease_owner=owner, lease_expires_at=now + lease,
+                lease_generation=F("lease_generation") + 1)
         for row in rows:
             row.status = OutboxStatus.IN_FLIGHT
             row.lease_owner = owner
             row.lease_expires_at = now + lease
             row.lease_generation += 1
-            row.save(update_fields=["status", "lease_owner", "lease_expires_at", "lease_generation"])
     return rows
 
 
 def outbox_dispatch_batch(*, limit: int | None = None) -> int:
-    """Claim and deliver one batch. Returns how many rows were processed."""
+    """Claim and deliver one batch (DESIGN.md §6, "Batched delivery"). Returns how many rows were
+    processed.
+
+    The rows that pass re-authorization at once (:func:`preflight` says ``"send"``) go together:
+    their attempt rows are committed in one transaction before any request leaves, the requests
+    are sent concurrently (at most ``FAULTDESK["OUTBOX_SEND_CONCURRENCY"]`` at a time; a claim
+    never holds two rows of one ordering key, so per-ticket order holds), and the receipts are
+    recorded together (:func:`~apps.outbox.settlement.receipts_record_batch`). Every other row —
+    not authorized any more, a ticket system without idempotency, an error answer — takes the
+    one-row path (:func:`outbox_deliver`, :func:`_record_error`)."""
     owner = worker_identity()
     rows = outbox_claim_batch(owner=owner, limit=limit or settings.FAULTDESK["OUTBOX_BATCH"])
-    for row in rows:
+    if not rows:
+        return 0
+    tokens = {row.pk: row.lease_generation for row in rows}
+    messages = list(OutboxMessage.objects.select_related("action", "action__approval")
+                    .filter(pk__in=list(tokens)).order_by("created_at"))
+    tasks = Task.objects.select_related("tenant").in_bulk({m.action.task_id for m in messages})
+    principals: dict[tuple, object] = {}
+
+    def requester_of(user_id, tenant_id):
+        key = (user_id, tenant_id)
+        if key not in principals:
+            principals[key] = principal_current(user_id=user_id, tenant_id=tenant_id)
+        return principals[key]
+
+    now = timezone.now()
+    ready, one_by_one = [], []
+    for message in messages:
+        # A row whose lease passed on since the claim (it went past its lease while this batch
+        # waited) is fenced out below, when its attempt row is written.
+        message.lease_generation = tokens[message.pk]
         try:
-            outbox_deliver(message_id=row.pk, fencing_token=row.lease_generation, owner=owner)
+            check = preflight(message, message.action, tasks[message.action.task_id], now=now,
+                              requester_of=requester_of)
         except Exception:  # noqa: BLE001 - one bad row must not stop the batch; its lease expires
-            log.exception("delivering outbox message %s failed", row.pk)
+            log.exception("re-authorizing outbox message %s failed", message.pk)
+            continue
+        (ready if check.kind == "send" else one_by_one).append((message, check))
+    for message, _ in one_by_one:
+        try:
+            outbox_deliver(message_id=message.pk, fencing_token=tokens[message.pk], owner=owner)
+        except Exception:  # noqa: BLE001 - one bad row must not stop the batch; its lease expires
+            log.exception("delivering outbox message %s failed", message.pk)
+    if ready:
+        _deliver_together(ready, tasks, owner)
     return len(rows)
+
+
+@dataclass
+class _Send:
+    """One row of a batch on its way out: the claimed row, its action and task, the attempt row
+    written for it, the parameters to send, and what came back (a receipt or a ToolError)."""
+
+    message: OutboxMessage
+    action: Action
+    task: Task
+    params: dict
+    attempt: ActionAttempt | None = None
+    receipt: object = None
+    error: errors.ToolError | None = None
+
+
+def _attempts_open(sends: list[_Send], owner: str) -> list[_Send]:
+    """Step 3 for a batch: in one transaction, lock the rows still held at their fencing tokens,
+    write one attempt row per such row and count it on the row. Returns the sends that may go
+    out (a row another dispatcher re-claimed is dropped: the new holder owns it)."""
+    if not sends:
+        return []
+    fence = Q()
+    for send in sends:
+        fence |= Q(pk=send.message.pk, lease_generation=send.message.lease_generation)
+    with transaction.atomic():
+        held = set(OutboxMessage.objects.select_for_update().filter(fence).values_list("pk", flat=True))
+        kept = [send for send in sends if send.message.pk in held]
+        if not kept:
+            return []
+        counts = dict(ActionAttempt.objects.filter(action_id__in=[s.action.pk for s in kept])
+                      .values("action_id").annotate(n=Count("id")).values_list("action_id", "n"))
+        started = timezone.now()
+        for send in kept:
+            number = counts.get(send.action.pk, 0) + 1
+            send.attempt = ActionAttempt(action=send.action, number=number,
+                                         fencing_token=send.message.lease_generation, started_at=started,
+                                         worker=owner)
+            send.message.attempts = number
+        ActionAttempt.objects.bulk_create([send.attempt for send in kept])
+        OutboxMessage.objects.bulk_update([send.message for send in kept], ["attempts"])
+    return kept
+
+
+def _send_one(send: _Send) -> None:
+    """Step 4 for one row of a batch (run on a sender thread; touches no database): the request
+    with the action's stable idempotency key, its timeout bounded by the task's deadline. Stores
+    the receipt or the ToolError on ``send``."""
+    action, task = send.action, send.task
+    remaining = (action_deadline(action, task) - timezone.now()).total_seconds() - 2.0
+    timeout = max(0.5, min(tool_get(action.tool).deadline_seconds, remaining))
+    failpoint("before_send")
+    try:
+        send.receipt = connector_for(action.tool, action.connector).execute(
+            tool=action.tool, idempotency_key=action.idempotency_key,
+            fencing_token=send.message.lease_generation, params=send.params, timeout=timeout,
+        )
+    except errors.ToolError as exc:
+        send.error = exc
+        return
+    failpoint("after_send")
+
+
+def _deliver_together(ready: list, tasks: dict, owner: str) -> None:
+    """Attempt rows, concurrent sends and settlement of the rows of a batch that may be sent now
+    (see :func:`outbox_dispatch_batch`)."""
+    sends = _attempts_open([_Send(message=m, action=m.action, task=tasks[m.action.task_id], params=c.params)
+                            for m, c in ready], owner)
+    if not sends:
+        return
+    width = max(1, min(len(sends), settings.FAULTDESK["OUTBOX_SEND_CONCURRENCY"]))
+    if width == 1:
+        for send in sends:
+            _guarded_send(send)
+    else:
+        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="outbox-send") as pool:
+            list(pool.map(_guarded_send, sends))
+    actor = f"dispatcher:{owner}"
+    receipts_record_batch([(s.action.pk, s.attempt.pk, s.receipt) for s in sends if s.receipt is not None],
+                          actor=actor)
+    for send in sends:
+        if send.error is None:
+            continue
+        bind(tenant_id=send.action.tenant_id, task_id=send.action.task_id, action_id=send.action.pk,
+             outbox_id=send.message.pk, fencing_token=send.message.lease_generation, attempt=send.attempt.number,
+             step="dispatch")
+        try:
+            _record_error(send.message, send.action, send.attempt, send.task, send.error,
+                          send.message.lease_generation, owner)
+        except Exception:  # noqa: BLE001 - one bad row must not stop the batch; its lease expires
+            log.exception("recording the outcome of outbox message %s failed", send.message.pk)
+
+
+def _guarded_send(send: _Send) -> None:
+    """:func:`_send_one`, with an unexpected exception logged: that row's attempt stays in flight
+    and its lease expires (the next claim resends with the same key), as on the one-row path."""
+    try:
+        _send_one(send)
+    except Exception:  # noqa: BLE001
+        log.exception("sending outbox message %s failed", send.message.pk)
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the re-authorization at the moment of dispatch found for one claimed row (spec §16.4
+    TOCTOU; DESIGN.md §7). ``kind`` is ``"send"`` (send ``params`` now), ``"lookup_first"`` (send
+    ``params``, but the ticket system has no idempotency: look the key up first), or why it must
+    not be sent: ``"cancelled"``, ``"requester"``, ``"digest"`` or ``"approval"`` (``reason``
+    says what failed)."""
+
+    kind: str
+    params: dict | None = None
+    reason: str = ""
+
+
+def preflight(message: OutboxMessage, action: Action, task: Task, *, now, requester_of=None) -> Preflight:
+    """Re-authorize ``action`` (of claimed row ``message``, task ``task``) at ``now``: the task not
+    cancelled (a compensation runs on a cancelled task: it is what the cancel asked for, under its
+    own approval), the person the ticket is filed for still an active requester of the tenant,
+    h(a) recomputed from the exact parameters the connector is handed (decoded from the bytes
+    hashed, so a changed parameter is caught even when its stored digest was left as it was), and
+    the approval's binding (h(a), V_o now, expiry, approver's current role).
+
+    ``requester_of(user_id, tenant_id)`` returns the current principal (default
+    :func:`~apps.accounts.principal.principal_current`; a batch passes a per-batch cache). Reads
+    only; writes nothing. Returns a :class:`Preflight`."""
+    requester_of = requester_of or (lambda user_id, tenant_id: principal_current(user_id=user_id,
+                                                                                 tenant_id=tenant_id))
+    cancelled = task.status == reducer.CANCELLED or task.state.get("cancel_requested")
+    if cancelled and action.compensates_id is None:
+        return Preflight("cancelled", reason="cancelled before send")
+    if action.compensates_id is None:
+        requester = requester_of(task.requester_id, task.tenant_id)
+        if requester is None or not requester.is_requester:
+            return Preflight("requester", reason="the requester no longer holds a requester role "
+                                                 "(or the account is deactivated)")
+    params, digest = sendable(tool=action.tool, tool_version=action.tool_version, params=action.params)
+    if action.approval_id is None and digest != action.params_digest:
+        return Preflight("digest", reason="the parameters to send differ from the committed ones "
+                                          "(h(a) recomputed at send)")
+    if action.approval_id is not None:
+        check = approval_check_binding_now(approval=action.approval, action_digest=digest, now=now)
+        if not check.ok:
+            return Preflight("approval", reason=check.reason)
+    if not connector_for(action.tool, action.connector).idempotent_by_key:
+        return Preflight("lookup_first", params=params)
+    return Preflight("send", params=params)
 
 
 def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
@@ -111,72 +303,54 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     bind(tenant_id=action.tenant_id, task_id=action.task_id, action_id=action.pk, outbox_id=message.pk,
          fencing_token=fencing_token, step="dispatch")
 
-    # 2. re-authorize at the moment of dispatch (a compensation runs on a cancelled task: it is
-    #    what the cancel asked for, under its own approval)
+    # 2. re-authorize at the moment of dispatch
     actor = f"dispatcher:{owner}"
-    cancelled = task.status == reducer.CANCELLED or task.state.get("cancel_requested")
-    if cancelled and action.compensates_id is None:
+    check = preflight(message, action, task, now=now)
+    if check.kind == "cancelled":
         settled = settle_not_executed(message, action, fencing_token, actor)
         if settled is not None:
             return settled
         finish_not_sent(message, action, fencing_token, OutboxStatus.CANCELLED, "cancelled before send", actor)
         return "cancelled"
-    # The person the ticket is filed for must still be a requester of the tenant, with an active
-    # account (a compensation, which takes back what was done, goes on regardless).
-    if action.compensates_id is None:
-        requester = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)
-        if requester is None or not requester.is_requester:
-            settled = settle_not_executed(message, action, fencing_token, actor)
-            if settled is not None:
-                return settled
-            finish_not_sent(message, action, fencing_token, OutboxStatus.FAILED,
-                             "the requester no longer holds a requester role (or the account is deactivated)", actor)
-            return "failed"
-    # h(a) recomputed from the exact parameters the connector is handed below (decoded from the
-    # bytes hashed): a changed parameter is caught here even when its stored digest was left as it was.
-    params, digest = sendable(tool=action.tool, tool_version=action.tool_version, params=action.params)
-    if action.approval_id is None and digest != action.params_digest:
-        reason = "the parameters to send differ from the committed ones (h(a) recomputed at send)"
+    if check.kind in ("requester", "digest"):
         settled = settle_not_executed(message, action, fencing_token, actor)
         if settled is not None:
             return settled
-        finish_not_sent(message, action, fencing_token, OutboxStatus.FAILED, reason, actor)
+        finish_not_sent(message, action, fencing_token, OutboxStatus.FAILED, check.reason, actor)
         return "failed"
-    if action.approval_id is not None:
-        check = approval_check_binding_now(approval=action.approval, action_digest=digest, now=now)
-        if not check.ok:
-            # An earlier attempt, sent while the approval still held, may have created the ticket.
-            settled = settle_not_executed(message, action, fencing_token, actor)
-            if settled is not None:
-                return settled
-            with transaction.atomic():
-                if not still_ours(message.pk, fencing_token).exists():
-                    return "lost_lease"
-                approval_invalidate(approval=action.approval, reason=check.reason)
-                Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT,
-                                                           last_error={"reason": check.reason})
-                OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED,
-                                                                   last_error={"reason": check.reason},
-                                                                   lease_owner=None, lease_expires_at=None)
-                applied = append_or_record_refusal(
-                    task_id=task.pk, event_type="approval.invalidated", actor=actor,
-                    payload_fn=lambda t: {"approval_id": str(action.approval_id), "reason": check.reason,
-                                          "action_not_sent": True},
+    if check.kind == "approval":
+        # An earlier attempt, sent while the approval still held, may have created the ticket.
+        settled = settle_not_executed(message, action, fencing_token, actor)
+        if settled is not None:
+            return settled
+        with transaction.atomic():
+            if not still_ours(message.pk, fencing_token).exists():
+                return "lost_lease"
+            approval_invalidate(approval=action.approval, reason=check.reason)
+            Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT,
+                                                       last_error={"reason": check.reason})
+            OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED,
+                                                               last_error={"reason": check.reason},
+                                                               lease_owner=None, lease_expires_at=None)
+            applied = append_or_record_refusal(
+                task_id=task.pk, event_type="approval.invalidated", actor=actor,
+                payload_fn=lambda t: {"approval_id": str(action.approval_id), "reason": check.reason,
+                                      "action_not_sent": True},
+            )
+            if not applied:
+                # Cancelled meanwhile: the task still learns the action was not sent, which
+                # releases its reservation.
+                append_or_record_refusal(
+                    task_id=task.pk, event_type="dispatch.failed", actor=actor,
+                    payload_fn=lambda t: {"action_id": str(action.pk), "error": check.reason,
+                                          "executed": False},
                 )
-                if not applied:
-                    # Cancelled meanwhile: the task still learns the action was not sent, which
-                    # releases its reservation.
-                    append_or_record_refusal(
-                        task_id=task.pk, event_type="dispatch.failed", actor=actor,
-                        payload_fn=lambda t: {"action_id": str(action.pk), "error": check.reason,
-                                              "executed": False},
-                    )
-                kick_agent(task.pk)
-            return "invalidated"
-
-    # A ticket system without idempotency: before any resend, look the key up (after every
-    # unanswered request can no longer take effect) — found is the receipt, never a second ticket.
-    if not connector_for(action.tool, action.connector).idempotent_by_key:
+            kick_agent(task.pk)
+        return "invalidated"
+    params = check.params
+    if check.kind == "lookup_first":
+        # A ticket system without idempotency: before any resend, look the key up (after every
+        # unanswered request can no longer take effect) — found is the receipt, never a second ticket.
         settled = settle_not_executed(message, action, fencing_token, actor)
         if settled is not None:
             return settled

@@ -11,7 +11,7 @@ import random
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -20,7 +20,14 @@ from apps.core import tool_errors as errors
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
-from apps.tasks.store import refused_after_rollback, task_append_with_retry
+from apps.tasks.store import (
+    StaleWrite,
+    refused_after_rollback,
+    task_append_with_retry,
+    task_events_commit,
+    task_events_prepare,
+)
+from apps.tasks.usage import BudgetExceeded
 from apps.tickets.connectors import Receipt, connector_for
 from apps.tickets.models import TicketMirror
 
@@ -191,6 +198,81 @@ def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str,
                                   **({"resolution": resolution} if resolution else {})},
         )
         kick_agent(action.task_id)
+
+
+def receipts_record_batch(items: list[tuple], *, actor: str) -> None:
+    """Record several receipts (``[(action_id, attempt_id, receipt)]``, one per action) as
+    :func:`receipt_record` records one, in one transaction: per action SUCCEEDED with its receipt,
+    its attempt closed, the ticket mirror, the outbox row DELIVERED and the task's
+    ``receipt.recorded`` — all of them or none. An action already SUCCEEDED changes nothing.
+    A receipt that is not a new ticket (a comment, an update), or whose event δ refuses, is
+    left out and recorded after the batch by :func:`receipt_record`; when the batch itself fails
+    (a lost CAS, the tenant's quota) it rolls back whole and each receipt is recorded alone."""
+    if not items:
+        return
+    try:
+        alone = _receipts_record_together(items, actor)
+    except (reducer.IllegalTransition, StaleWrite, BudgetExceeded, DatabaseError) as exc:
+        log.warning("recording %d receipts together failed (%r); recording them one by one", len(items), exc)
+        alone = items
+    for action_id, attempt_id, receipt in alone:
+        receipt_record(action_id=action_id, receipt=receipt, attempt_id=attempt_id, actor=actor)
+
+
+def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
+    """The transaction of :func:`receipts_record_batch`. Returns the items it left out."""
+    now = timezone.now()
+    alone = [item for item in items if item[2].kind != "ticket"]
+    items = [item for item in items if item[2].kind == "ticket"]
+    with transaction.atomic():
+        actions = {a.pk: a for a in Action.objects.select_for_update().filter(pk__in=[i[0] for i in items])
+                   .order_by("pk")}
+        items = [item for item in items if actions[item[0]].status != ActionStatus.SUCCEEDED]
+        if not items:
+            return alone
+
+        def payload_for(action, receipt):
+            return lambda task: {"action_id": str(action.pk), "receipt": receipt.as_dict(),
+                                 "cost": action.reservation, "recorded_at": now.isoformat()}
+
+        prepared, refused = task_events_prepare([
+            (actions[action_id].task_id, "receipt.recorded", payload_for(actions[action_id], receipt), actor)
+            for action_id, _, receipt in items])
+        refused_tasks = {task_id for task_id, *_ in refused}
+        alone += [item for item in items if actions[item[0]].task_id in refused_tasks]
+        items = [item for item in items if actions[item[0]].task_id not in refused_tasks]
+        if not items:
+            return alone
+        ids = [action_id for action_id, _, _ in items]
+        attempt_ids = [attempt_id for _, attempt_id, _ in items if attempt_id is not None]
+        ActionAttempt.objects.filter(pk__in=attempt_ids).update(outcome=AttemptOutcome.RECEIPT, finished_at=now)
+        ActionAttempt.objects.filter(action_id__in=ids, outcome=AttemptOutcome.IN_FLIGHT).exclude(
+            pk__in=attempt_ids).update(outcome=AttemptOutcome.UNKNOWN, finished_at=now,
+                                       error={"detail": "no report from its dispatcher; the action has its receipt"})
+        changed = []
+        for action_id, _, receipt in items:
+            action = actions[action_id]
+            action.status = ActionStatus.SUCCEEDED
+            action.receipt = receipt.as_dict()
+            action.external_id = receipt.external_id
+            action.external_version = receipt.version
+            action.updated_at = now
+            changed.append(action)
+        Action.objects.bulk_update(changed, ["status", "receipt", "external_id", "external_version", "updated_at"])
+        TicketMirror.objects.bulk_create(
+            [TicketMirror(action=actions[action_id], tenant_id=actions[action_id].tenant_id,
+                          connector=receipt.connector, external_id=receipt.external_id,
+                          external_version=receipt.version, status=receipt.status, data=receipt.body)
+             for action_id, _, receipt in items],
+            update_conflicts=True, unique_fields=["action"],
+            update_fields=["tenant", "connector", "external_id", "external_version", "status", "data", "updated_at"])
+        OutboxMessage.objects.filter(action_id__in=ids).update(status=OutboxStatus.DELIVERED, delivered_at=now,
+                                                               lease_owner=None, lease_expires_at=None)
+        keep = {actions[action_id].task_id for action_id in ids}
+        task_events_commit([p for p in prepared if p.task.pk in keep])
+        for task_id in sorted(keep):
+            kick_agent(task_id)
+    return alone
 
 
 BACKOFF_BASE_SECONDS = 1.0

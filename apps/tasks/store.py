@@ -13,14 +13,16 @@ requests when a task is cancelled or ends).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -167,6 +169,127 @@ def task_append_event(
     else:
         failpoint(f"after_commit:{event_type}")
     return task
+
+
+@dataclass
+class PreparedEvent:
+    """One event for one task, reduced in memory and not written yet (:func:`task_events_prepare`):
+    the task as locked and read, the event, and δ's new state."""
+
+    task: Task
+    event_type: str
+    payload: dict
+    actor: str
+    new_state: dict
+
+
+def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], dict], str]]
+                        ) -> tuple[list[PreparedEvent], list[tuple[uuid.UUID, str, dict, str]]]:
+    """The first half of appending one event to each of several tasks in one transaction
+    (DESIGN.md §4; the batched form of :func:`task_append_with_retry`). ``requests`` is
+    ``[(task_id, event_type, payload_fn, actor)]``, each task at most once.
+
+    Inside the caller's transaction: locks the tasks (``SELECT … FOR UPDATE``, in id order, so two
+    batches never deadlock), builds each payload from the freshly read task and applies δ in
+    memory. Writes nothing. Returns ``(prepared, refused)``: ``refused`` lists
+    ``(task_id, event_type, payload, reason)`` for the events δ refuses (and ``payload`` None,
+    reason "no such task", for a task that does not exist); the caller leaves them out of the
+    batch and records them (:func:`task_append_with_retry` does). Raises ``ValueError`` when a task
+    is named twice, ``TransactionManagementError`` outside a transaction."""
+    if not transaction.get_connection().in_atomic_block:
+        raise transaction.TransactionManagementError("task_events_prepare needs the caller's transaction")
+    ids = [r[0] for r in requests]
+    if len(set(ids)) != len(ids):
+        raise ValueError("one event per task in a batch")
+    tasks = {t.pk: t for t in Task.objects.select_for_update().select_related("tenant").filter(pk__in=ids)
+             .order_by("pk")}
+    prepared, refused = [], []
+    for task_id, event_type, payload_fn, actor in requests:
+        task = tasks.get(task_id)
+        if task is None:
+            refused.append((task_id, event_type, None, "no such task"))
+            continue
+        payload = payload_fn(task)
+        try:
+            try:
+                reduce = reducer.reducer_for((task.artifact_bundle or {}).get("reducer"))
+            except reducer.UnknownReducer as exc:
+                raise reducer.IllegalTransition(task.status, event_type, str(exc)) from exc
+            new_state = reduce(task.state, event_type, payload)
+        except reducer.IllegalTransition as exc:
+            refused.append((task_id, event_type, payload, exc.reason))
+            continue
+        prepared.append(PreparedEvent(task=task, event_type=event_type, payload=payload, actor=actor,
+                                      new_state=new_state))
+    return prepared, refused
+
+
+_CAS_MANY_SQL = """
+UPDATE {table} AS t SET version = v.expected + 1, updated_at = %s, status = v.status, state = v.state::jsonb,
+    termination_reason = v.reason, budget_total = v.total, budget_used = v.used, budget_reserved = v.reserved
+FROM (VALUES {rows}) AS v(id, expected, status, state, reason, total, used, reserved)
+WHERE t.id = v.id AND t.version = v.expected
+"""
+_CAS_ROW = "(%s::uuid, %s::integer, %s, %s, %s, %s::integer, %s::integer, %s::integer)"
+
+
+def task_events_commit(prepared: list[PreparedEvent]) -> list[TaskEvent]:
+    """The second half (see :func:`task_events_prepare`), in the same transaction: one CAS
+    ``UPDATE`` for every task (``version = v + 1 WHERE version = v``), one ``INSERT`` for the events,
+    the snapshots due, the tenant's ledger and the registered projections per event — what
+    :func:`task_append_event` does for one. Returns the events, in ``prepared``'s order; the
+    in-memory tasks follow the rows once the transaction commits.
+
+    Raises :class:`StaleWrite` when any CAS lost (the caller's transaction must roll back: none of
+    the batch is applied) and :class:`~apps.tasks.usage.BudgetExceeded` from the ledger."""
+    if not prepared:
+        return []
+    for p in prepared:
+        failpoint(f"before_commit:{p.event_type}")
+    now = timezone.now()
+    columns = [(p, _apply_row(p.task, p.new_state)) for p in prepared]
+    params: list = [now]
+    for p, c in columns:
+        params += [str(p.task.pk), p.task.version, c["status"], json.dumps(c["state"]), c["termination_reason"],
+                   c["budget_total"], c["budget_used"], c["budget_reserved"]]
+    sql = _CAS_MANY_SQL.format(table=Task._meta.db_table, rows=", ".join([_CAS_ROW] * len(prepared)))
+    if not transaction.get_connection().in_atomic_block:
+        raise transaction.TransactionManagementError("task_events_commit needs the caller's transaction")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount != len(prepared):
+            raise StaleWrite(f"{len(prepared) - cursor.rowcount} of {len(prepared)} tasks moved past their version")
+    events = TaskEvent.objects.bulk_create([
+        TaskEvent(task_id=p.task.pk, tenant_id=p.task.tenant_id, seq=p.task.version + 1, type=p.event_type,
+                  payload=p.payload, payload_digest=sha256_json(p.payload), occurred_at=now, actor=p.actor,
+                  lease_generation=p.task.lease_generation)
+        for p in prepared])
+    every = settings.FAULTDESK["SNAPSHOT_EVERY"]
+    snapshots = [TaskSnapshot(task_id=p.task.pk, seq=p.task.version + 1, state=p.new_state,
+                              digest=_state_digest(p.new_state),
+                              reducer_version=(p.task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION))
+                 for p in prepared if every and (p.task.version + 1) % every == 0]
+    if snapshots:
+        TaskSnapshot.objects.bulk_create(snapshots)
+    for p, event in zip(prepared, events, strict=True):
+        if "limits" in p.new_state:
+            tenant_ledger_apply(p.task, p.task.state, p.new_state)
+        for project in _PROJECTIONS:
+            project(p.task, event, p.new_state)
+
+    def follow() -> None:
+        for p, c in columns:
+            for field, value in c.items():
+                setattr(p.task, field, value)
+            p.task.version += 1
+
+    transaction.on_commit(follow)
+    for p, event in zip(prepared, events, strict=True):
+        events_log.info("event.appended", tenant_id=str(p.task.tenant_id), task_id=str(p.task.pk),
+                        event_seq=event.seq, event_type=p.event_type, actor=p.actor, lease_generation=None,
+                        status=p.new_state["status"])
+        transaction.on_commit(lambda t=p.event_type: failpoint(f"after_commit:{t}"))
+    return events
 
 
 def _stale_reason(task_id, expected: int, generation: int | None) -> str:

@@ -266,6 +266,8 @@ FAULTDESK = {
     "LEASE_SECONDS": env.int("FAULTDESK_LEASE_SECONDS", default=60),
     "OUTBOX_LEASE_SECONDS": env.int("FAULTDESK_OUTBOX_LEASE_SECONDS", default=30),
     "OUTBOX_BATCH": env.int("FAULTDESK_OUTBOX_BATCH", default=20),
+    # requests of one batch in flight at once (threads of the dispatcher process)
+    "OUTBOX_SEND_CONCURRENCY": env.int("FAULTDESK_OUTBOX_SEND_CONCURRENCY", default=8),
     # Task defaults (DESIGN.md §1 step 1, §8)
     "TASK_DEADLINE_SECONDS": env.int("FAULTDESK_TASK_DEADLINE_SECONDS", default=3600),
     "TASK_BUDGET_UNITS": env.int("FAULTDESK_TASK_BUDGET_UNITS", default=100),

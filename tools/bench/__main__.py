@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     parser.add_argument("--chunks", type=_positives, default=[10000, 100000],
                         help="retrieval corpus sizes, comma-separated, growing (default 10000,100000)")
     parser.add_argument("--profile", action="store_true",
-                        help="sample the worker processes with py-spy during the first end-to-end run")
+                        help="py-spy samples the workers in the first end-to-end run and the outbox drain")
     parser.add_argument("--quick", action="store_true", help="shorter runs, for trying the bench out")
     args = parser.parse_args(argv)
     phases = args.only or list(PHASES)
@@ -128,7 +128,7 @@ def _run_phases(bench, phases, args) -> None:
     if "outbox" in phases:
         from tools.bench import outbox
 
-        outbox.run(bench, n=args.outbox_n)
+        outbox.run(bench, n=args.outbox_n, profile=args.profile)
     if "retrieval" in phases:
         from tools.bench import retrieval
 

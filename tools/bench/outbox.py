@@ -16,7 +16,7 @@ import psycopg
 
 from config import embedded
 from tools.bench.e2e import submit_all
-from tools.bench.harness import DATABASE, REDIS_DB, Bench, WalCommits
+from tools.bench.harness import BENCH_DIR, DATABASE, REDIS_DB, Bench, WalCommits
 from tools.bench.seed import tenant_seed
 
 _PENDING_SQL = """
@@ -36,8 +36,11 @@ def _counts(conn, ids) -> tuple[int, int, int]:
         return cur.fetchone()
 
 
-def run(bench: Bench, *, n: int = 500, dispatchers: int = 2) -> None:
-    """Figures ``outbox.*``. SystemExit when the backlog cannot be built or does not drain."""
+def run(bench: Bench, *, n: int = 500, dispatchers: int = 2, profile: bool = False) -> None:
+    """Figures ``outbox.*``, with CPU milliseconds per message of the dispatcher processes, the
+    no-op remote and PostgreSQL. With ``profile``, py-spy samples the dispatcher processes while
+    they drain (``var/bench/profile-outbox.txt``). SystemExit when the backlog cannot be built or
+    does not drain."""
     import redis
 
     redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
@@ -67,10 +70,22 @@ def run(bench: Bench, *, n: int = 500, dispatchers: int = 2) -> None:
         wal = WalCommits(conn)
         wal.start()
         bench.start_worker(dispatchers, queues="outbox", name="worker-outbox", env=env)
+        # CPU is read from the first claim on, so the processes' start-up is not counted.
+        while _counts(conn, ids)[0] == n and time.monotonic() < started + max(300, 2 * n) + 120:
+            time.sleep(0.02)
+        cpu_before, delivered_before = bench.cpu_seconds(["noop-remote", "worker-outbox"]), _counts(conn, ids)[1]
+        sampler = None
+        if profile:
+            from tools.bench.profile import Sampler
+
+            sampler = Sampler(bench.procs["worker-outbox"].pid, BENCH_DIR / "profile-outbox.txt")
         deadline = time.monotonic() + max(120, n)
         while _counts(conn, ids)[1] < n and time.monotonic() < deadline:
             time.sleep(0.25)
         commits, _ = wal.stop()
+        cpu_after = bench.cpu_seconds(["noop-remote", "worker-outbox"])
+        if sampler is not None:
+            sampler.stop()
         bench.note_peak("outbox_worker", "worker-outbox")
         bench.stop("worker-outbox")
     finally:
@@ -90,6 +105,17 @@ def run(bench: Bench, *, n: int = 500, dispatchers: int = 2) -> None:
                  "no-op remote")
     bench.figure("outbox.commits_per_message", per_message, "commits",
                  "commit records in the WAL per delivered message")
+    # The dispatcher processes started inside the window: all of their CPU is the drain's.
+    for role in ("worker-outbox", "noop-remote", "postgres"):
+        if role in cpu_after:
+            used = cpu_after[role] - cpu_before.get(role, 0.0)
+            bench.figure(f"outbox.cpu_ms_per_message.{role.split('-')[0]}",
+                         used * 1000 / max(1, delivered - delivered_before), "ms",
+                         f"CPU of the {role} processes from the first claim to the last delivery, per message")
+    if profile:
+        from tools.bench.profile import report
+
+        report(BENCH_DIR / "profile-outbox.txt")
     if ceiling := bench.value("ceiling.commits_per_s"):
         bound = ceiling / per_message
         bench.figure("outbox.ratio_to_ceiling", rate / bound, "",
