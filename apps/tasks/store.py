@@ -238,7 +238,7 @@ def task_events_commit(prepared: list[PreparedEvent]) -> list[TaskEvent]:
     ``UPDATE`` for every task (``version = v + 1 WHERE version = v``), one ``INSERT`` for the events,
     the snapshots due, the tenant's ledger and the registered projections per event — what
     :func:`task_append_event` does for one. Returns the events, in ``prepared``'s order; the
-    in-memory tasks follow the rows once the transaction commits.
+    in-memory tasks follow their rows.
 
     Raises :class:`StaleWrite` when any CAS lost (the caller's transaction must roll back: none of
     the batch is applied) and :class:`~apps.tasks.usage.BudgetExceeded` from the ledger."""
@@ -277,18 +277,16 @@ def task_events_commit(prepared: list[PreparedEvent]) -> list[TaskEvent]:
         for project in _PROJECTIONS:
             project(p.task, event, p.new_state)
 
-    def follow() -> None:
-        for p, c in columns:
-            for field, value in c.items():
-                setattr(p.task, field, value)
-            p.task.version += 1
-
-    transaction.on_commit(follow)
     for p, event in zip(prepared, events, strict=True):
         events_log.info("event.appended", tenant_id=str(p.task.tenant_id), task_id=str(p.task.pk),
                         event_seq=event.seq, event_type=p.event_type, actor=p.actor, lease_generation=None,
                         status=p.new_state["status"])
         transaction.on_commit(lambda t=p.event_type: failpoint(f"after_commit:{t}"))
+    # The in-memory tasks follow their rows (a caller whose transaction rolls back drops them).
+    for p, c in columns:
+        for field, value in c.items():
+            setattr(p.task, field, value)
+        p.task.version += 1
     return events
 
 

@@ -1,0 +1,184 @@
+"""Batched delivery (DESIGN.md §6): a claimed batch's attempt rows are committed before any of
+its requests leaves, its requests go out concurrently, its receipts are recorded in one
+transaction — and a crash at each of those boundaries still ends with one ticket per idempotency
+key, every receipt recorded, and per-ticket order kept. The reference ticket service is a real
+HTTP server on loopback."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.agent.context import context_read
+from apps.agent.runner import agent_run
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.approvals.services import approval_decide
+from apps.events.models import TaskEvent
+from apps.outbox import dispatch as outbox
+from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.tasks.models import Task
+from apps.tasks.services import task_submit
+from tests.conftest import p
+from tests.factories import DeviceFactory
+
+SYMPTOMS = [
+    "Fuser error after warm-up, pages come out smeared with unfused toner.",
+    "打印机预热后报定影器错误，纸上的碳粉一擦就掉。",
+    "Paper jam in tray 2 every few pages, the rollers look worn.",
+]
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL in-process: nothing after it runs, nothing is cleaned up."""
+
+
+@pytest.fixture
+def committed_three(tenant, requester, approver, kb, refservice):
+    """Three tasks on three devices, each with its approved ``ticket.create`` committed and its
+    outbox row PENDING, nothing sent."""
+    tasks = []
+    for i, symptom in enumerate(SYMPTOMS):
+        device = DeviceFactory(tenant=tenant, asset_tag=f"PRN-05{i}")
+        task = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=symptom).task
+        for _ in range(30):  # the agent and tools steps only: nothing of the outbox runs yet
+            agent_run(task_id=task.pk)
+            context_read(task_id=task.pk)
+            if ApprovalRequest.objects.filter(task=task, status=ApprovalStatus.PENDING).exists():
+                break
+        approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+        approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+        agent_run(task_id=task.pk)
+        tasks.append(Task.objects.get(pk=task.pk))
+    assert OutboxMessage.objects.filter(status=OutboxStatus.PENDING).count() == 3
+    return tasks
+
+
+def _expire_leases():
+    for row in OutboxMessage.objects.filter(status=OutboxStatus.IN_FLIGHT):
+        OutboxMessage.objects.filter(pk=row.pk).update(lease_expires_at=row.created_at)
+
+
+def _assert_one_ticket_per_key(tasks, refadmin):
+    actions = list(Action.objects.filter(task__in=tasks, tool="ticket.create"))
+    assert len(actions) == 3
+    for action in actions:
+        assert action.status == ActionStatus.SUCCEEDED
+        assert refadmin.effects(action.idempotency_key) == 1
+        assert OutboxMessage.objects.get(action=action).status == OutboxStatus.DELIVERED
+        [event] = TaskEvent.objects.filter(task_id=action.task_id, type="receipt.recorded")
+        assert event.payload["receipt"]["external_id"] == action.external_id
+    assert len(refadmin.tickets()) == 3
+    return actions
+
+
+def test_a_batch_sends_each_row_once_and_records_its_receipts_together(committed_three, refadmin,
+                                                                         django_assert_max_num_queries):
+    before = {t.pk: t.version for t in committed_three}
+    with django_assert_max_num_queries(40):  # one row alone took about 25 statements
+        assert outbox.outbox_dispatch_batch() == 3
+    actions = _assert_one_ticket_per_key(committed_three, refadmin)
+    for action in actions:
+        [attempt] = ActionAttempt.objects.filter(action=action)
+        assert (attempt.number, attempt.outcome) == (1, AttemptOutcome.RECEIPT)
+        assert attempt.fencing_token == OutboxMessage.objects.get(action=action).lease_generation
+        task = Task.objects.get(pk=action.task_id)
+        # one event, at the next seq, the materialized state following it
+        assert task.version == before[task.pk] + 1
+        assert TaskEvent.objects.get(task=task, seq=task.version).type == "receipt.recorded"
+        assert task.state["receipt"]["external_id"] == action.external_id
+
+
+def test_a_crash_after_the_requests_left_resends_with_the_same_keys(committed_three, refadmin, monkeypatch):
+    """The dispatcher dies after the remote created the tickets, before any receipt was
+    recorded: the next claim resends each with its key and records the stored tickets."""
+
+    def die(*args, **kwargs):
+        raise Killed
+
+    with monkeypatch.context() as mp:
+        mp.setattr(outbox, "receipts_record_batch", die)
+        with pytest.raises(Killed):
+            outbox.outbox_dispatch_batch()
+    assert ActionAttempt.objects.filter(outcome=AttemptOutcome.IN_FLIGHT).count() == 3
+    assert len(refadmin.tickets()) == 3
+    assert not TaskEvent.objects.filter(task__in=committed_three, type="receipt.recorded").exists()
+    _expire_leases()
+    assert outbox.outbox_dispatch_batch() == 3
+    for action in _assert_one_ticket_per_key(committed_three, refadmin):
+        first, second = ActionAttempt.objects.filter(action=action).order_by("number")
+        assert first.outcome == AttemptOutcome.UNKNOWN  # no report from the dead dispatcher
+        assert second.outcome == AttemptOutcome.RECEIPT
+        assert second.fencing_token > first.fencing_token
+        assert TaskEvent.objects.get(task_id=action.task_id, type="receipt.recorded").payload["receipt"]["replayed"]
+
+
+def test_a_crash_between_the_attempt_rows_and_the_sends_makes_one_ticket_each(committed_three, refadmin,
+                                                                              monkeypatch):
+    """The attempt rows are durable before any request leaves; the dispatcher dies at its
+    ``before_send`` failpoint; the next claim sends each row once."""
+
+    def failpoint(name):
+        if name == "before_send":
+            raise Killed
+
+    with monkeypatch.context() as mp:
+        mp.setattr(outbox, "failpoint", failpoint)
+        with pytest.raises(Killed):
+            outbox.outbox_dispatch_batch()
+    assert ActionAttempt.objects.filter(outcome=AttemptOutcome.IN_FLIGHT).count() == 3
+    _expire_leases()
+    outbox.outbox_dispatch_batch()
+    _assert_one_ticket_per_key(committed_three, refadmin)
+
+
+def test_a_row_whose_lease_passed_on_after_the_claim_is_not_sent_by_the_old_holder(committed_three, refadmin,
+                                                                                   monkeypatch):
+    """Between A's claim and its attempt rows, one row's lease expires and B claims it: A writes
+    no attempt for that row and sends only the other two; B's delivery is the only one."""
+    claim = outbox.outbox_claim_batch
+    taken = {}
+
+    def claim_then_lose_one(*, owner, limit, now=None):
+        rows = claim(owner=owner, limit=limit, now=now)
+        if owner != "B" and not taken:
+            _expire_leases()
+            OutboxMessage.objects.exclude(pk=rows[0].pk).update(lease_expires_at=None)
+            [row_b] = claim(owner="B", limit=1)
+            taken["row"] = row_b
+        return rows
+
+    monkeypatch.setattr(outbox, "outbox_claim_batch", claim_then_lose_one)
+    assert outbox.outbox_dispatch_batch() == 3
+    row_b = taken["row"]
+    assert not ActionAttempt.objects.filter(action_id=row_b.action_id).exists()
+    assert Action.objects.filter(status=ActionStatus.SUCCEEDED).count() == 2
+    assert outbox.outbox_deliver(message_id=row_b.pk, fencing_token=row_b.lease_generation, owner="B") == "receipt"
+    _assert_one_ticket_per_key(committed_three, refadmin)
+
+
+def test_rows_of_one_ordering_key_never_share_a_batch(committed_three, refadmin):
+    """Two rows for one ticket: the newer is not claimed while the older is undelivered, so
+    concurrent sending keeps their order."""
+    older, newer, other = OutboxMessage.objects.order_by("created_at")
+    OutboxMessage.objects.filter(pk=newer.pk).update(ordering_key=older.ordering_key)
+    assert outbox.outbox_dispatch_batch() == 2
+    assert {m.pk for m in OutboxMessage.objects.filter(status=OutboxStatus.DELIVERED)} == {older.pk, other.pk}
+    assert outbox.outbox_dispatch_batch() == 1
+    older.refresh_from_db()
+    newer.refresh_from_db()
+    assert older.delivered_at < ActionAttempt.objects.get(action_id=newer.action_id).started_at
+    _assert_one_ticket_per_key(committed_three, refadmin)
+
+
+def test_a_cancelled_row_takes_the_one_row_path_and_the_rest_go_together(committed_three, requester, refadmin):
+    from apps.tasks.services import task_cancel
+
+    cancelled = committed_three[1]
+    task_cancel(principal=p(requester), task_id=cancelled.pk, reason="fixed itself")
+    assert outbox.outbox_dispatch_batch() == 3
+    row = OutboxMessage.objects.get(action__task=cancelled)
+    assert row.status == OutboxStatus.CANCELLED
+    assert not ActionAttempt.objects.filter(action__task=cancelled).exists()
+    sent = Action.objects.filter(status=ActionStatus.SUCCEEDED)
+    assert {a.task_id for a in sent} == {committed_three[0].pk, committed_three[2].pk}
+    assert len(refadmin.tickets()) == 2
