@@ -18,6 +18,8 @@ read timeout, dropped connection, 5xx      ``OutcomeUnknown``
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -80,19 +82,51 @@ def _error_for_status(resp: httpx.Response) -> errors.ToolError:
     return errors.OutcomeUnknown(detail, status=code, body=body)
 
 
+#: one keep-alive client per process, ticket system and credential (see :func:`_pooled_client`)
+_CLIENTS: dict[tuple, httpx.Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _pooled_client(base_url: str, headers: dict[str, str]) -> httpx.Client:
+    """The process's shared ``httpx.Client`` for ``base_url`` with ``headers`` (thread-safe; a
+    child process after a fork gets its own). Requests reuse its keep-alive connections instead
+    of a new client, TLS context and TCP connection each; each request passes its own timeout."""
+    key = (os.getpid(), base_url, tuple(sorted(headers.items())), id(tls_context()))
+    client = _CLIENTS.get(key)
+    if client is None:
+        with _CLIENTS_LOCK:
+            client = _CLIENTS.get(key)
+            if client is None:
+                if len(_CLIENTS) >= 32:  # remotes come and go (a reconfigured URL, a test's server)
+                    for stale in _CLIENTS.values():
+                        stale.close()
+                    _CLIENTS.clear()
+                client = httpx.Client(base_url=base_url, headers=headers, verify=tls_context(),
+                                      limits=httpx.Limits(max_connections=32, max_keepalive_connections=16,
+                                                          keepalive_expiry=5.0))
+                _CLIENTS[key] = client
+    return client
+
+
 class _HttpConnector:
     """Shared transport for the connectors: one call, every transport failure mapped to exactly
-    one error class (the module table). Subclasses provide ``_client(timeout)``."""
+    one error class (the module table). Subclasses set ``base_url``, ``timeout`` and
+    ``_headers()``."""
 
-    def _client(self, timeout: float | None = None) -> httpx.Client:  # pragma: no cover - abstract
+    base_url: str
+    timeout: float
+
+    def _headers(self) -> dict[str, str]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _send(self, method: str, path: str, *, what: str, timeout: float | None = None, **kwargs) -> httpx.Response:
-        """Send one request. Raises ``DefinitelyNotExecuted`` when it never reached the remote and
-        ``OutcomeUnknown`` when it was sent and no answer came back."""
+        """Send one request (``timeout`` seconds, default the connector's; connecting at most 3 s).
+        Raises ``DefinitelyNotExecuted`` when it never reached the remote and ``OutcomeUnknown``
+        when it was sent and no answer came back."""
+        t = timeout if timeout is not None else self.timeout
+        client = _pooled_client(self.base_url, self._headers())
         try:
-            with self._client(timeout) as client:
-                return client.request(method, path, **kwargs)
+            return client.request(method, path, timeout=httpx.Timeout(t, connect=min(t, 3.0)), **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise errors.DefinitelyNotExecuted(f"{what} not delivered: {exc!r}") from exc
         except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
@@ -125,11 +159,8 @@ class ReferenceTicketConnector(_HttpConnector):
         self.api_key = api_key if api_key is not None else conf["REFSERVICE_API_KEY"]
         self.timeout = timeout if timeout is not None else conf["REFSERVICE_TIMEOUT_SECONDS"]
 
-    def _client(self, timeout: float | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        t = timeout if timeout is not None else self.timeout
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(t, connect=min(t, 3.0)),
-                            verify=tls_context())
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def create_ticket(self, *, idempotency_key: str, fencing_token: int, params: dict,
                       timeout: float | None = None) -> Receipt:
@@ -298,10 +329,8 @@ class HelpdeskConnector(_HttpConnector):
         self.queue_id = conf["HELPDESK_QUEUE_ID"]
         self.request_lifetime_seconds = conf["HELPDESK_REQUEST_LIFETIME_SECONDS"]
 
-    def _client(self, timeout: float | None = None) -> httpx.Client:
-        t = timeout if timeout is not None else self.timeout
-        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Token {self.token}"},
-                            timeout=httpx.Timeout(t, connect=min(t, 3.0)), verify=tls_context())
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Token {self.token}"}
 
     def _receipt(self, body: dict, *, replayed: bool) -> Receipt:
         status = HELPDESK_STATUS.get(body.get("status"), str(body.get("status")))
