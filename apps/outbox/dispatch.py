@@ -96,7 +96,7 @@ def outbox_claim_batch(*, owner: str, limit: int, now=None) -> list[OutboxMessag
 
 
 def outbox_dispatch_batch(*, limit: int | None = None) -> int:
-    """Claim and deliver one batch (DESIGN.md §6, "Batched delivery"). Returns how many rows were
+    """Claim and deliver one batch (DESIGN.md §6; docs/architecture.md, "Batched delivery"). Returns how many rows were
     processed.
 
     The rows that pass re-authorization at once (:func:`preflight` says ``"send"``) go together:
