@@ -23,6 +23,7 @@ still undelivered. The reconciler of unknown outcomes is :mod:`apps.outbox.unkno
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -192,6 +193,8 @@ def _send_one(send: _Send) -> None:
     with the action's stable idempotency key, its timeout bounded by the task's deadline. Stores
     the receipt or the ToolError on ``send``."""
     action, task = send.action, send.task
+    bind(tenant_id=action.tenant_id, task_id=action.task_id, action_id=action.pk, outbox_id=send.message.pk,
+         fencing_token=send.message.lease_generation, attempt=send.attempt.number, step="dispatch")
     remaining = (action_deadline(action, task) - timezone.now()).total_seconds() - 2.0
     timeout = max(0.5, min(tool_get(action.tool).deadline_seconds, remaining))
     failpoint("before_send")
@@ -214,12 +217,19 @@ def _deliver_together(ready: list, tasks: dict, owner: str) -> None:
     if not sends:
         return
     width = max(1, min(len(sends), settings.FAULTDESK["OUTBOX_SEND_CONCURRENCY"]))
+    # Each send runs in a copy of this context, so its log lines carry the Celery task's ids and
+    # its own row's (bound in _send_one), on whichever thread it runs.
+    context = contextvars.copy_context()
+
+    def run(send: _Send) -> None:
+        context.copy().run(_guarded_send, send)
+
     if width == 1:
         for send in sends:
-            _guarded_send(send)
+            run(send)
     else:
         with ThreadPoolExecutor(max_workers=width, thread_name_prefix="outbox-send") as pool:
-            list(pool.map(_guarded_send, sends))
+            list(pool.map(run, sends))
     actor = f"dispatcher:{owner}"
     receipts_record_batch([(s.action.pk, s.attempt.pk, s.receipt) for s in sends if s.receipt is not None],
                           actor=actor)

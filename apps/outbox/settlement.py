@@ -207,7 +207,9 @@ def receipts_record_batch(items: list[tuple], *, actor: str) -> None:
     ``receipt.recorded`` — all of them or none. An action already SUCCEEDED changes nothing.
     A receipt that is not a new ticket (a comment, an update), or whose event δ refuses, is
     left out and recorded after the batch by :func:`receipt_record`; when the batch itself fails
-    (a lost CAS, the tenant's quota) it rolls back whole and each receipt is recorded alone."""
+    (a lost CAS, the tenant's quota, a lock timeout) it rolls back whole and each receipt is
+    recorded alone. A receipt that cannot be recorded alone either is logged, not raised: its
+    attempt stays in flight and the row's lease expires, so the next claim resends it."""
     if not items:
         return
     try:
@@ -216,7 +218,11 @@ def receipts_record_batch(items: list[tuple], *, actor: str) -> None:
         log.warning("recording %d receipts together failed (%r); recording them one by one", len(items), exc)
         alone = items
     for action_id, attempt_id, receipt in alone:
-        receipt_record(action_id=action_id, receipt=receipt, attempt_id=attempt_id, actor=actor)
+        try:
+            receipt_record(action_id=action_id, receipt=receipt, attempt_id=attempt_id, actor=actor)
+        except Exception:  # noqa: BLE001 - one row must not stop the rest; its lease expires and the
+            # next claim resends with the same key, which the remote answers with the stored ticket
+            log.exception("recording the receipt of action %s failed", action_id)
 
 
 def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
