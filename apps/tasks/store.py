@@ -84,6 +84,16 @@ def _apply_row(task: Task, new_state: dict) -> dict:
     }
 
 
+def _reduce_pinned(task: Task, event_type: str, payload: dict) -> dict:
+    """δ of the reducer pinned in ``task``'s artifact bundle applied to its state. Raises
+    :class:`reducer.IllegalTransition` when δ refuses the event or the pinned reducer is unknown."""
+    try:
+        reduce = reducer.reducer_for((task.artifact_bundle or {}).get("reducer"))
+    except reducer.UnknownReducer as exc:
+        raise reducer.IllegalTransition(task.status, event_type, str(exc)) from exc
+    return reduce(task.state, event_type, payload)
+
+
 def task_append_event(
     *,
     task: Task,
@@ -106,11 +116,7 @@ def task_append_event(
     are first recorded as a :class:`RefusedEvent`, never applied.
     """
     try:
-        try:
-            reduce = reducer.reducer_for((task.artifact_bundle or {}).get("reducer"))
-        except reducer.UnknownReducer as exc:
-            raise reducer.IllegalTransition(task.status, event_type, str(exc)) from exc
-        new_state = reduce(task.state, event_type, payload)
+        new_state = _reduce_pinned(task, event_type, payload)
     except reducer.IllegalTransition as exc:
         refused_event_record(task=task, event_type=event_type, payload=payload, reason=exc.reason, actor=actor,
                              lease_generation=lease_generation)
@@ -211,11 +217,7 @@ def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], di
             continue
         payload = payload_fn(task)
         try:
-            try:
-                reduce = reducer.reducer_for((task.artifact_bundle or {}).get("reducer"))
-            except reducer.UnknownReducer as exc:
-                raise reducer.IllegalTransition(task.status, event_type, str(exc)) from exc
-            new_state = reduce(task.state, event_type, payload)
+            new_state = _reduce_pinned(task, event_type, payload)
         except reducer.IllegalTransition as exc:
             refused.append((task_id, event_type, payload, exc.reason))
             continue
