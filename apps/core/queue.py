@@ -24,6 +24,8 @@ OUTBOX_RECONCILE = "reconcile_unknown"
 SWEEP_LEASES = "sweep_leases"
 #: wake the tasks whose pending approval expired (queue ``agent``, beat): no arguments
 EXPIRE_APPROVALS = "expire_approvals"
+#: recount the full-text term frequencies of tenants whose chunks changed (queue ``tools``, beat)
+REFRESH_TERM_STATISTICS = "refresh_term_statistics"
 
 
 def send_now(name: str, *args) -> None:

@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.models import Chunk
-from apps.evidence.textsearch import cjk_tsquery
+from apps.evidence.termstats import match_query
+from apps.evidence.textsearch import cjk_tsquery, segmented
 
 RRF_K = 60
 CANDIDATES = 50
@@ -88,13 +89,18 @@ SELECT id FROM permitted ORDER BY embedding <=> %(qvec)s::vector, id LIMIT %(can
 #: knowledge base of the repo eval), the order is exactly cover density over all of them.
 TEXT_PRESELECT = 500
 
+#: ``%(match)s`` is the tsquery the rows must match (:func:`apps.evidence.termstats.match_query`:
+#: a large corpus is matched on the report's rarer words) or NULL for the whole query; both
+#: rankings score every word of the report.
 _TEXT_SQL = f"""
 WITH q AS (
     SELECT to_tsquery('english', replace(plainto_tsquery('english', %(qtext)s)::text, '&', '|'))
            || to_tsquery('simple', %(qcjk)s) AS tsq
+), m AS (
+    SELECT coalesce(%(match)s::tsquery, q.tsq) AS tsq FROM q
 ), pre AS MATERIALIZED (
-    SELECT c.id, c.search_vector FROM evidence_chunk c, q
-    WHERE {_PERMITTED} AND c.search_vector @@ q.tsq
+    SELECT c.id, c.search_vector FROM evidence_chunk c, q, m
+    WHERE {_PERMITTED} AND c.search_vector @@ m.tsq
     ORDER BY ts_rank(c.search_vector, q.tsq) DESC, c.id
     LIMIT %(pre)s
 )
@@ -103,15 +109,21 @@ ORDER BY ts_rank_cd(pre.search_vector, q.tsq) DESC, pre.id
 LIMIT %(cand)s
 """  # noqa: S608 - constant fragments; every value is a bound parameter
 
+#: The permitted rows, counted up to ``%(cap)s``: enough to choose the strategy without reading every
+#: row of a large tenant (counting 100k rows cost about 30 ms a query).
 _COUNT_SQL = f"""
-SELECT count(*) FILTER (WHERE {_PERMITTED}), count(*) FILTER (WHERE {_IN_FORCE})
-FROM evidence_chunk c WHERE c.tenant_id = %(tenant)s
+SELECT count(*) FROM (SELECT 1 FROM evidence_chunk c WHERE {_PERMITTED} AND c.embedding_model = %(emodel)s
+                      LIMIT %(cap)s) permitted
 """  # noqa: S608 - constant fragments; every value is a bound parameter
 
-#: Below this share of the tenant's current chunks, or this many permitted rows, the exact scan is
-#: used from the start (cheaper than an HNSW scan that would come back short).
-EXACT_SELECTIVITY = 0.2
+#: At most this many permitted rows are ranked exactly from the start (cheaper than an HNSW scan that
+#: would come back short); above it the index answers first.
 EXACT_MAX_ROWS = 5000
+
+#: ``hnsw.ef_search`` for the index scan: the candidate list the graph walk keeps. With the index built
+#: at m=16, ef_construction=128 this gives recall@10 0.984 on the bench's 100k chunks in 9 ms (p50);
+#: the index at ef_construction=64 and ef_search 200 gave 0.902.
+HNSW_EF_SEARCH = 300
 
 
 def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
@@ -120,23 +132,23 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
     the strategy used: ``"exact"`` or ``"hnsw"``.
 
     Complete: it returns ``min(limit, permitted rows)`` ids, whatever share of the tenant's chunks
-    the scopes permit. Rare permitted rows (under :data:`EXACT_SELECTIVITY` of the
-    tenant's chunks, or at most :data:`EXACT_MAX_ROWS`) are ranked exactly; otherwise the HNSW
-    index answers, and a short answer (the filter removed too many of its neighbours) is redone
+    the scopes permit. At most :data:`EXACT_MAX_ROWS` permitted rows are ranked exactly;
+    otherwise the HNSW index answers, and a short answer (the filter removed too many of its
+    neighbours, as it does when the scopes permit a small share of a large tenant) is redone
     exactly. Only chunks in force at ``now`` (default: the current time) and embedded by ``model``
     (default: the configured one; ``qvec`` must be its embedding) are candidates. ``cur`` is a
     cursor inside a transaction."""
     params = {"tenant": tenant_id, "scopes": list(scopes), "qvec": qvec, "cand": limit, "now": now or timezone.now(),
-              "emodel": model or model_configured()}
+              "emodel": model or model_configured(), "cap": EXACT_MAX_ROWS + 1}
     cur.execute(_COUNT_SQL, params)
-    permitted, total = cur.fetchone()
-    wanted = min(limit, permitted)
-    if wanted == 0:
+    permitted = cur.fetchone()[0]  # exact up to EXACT_MAX_ROWS; above it, "more"
+    if permitted == 0:
         return [], "exact"
-    if permitted <= EXACT_MAX_ROWS or permitted < EXACT_SELECTIVITY * total:
+    if permitted <= EXACT_MAX_ROWS:
         cur.execute(_VEC_EXACT_SQL, params)
         return [r[0] for r in cur.fetchall()], "exact"
-    cur.execute("SET LOCAL hnsw.ef_search = %s", [max(100, 4 * limit)])
+    wanted = limit  # the count stopped at the cap: an answer short of the limit is redone exactly
+    cur.execute("SET LOCAL hnsw.ef_search = %s", [max(HNSW_EF_SEARCH, 2 * limit)])
     cur.execute(_VEC_HNSW_SQL, params)
     ids = [r[0] for r in cur.fetchall()]
     if len(ids) < wanted:
@@ -148,9 +160,11 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
 def text_candidates(cur, *, tenant_id: int, scopes, query: str, limit: int, now: datetime | None = None) -> list[int]:
     """The ``limit`` permitted chunks in force at ``now`` best matching ``query`` in full text,
     best first: its English words (any of them) and its Chinese words (segmented,
-    :mod:`apps.evidence.textsearch`)."""
+    :mod:`apps.evidence.textsearch`). Over a reader's many permitted chunks, only the chunks
+    containing one of the report's rarer words are ranked (:mod:`apps.evidence.termstats`)."""
+    match = match_query(cur, tenant_id=tenant_id, scopes=scopes, query=query, words=segmented(query))
     cur.execute(_TEXT_SQL, {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": limit,
-                            "pre": max(limit, TEXT_PRESELECT),
+                            "pre": max(limit, TEXT_PRESELECT), "match": match,
                             "qcjk": cjk_tsquery(query), "now": now or timezone.now()})
     return [r[0] for r in cur.fetchall()]
 

@@ -227,6 +227,7 @@ CELERY_TASK_ROUTES = {
     "dispatch_pending": {"queue": "outbox"},
     "reconcile_unknown": {"queue": "outbox"},
     "expire_approvals": {"queue": "agent"},
+    "refresh_term_statistics": {"queue": "tools"},
 }
 CELERY_BEAT_SCHEDULE = {
     "outbox-tick": {"task": "dispatch_pending", "schedule": timedelta(seconds=2)},
@@ -236,6 +237,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "reconciler": {"task": "reconcile_unknown", "schedule": timedelta(seconds=5)},
     "approval-expiry": {"task": "expire_approvals", "schedule": timedelta(seconds=30)},
+    "term-statistics": {"task": "refresh_term_statistics", "schedule": timedelta(seconds=60)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

@@ -271,7 +271,7 @@ def _measure(bench: Bench, *, label: str, tenant_id: int, name: str, scopes: lis
     from apps.evidence import selectors
     from apps.evidence.selectors import CANDIDATES, evidence_rank, text_candidates, vector_candidates
 
-    ef_search = max(100, 4 * CANDIDATES)  # what vector_candidates sets for its HNSW scan
+    ef_search = max(selectors.HNSW_EF_SEARCH, 2 * CANDIDATES)  # what vector_candidates sets for its HNSW scan
     stem = f"retrieval.{label}.{name}"
     share = f"{permitted:,} of {total:,} chunks permitted ({100 * permitted / total:.1f}%)"
     for query, qvec in zip(queries[:WARMUP], qvecs[:WARMUP], strict=True):
@@ -353,6 +353,7 @@ def run(bench: Bench, *, sizes=(10000, 100000)) -> None:
     from apps.accounts.models import Tenant
     from apps.evidence.embedding import embed_texts, model_configured
     from apps.evidence.selectors import vector_literal
+    from apps.evidence.termstats import term_statistics_refresh
 
     phase_started = time.monotonic()
     sizes = sorted({int(s) for s in sizes})
@@ -384,9 +385,14 @@ def run(bench: Bench, *, sizes=(10000, 100000)) -> None:
                      f"{(size - have) / took:,.0f} chunks/s; HNSW index dropped")
         have = size
         build, mib = _build_index(definition)
+        params = re.search(r"WITH \((.*)\)", definition)
         bench.figure(f"retrieval.{label}.index_build_s", build, "s",
-                     f"HNSW m=16 ef_construction=64 over {size:,} chunks, maintenance_work_mem=1GB, "
+                     f"HNSW {params.group(1) if params else ''} over {size:,} chunks, maintenance_work_mem=1GB, "
                      f"max_parallel_maintenance_workers=2; {mib:,.0f} MiB")
+        started = time.monotonic()
+        stored = term_statistics_refresh(tenant.pk)
+        bench.figure(f"retrieval.{label}.term_statistics_s", time.monotonic() - started, "s",
+                     f"term_statistics_refresh (what the beat job runs after a change): {stored:,} rows")
         with connection.cursor() as cur:
             cur.execute("SELECT count(*) FILTER (WHERE scope = 'security'), count(*) FROM evidence_chunk "
                         "WHERE tenant_id = %s AND is_current", [tenant.pk])
