@@ -229,6 +229,7 @@ def _build_index(definition: str) -> tuple[float, float]:
     from django.db import connection, transaction
 
     with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL statement_timeout = 0")
         cur.execute("SET LOCAL maintenance_work_mem = '1GB'")
         cur.execute("SET LOCAL max_parallel_maintenance_workers = 2")
         started = time.monotonic()

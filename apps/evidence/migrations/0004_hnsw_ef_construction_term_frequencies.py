@@ -17,6 +17,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # Rebuilding the index over a large table takes longer than the connection's statement timeout.
+        migrations.RunSQL("SET LOCAL statement_timeout = 0", reverse_sql="SET LOCAL statement_timeout = 0"),
         migrations.CreateModel(
             name='TermFrequency',
             fields=[
