@@ -88,6 +88,9 @@ SELECT id FROM permitted ORDER BY embedding <=> %(qvec)s::vector, id LIMIT %(can
 #: report's words can match 40% of a large corpus. With no more matches than this (every
 #: knowledge base of the repo eval), the order is exactly cover density over all of them.
 TEXT_PRESELECT = 500
+#: The pre-selection when the match is on a large corpus's rarer words (:mod:`apps.evidence.termstats`):
+#: at most ``MATCH_BUDGET`` rows match, and cover density over 500 of them cost about 10 ms.
+TEXT_PRESELECT_RARE_WORDS = 100
 
 #: ``%(match)s`` is the tsquery the rows must match (:func:`apps.evidence.termstats.match_query`:
 #: a large corpus is matched on the report's rarer words) or NULL for the whole query; both
@@ -164,7 +167,8 @@ def text_candidates(cur, *, tenant_id: int, scopes, query: str, limit: int, now:
     containing one of the report's rarer words are ranked (:mod:`apps.evidence.termstats`)."""
     match = match_query(cur, tenant_id=tenant_id, scopes=scopes, query=query, words=segmented(query))
     cur.execute(_TEXT_SQL, {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": limit,
-                            "pre": max(limit, TEXT_PRESELECT), "match": match,
+                            "match": match,
+                            "pre": max(limit, TEXT_PRESELECT if match is None else TEXT_PRESELECT_RARE_WORDS),
                             "qcjk": cjk_tsquery(query), "now": now or timezone.now()})
     return [r[0] for r in cur.fetchall()]
 
@@ -222,6 +226,7 @@ def evidence_rank(
     chunks = {
         c.pk: c
         for c in Chunk.objects.for_tenant(tenant_id).select_related("document_version__document")
+        .defer("embedding", "search_vector", "document_version__content")  # not needed; the largest columns
         .filter(pk__in=[r[0] for r in rows])
     }
     refs = []

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 #: The most chunks the lexemes picked for a match may contain between them (their summed
 #: frequencies): the rarest lexeme is always picked, the next ones while the sum so far is under it.
-MATCH_BUDGET = 2000
+MATCH_BUDGET = 1000
 #: Lexemes in fewer current chunks (of one scope) than this are not stored: a missing lexeme is rare.
 MIN_STORED = 50
 
