@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.models import Chunk
-from apps.evidence.termstats import match_query
+from apps.evidence.termstats import counted_chunks, match_query
 from apps.evidence.textsearch import cjk_tsquery, segmented
 
 RRF_K = 60
@@ -136,15 +136,21 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
 
     Complete: it returns ``min(limit, permitted rows)`` ids, whatever share of the tenant's chunks
     the scopes permit. At most :data:`EXACT_MAX_ROWS` permitted rows are ranked exactly;
-    otherwise the HNSW index answers, and a short answer (the filter removed too many of its
+    otherwise the HNSW index answers (whether there are more is read from the last count of the
+    tenant's chunks, :func:`apps.evidence.termstats.counted_chunks`, when it says so, else
+    counted up to the cap), and a short answer (the filter removed too many of its
     neighbours, as it does when the scopes permit a small share of a large tenant) is redone
     exactly. Only chunks in force at ``now`` (default: the current time) and embedded by ``model``
     (default: the configured one; ``qvec`` must be its embedding) are candidates. ``cur`` is a
     cursor inside a transaction."""
     params = {"tenant": tenant_id, "scopes": list(scopes), "qvec": qvec, "cand": limit, "now": now or timezone.now(),
               "emodel": model or model_configured(), "cap": EXACT_MAX_ROWS + 1}
-    cur.execute(_COUNT_SQL, params)
-    permitted = cur.fetchone()[0]  # exact up to EXACT_MAX_ROWS; above it, "more"
+    counted = counted_chunks(cur, tenant_id=tenant_id, scopes=scopes)
+    if counted is not None and counted > EXACT_MAX_ROWS:
+        permitted = EXACT_MAX_ROWS + 1  # many at the last count: the index answers first
+    else:
+        cur.execute(_COUNT_SQL, params)
+        permitted = cur.fetchone()[0]  # exact up to EXACT_MAX_ROWS; above it, "more"
     if permitted == 0:
         return [], "exact"
     if permitted <= EXACT_MAX_ROWS:

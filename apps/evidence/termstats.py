@@ -105,6 +105,19 @@ def term_statistics_refresh_changed() -> int:
     return done
 
 
+def counted_chunks(cur, *, tenant_id: int, scopes) -> int | None:
+    """How many current chunks of ``tenant_id`` the scopes held at the last count (an upper bound
+    of what a reader with ``scopes`` may read then), or None when the tenant was never counted.
+    One indexed read; it may be a minute old, so callers use it to choose a strategy, never as a
+    result."""
+    cur.execute("""
+        SELECT (SELECT coalesce(sum(chunks), 0) FROM evidence_termfrequency
+                WHERE tenant_id = %(tenant)s AND scope = ANY(%(scopes)s) AND lexeme = '')
+        FROM evidence_termstatistics WHERE tenant_id = %(tenant)s""", {"tenant": tenant_id, "scopes": list(scopes)})
+    row = cur.fetchone()
+    return None if row is None else int(row[0])
+
+
 def _quoted(lexeme: str) -> str:
     """``lexeme`` as a quoted tsquery operand (quotes and backslashes doubled)."""
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"

@@ -18,13 +18,13 @@ from apps.evidence.models import EMBEDDING_DIMENSIONS, Chunk, Document, Document
 DIM = EMBEDDING_DIMENSIONS
 
 
-def _corpus(tenant, sizes: dict[str, int], seed: int = 7) -> dict[int, np.ndarray]:
+def _corpus(tenant, sizes: dict[str, int], seed: int = 7, name: str = "synthetic") -> dict[int, np.ndarray]:
     """Random unit vectors, ``sizes[scope]`` chunks per scope, written directly (no embedding
     model): ``{chunk id: vector}``."""
     rng = np.random.default_rng(seed)
     vectors = {}
     for scope, n in sizes.items():
-        doc = Document.objects.create(tenant=tenant, source=f"{scope}/synthetic.md", title=f"{scope} synthetic",
+        doc = Document.objects.create(tenant=tenant, source=f"{scope}/{name}.md", title=f"{scope} {name}",
                                       scope=scope, current_version=1)
         version = DocumentVersion.objects.create(document=doc, version=1, content_digest="x", content="x")
         vecs = rng.normal(size=(n, DIM)).astype(np.float32)
@@ -159,3 +159,24 @@ def test_many_matches_are_preselected_by_rank_then_ordered_by_cover_density(tena
     assert got == [ids[4], ids[1]]
     # a limit above the pre-selection widens it: every match, in cover-density order
     assert more == [ids[0], ids[4], ids[1], ids[3], ids[2]]
+
+
+def test_the_last_term_count_chooses_the_index_and_a_stale_one_never_loses_rows(tenant, monkeypatch):
+    """Above the cap by the last count, the permitted rows are not counted again and the index
+    answers; a count that went stale either way still gives the complete answer."""
+    from apps.evidence.termstats import term_statistics_refresh
+
+    monkeypatch.setattr(selectors, "EXACT_MAX_ROWS", 100)
+    vectors = _corpus(tenant, {"public": 600})
+    term_statistics_refresh(tenant.pk)
+    q = np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
+    ids, strategy = _search(tenant, ["public"], q, 5)
+    assert strategy == "hnsw" and len(ids) == 5
+    keep = sorted(vectors)[:3]  # all but three retired since the count: the count says 600
+    Chunk.objects.filter(tenant=tenant).exclude(pk__in=keep).update(is_current=False)
+    ids, strategy = _search(tenant, ["public"], q, 5)
+    assert strategy == "exact" and ids == _exact(vectors, set(keep), q, 5)
+    term_statistics_refresh(tenant.pk)  # the count says 3; then 600 more arrive
+    more = _corpus(tenant, {"public": 600}, seed=8, name="more")
+    ids, strategy = _search(tenant, ["public"], q, 5)
+    assert strategy == "hnsw" and len(ids) == 5 and set(ids) <= set(more) | set(keep)
