@@ -15,6 +15,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.evidence import parallel
 from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.models import Chunk
 from apps.evidence.termstats import counted_chunks, match_query
@@ -217,17 +218,23 @@ def evidence_rank(
 ) -> list[EvidenceRef]:
     """:func:`evidence_retrieve` after the embedding: ``qvec`` is ``query``'s embedding as a
     pgvector literal (:func:`vector_literal`). Runs the vector and full-text rankings over the
-    permitted chunks in one transaction, fuses them and fetches the chunks.
+    permitted chunks — at the same time, the text leg on a connection of its own, when the caller
+    is in no transaction (:mod:`apps.evidence.parallel`); else one after the other in one
+    transaction — fuses them and fetches the chunks.
 
     Returns at most ``k`` :class:`EvidenceRef`, best first; nothing for an empty ``scopes`` or
     ``query``. (Split out so that ``make bench`` can time the ranking without the model.)
     """
     if not scopes or not query.strip():
         return []
+    depth = max(CANDIDATES, k)
+    now = timezone.now()
+    text_leg = parallel.run_apart(text_candidates, tenant_id=tenant_id, scopes=scopes, query=query, limit=depth,
+                                  now=now) if parallel.apart_possible() else None
     with transaction.atomic(), connection.cursor() as cur:
-        depth = max(CANDIDATES, k)
-        vec, _ = vector_candidates(cur, tenant_id=tenant_id, scopes=scopes, qvec=qvec, limit=depth)
-        txt = text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=query, limit=depth)
+        vec, _ = vector_candidates(cur, tenant_id=tenant_id, scopes=scopes, qvec=qvec, limit=depth, now=now)
+        txt = text_leg.result() if text_leg is not None else \
+            text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=query, limit=depth, now=now)
     rows = [(cid, score, r[0], r[1]) for cid, score, r in rrf_fuse(vec, txt, k=k)]
     chunks = {
         c.pk: c

@@ -270,6 +270,9 @@ FAULTDESK = {
     "OUTBOX_BATCH": env.int("FAULTDESK_OUTBOX_BATCH", default=20),
     # requests of one batch in flight at once (threads of the dispatcher process)
     "OUTBOX_SEND_CONCURRENCY": env.int("FAULTDESK_OUTBOX_SEND_CONCURRENCY", default=8),
+    # Retrieval's full-text leg on a second connection, at the same time as the vector leg
+    # (apps/evidence/parallel.py): one more database connection per process.
+    "RETRIEVAL_PARALLEL_LEGS": env.bool("FAULTDESK_RETRIEVAL_PARALLEL_LEGS", default=True),
     # Task defaults (DESIGN.md §1 step 1, §8)
     "TASK_DEADLINE_SECONDS": env.int("FAULTDESK_TASK_DEADLINE_SECONDS", default=3600),
     "TASK_BUDGET_UNITS": env.int("FAULTDESK_TASK_BUDGET_UNITS", default=100),

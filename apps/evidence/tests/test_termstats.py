@@ -111,3 +111,54 @@ def test_a_lexeme_with_quotes_and_backslashes_is_a_valid_operand(tenant):
             cur.execute("SELECT to_tsvector('simple', 'x') || array_to_tsvector(ARRAY[%s]) @@ %s::tsquery",
                         [lexeme, termstats._quoted(lexeme)])
             assert cur.fetchone()[0] is True, lexeme
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_legs_run_apart_outside_a_transaction_and_give_what_they_give_together(settings):
+    """Outside a transaction the text leg runs on the helper connection at the same time as the
+    vector leg; the fused answer is the one both legs give on one connection."""
+    import numpy as np
+
+    from apps.evidence import parallel
+    from apps.evidence.models import EMBEDDING_DIMENSIONS
+    from apps.evidence.selectors import evidence_rank, vector_literal
+
+    tenant = Tenant.objects.create(slug="legs", name="Legs")
+    texts = ["paper jam in tray two", "toner low warning", "fuser error after warm-up", "paper jam again"] * 5
+    ids = _chunks(tenant, "public", texts)
+    rng = np.random.default_rng(3)
+    for cid in ids:
+        v = rng.normal(size=EMBEDDING_DIMENSIONS)
+        Chunk.objects.filter(pk=cid).update(embedding=(v / np.linalg.norm(v)).tolist())
+    q = rng.normal(size=EMBEDDING_DIMENSIONS)
+    qvec = vector_literal(q / np.linalg.norm(q))
+    calls = []
+    real = parallel.run_apart
+    try:
+        parallel.run_apart = lambda fn, **kw: calls.append(fn.__name__) or real(fn, **kw)
+        apart = evidence_rank(tenant_id=tenant.pk, scopes=["public"], query="paper jam tray", qvec=qvec, k=5)
+        assert calls == ["text_candidates"]
+        settings.FAULTDESK = {**settings.FAULTDESK, "RETRIEVAL_PARALLEL_LEGS": False}
+        together = evidence_rank(tenant_id=tenant.pk, scopes=["public"], query="paper jam tray", qvec=qvec, k=5)
+        assert calls == ["text_candidates"]
+    finally:
+        parallel.run_apart = real
+        parallel.close()
+    assert [r.chunk_id for r in apart] == [r.chunk_id for r in together] and len(apart) == 5
+    assert any(r.text_rank is not None for r in apart), "the text leg's ranks reached the fusion"
+
+
+def test_inside_a_transaction_both_legs_run_on_the_callers_connection(tenant, monkeypatch):
+    """The test's transaction holds uncommitted chunks the helper connection could not see: both
+    legs run here, and the text leg finds them."""
+    from apps.evidence import parallel
+    from apps.evidence.models import EMBEDDING_DIMENSIONS
+    from apps.evidence.selectors import evidence_rank
+
+    monkeypatch.setattr(parallel, "run_apart", lambda *a, **k: pytest.fail("a leg left the transaction"))
+    ids = _chunks(tenant, "public", ["paper jam in tray two", "toner low"])
+    Chunk.objects.filter(pk__in=ids).update(embedding=[1.0] + [0.0] * (EMBEDDING_DIMENSIONS - 1))
+    assert parallel.apart_possible() is False
+    refs = evidence_rank(tenant_id=tenant.pk, scopes=["public"], query="paper jam",
+                         qvec="[" + ",".join(["1"] + ["0"] * (EMBEDDING_DIMENSIONS - 1)) + "]", k=5)
+    assert refs[0].chunk_id == ids[0] and refs[0].text_rank == 1
