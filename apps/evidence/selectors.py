@@ -15,7 +15,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.evidence import parallel
+from apps.evidence import parallel, termstats
 from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.models import Chunk
 from apps.evidence.termstats import counted_chunks, match_query
@@ -93,25 +93,37 @@ TEXT_PRESELECT = 500
 #: at most ``MATCH_BUDGET`` rows match, and cover density over 500 of them cost about 10 ms.
 TEXT_PRESELECT_RARE_WORDS = 100
 
+#: The full-text ranking over ``{rows}``, the rows to rank: every permitted chunk that matches.
 #: ``%(match)s`` is the tsquery the rows must match (:func:`apps.evidence.termstats.match_query`:
 #: a large corpus is matched on the report's rarer words) or NULL for the whole query; both
 #: rankings score every word of the report.
-_TEXT_SQL = f"""
-WITH q AS (
-    SELECT to_tsquery('english', replace(plainto_tsquery('english', %(qtext)s)::text, '&', '|'))
-           || to_tsquery('simple', %(qcjk)s) AS tsq
-), m AS (
-    SELECT coalesce(%(match)s::tsquery, q.tsq) AS tsq FROM q
-), pre AS MATERIALIZED (
-    SELECT c.id, c.search_vector FROM evidence_chunk c, q, m
-    WHERE {_PERMITTED} AND c.search_vector @@ m.tsq
+_TEXT_RANKING = """
+pre AS MATERIALIZED (
+    SELECT c.id, c.search_vector FROM {rows} c, q, m
+    WHERE c.search_vector @@ m.tsq
     ORDER BY ts_rank(c.search_vector, q.tsq) DESC, c.id
     LIMIT %(pre)s
 )
 SELECT pre.id FROM pre, q
 ORDER BY ts_rank_cd(pre.search_vector, q.tsq) DESC, pre.id
 LIMIT %(cand)s
-"""  # noqa: S608 - constant fragments; every value is a bound parameter
+"""
+_TEXT_QUERY = """
+WITH q AS (
+    SELECT to_tsquery('english', replace(plainto_tsquery('english', %(qtext)s)::text, '&', '|'))
+           || to_tsquery('simple', %(qcjk)s) AS tsq
+), m AS (
+    SELECT coalesce(%(match)s::tsquery, q.tsq) AS tsq FROM q
+),"""
+#: Through the full-text index: the matching rows of the tenant, then the permitted ones among them.
+_TEXT_SQL = _TEXT_QUERY + _TEXT_RANKING.format(
+    rows=f"(SELECT * FROM evidence_chunk c WHERE {_PERMITTED})")  # noqa: S608 - constant fragments
+#: Over the permitted rows first, when there are few of them (at most ``termstats.MATCH_BUDGET`` at
+#: the last count): the index would read every matching row of the tenant to keep a few. Same
+#: rows, same order.
+_TEXT_FEW_SQL = _TEXT_QUERY + f"""
+permitted AS MATERIALIZED (SELECT c.id, c.search_vector FROM evidence_chunk c WHERE {_PERMITTED}),
+""" + _TEXT_RANKING.format(rows="permitted")  # noqa: S608 - constant fragments; values are bound parameters
 
 #: The permitted rows, counted up to ``%(cap)s``: enough to choose the strategy without reading every
 #: row of a large tenant (counting 100k rows cost about 30 ms a query).
@@ -171,12 +183,14 @@ def text_candidates(cur, *, tenant_id: int, scopes, query: str, limit: int, now:
     """The ``limit`` permitted chunks in force at ``now`` best matching ``query`` in full text,
     best first: its English words (any of them) and its Chinese words (segmented,
     :mod:`apps.evidence.textsearch`). Over a reader's many permitted chunks, only the chunks
-    containing one of the report's rarer words are ranked (:mod:`apps.evidence.termstats`)."""
-    match = match_query(cur, tenant_id=tenant_id, scopes=scopes, query=query, words=segmented(query))
-    cur.execute(_TEXT_SQL, {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": limit,
-                            "match": match,
-                            "pre": max(limit, TEXT_PRESELECT if match is None else TEXT_PRESELECT_RARE_WORDS),
-                            "qcjk": cjk_tsquery(query), "now": now or timezone.now()})
+    containing one of the report's rarer words are ranked (:mod:`apps.evidence.termstats`); a
+    reader's few permitted chunks are read first and matched among themselves."""
+    match, counted = match_query(cur, tenant_id=tenant_id, scopes=scopes, query=query, words=segmented(query))
+    few = counted is not None and counted <= termstats.MATCH_BUDGET
+    params = {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": limit, "match": match,
+              "pre": max(limit, TEXT_PRESELECT if match is None else TEXT_PRESELECT_RARE_WORDS),
+              "qcjk": cjk_tsquery(query), "now": now or timezone.now()}
+    cur.execute(_TEXT_FEW_SQL if few else _TEXT_SQL, params)
     return [r[0] for r in cur.fetchall()]
 
 

@@ -53,8 +53,9 @@ LEFT JOIN evidence_termfrequency f
        ON f.tenant_id = %(tenant)s AND f.scope = ANY(%(scopes)s) AND f.lexeme = w.lexeme
 GROUP BY w.lexeme
 UNION ALL
-SELECT '', coalesce(sum(chunks), 0) FROM evidence_termfrequency
-WHERE tenant_id = %(tenant)s AND scope = ANY(%(scopes)s) AND lexeme = ''
+SELECT '', (SELECT coalesce(sum(chunks), 0) FROM evidence_termfrequency
+            WHERE tenant_id = %(tenant)s AND scope = ANY(%(scopes)s) AND lexeme = '')
+FROM evidence_termstatistics WHERE tenant_id = %(tenant)s
 """
 
 
@@ -123,21 +124,22 @@ def _quoted(lexeme: str) -> str:
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def match_query(cur, *, tenant_id: int, scopes, query: str, words: str) -> str | None:
-    """The tsquery text (an OR of quoted lexemes) the full-text leg should match ``query`` with,
-    or None to match with every word of it. ``words`` is its Chinese words, space-separated
-    (:func:`apps.evidence.textsearch.segmented`).
+def match_query(cur, *, tenant_id: int, scopes, query: str, words: str) -> tuple[str | None, int | None]:
+    """``(match, counted)``: the tsquery text (an OR of quoted lexemes) the full-text leg should
+    match ``query`` with, or None to match with every word of it; and how many current chunks the
+    reader's ``scopes`` held at the last count (None: the tenant was never counted). ``words`` is
+    the query's Chinese words, space-separated (:func:`apps.evidence.textsearch.segmented`).
 
-    None when the reader's permitted chunks (the counted ones of ``scopes``) are at most
-    :data:`MATCH_BUDGET`, or when every lexeme fits in the budget. Otherwise the lexemes in
-    ascending frequency (ties by lexeme) while the frequencies summed so far are under the budget;
-    the rarest is always among them. ``cur`` is a cursor."""
+    ``match`` is None when ``counted`` is at most :data:`MATCH_BUDGET` or unknown, or when every
+    lexeme fits in the budget. Otherwise the lexemes in ascending frequency (ties by lexeme) while
+    the frequencies summed so far are under the budget; the rarest is always among them. ``cur``
+    is a cursor."""
     cur.execute(_LEXEMES_SQL, {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "qwords": words})
     rows = cur.fetchall()
-    permitted = next((n for lexeme, n in rows if lexeme == ""), 0)
+    counted = next((int(n) for lexeme, n in rows if lexeme == ""), None)
     frequencies = sorted(((int(n), lexeme) for lexeme, n in rows if lexeme), key=lambda r: r)
-    if permitted <= MATCH_BUDGET or not frequencies:
-        return None
+    if counted is None or counted <= MATCH_BUDGET or not frequencies:
+        return None, counted
     picked, total = [], 0
     for n, lexeme in frequencies:
         if total >= MATCH_BUDGET:
@@ -145,5 +147,5 @@ def match_query(cur, *, tenant_id: int, scopes, query: str, words: str) -> str |
         picked.append(lexeme)
         total += n
     if len(picked) == len(frequencies):
-        return None
-    return " | ".join(_quoted(lexeme) for lexeme in picked)
+        return None, counted
+    return " | ".join(_quoted(lexeme) for lexeme in picked), counted

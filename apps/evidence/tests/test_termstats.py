@@ -31,7 +31,7 @@ def _chunks(tenant, scope: str, texts: list[str], *, source: str | None = None) 
 
 def _match(tenant, scopes, query):
     with connection.cursor() as cur:
-        return termstats.match_query(cur, tenant_id=tenant.pk, scopes=scopes, query=query, words="")
+        return termstats.match_query(cur, tenant_id=tenant.pk, scopes=scopes, query=query, words="")[0]
 
 
 @pytest.fixture
@@ -162,3 +162,23 @@ def test_inside_a_transaction_both_legs_run_on_the_callers_connection(tenant, mo
     refs = evidence_rank(tenant_id=tenant.pk, scopes=["public"], query="paper jam",
                          qvec="[" + ",".join(["1"] + ["0"] * (EMBEDDING_DIMENSIONS - 1)) + "]", k=5)
     assert refs[0].chunk_id == ids[0] and refs[0].text_rank == 1
+
+
+def test_few_permitted_rows_read_first_give_the_same_rows_in_the_same_order(tenant):
+    """A reader whose scopes hold few chunks (by the last count) is matched over those rows
+    first; the answer is the index path's, row for row."""
+    from apps.evidence import selectors
+
+    _chunks(tenant, "public", ["paper jam in tray two", "paper paper jam", "tray", "jam tray paper", "toner"] * 3)
+    _chunks(tenant, "security", ["paper jam"] * 20)
+    query = "paper jam tray"
+    with connection.cursor() as cur:
+        before = text_candidates(cur, tenant_id=tenant.pk, scopes=["public"], query=query, limit=50)
+        termstats.term_statistics_refresh(tenant.pk)
+        assert termstats.match_query(cur, tenant_id=tenant.pk, scopes=["public"], query=query, words="") == (None, 15)
+        executed = []
+        real = cur.execute
+        cur.execute = lambda sql, params=None: executed.append(sql) or real(sql, params)
+        after = text_candidates(cur, tenant_id=tenant.pk, scopes=["public"], query=query, limit=50)
+    assert selectors._TEXT_FEW_SQL in executed
+    assert after == before and len(after) == 12
