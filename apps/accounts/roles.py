@@ -41,6 +41,8 @@ TENANT_ADMIN_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "evidence.document": ("view",),
     "evidence.documentversion": ("view",),
     "evidence.chunk": ("view",),
+    "evidence.termstatistics": ("view",),
+    "evidence.termfrequency": ("view",),
     "outbox.outboxmessage": ("view",),
     "tasks.task": ("view",),
     "tasks.tenantusage": ("view",),

@@ -3,7 +3,7 @@ from django.db.models import Q
 
 from apps.accounts.admin_base import ReadOnlyTenantAdmin
 from apps.accounts.roles import admin_scopes
-from apps.evidence.models import Chunk, Document, DocumentVersion
+from apps.evidence.models import Chunk, Document, DocumentVersion, TermFrequency, TermStatistics
 
 
 class ScopedKnowledgeAdmin(ReadOnlyTenantAdmin):
@@ -45,3 +45,21 @@ class ChunkAdmin(ScopedKnowledgeAdmin):
     list_filter = ("scope", "is_current")
     search_fields = ("text", "section")
     exclude = ("embedding", "search_vector")
+
+
+@admin.register(TermStatistics)
+class TermStatisticsAdmin(ReadOnlyTenantAdmin):
+    """When each tenant's full-text word counts were last taken (read-only: the beat job
+    ``refresh_term_statistics`` writes them)."""
+
+    list_display = ("tenant", "refreshed_at", "current_chunks", "last_chunk_id")
+
+
+@admin.register(TermFrequency)
+class TermFrequencyAdmin(ScopedKnowledgeAdmin):
+    """How many current chunks of a scope hold each common word; the row with an empty word is
+    the scope's chunk count. Shown only in the scopes the admin may read."""
+
+    list_display = ("lexeme", "tenant", "scope", "chunks")
+    list_filter = ("tenant", "scope")
+    search_fields = ("lexeme",)

@@ -43,6 +43,12 @@ SELECT %(tenant)s, %(scope)s, word, ndoc FROM ts_stat(format(
 WHERE ndoc >= %(min)s AND length(word) <= 255
 """
 
+#: The chunks the reader's scopes held at the last count: one row, or none when never counted.
+_COUNTED_SQL = """(SELECT coalesce(sum(chunks), 0) FROM evidence_termfrequency
+        WHERE tenant_id = %(tenant)s AND scope = ANY(%(scopes)s) AND lexeme = '')
+FROM evidence_termstatistics WHERE tenant_id = %(tenant)s
+"""
+
 _LEXEMES_SQL = """
 WITH words AS (
     SELECT DISTINCT unnest(tsvector_to_array(to_tsvector('english', %(qtext)s)
@@ -53,10 +59,8 @@ LEFT JOIN evidence_termfrequency f
        ON f.tenant_id = %(tenant)s AND f.scope = ANY(%(scopes)s) AND f.lexeme = w.lexeme
 GROUP BY w.lexeme
 UNION ALL
-SELECT '', (SELECT coalesce(sum(chunks), 0) FROM evidence_termfrequency
-            WHERE tenant_id = %(tenant)s AND scope = ANY(%(scopes)s) AND lexeme = '')
-FROM evidence_termstatistics WHERE tenant_id = %(tenant)s
-"""
+SELECT '', """ + _COUNTED_SQL  # noqa: S608 - constant fragments; every value is a bound parameter
+
 
 
 def term_statistics_refresh(tenant_id: int) -> int:
@@ -64,12 +68,12 @@ def term_statistics_refresh(tenant_id: int) -> int:
     transaction (readers see the old counts or the new, never a mix). Returns the number of rows
     stored (lexemes per scope, plus one chunk count per scope)."""
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT count(*), coalesce(max(id), 0) FROM evidence_chunk WHERE tenant_id = %s AND is_current",
-                    [tenant_id])
-        current, last_id = cur.fetchone()
-        cur.execute("SELECT scope, count(*) FROM evidence_chunk WHERE tenant_id = %s AND is_current GROUP BY scope",
-                    [tenant_id])
-        scopes = cur.fetchall()
+        cur.execute("SELECT scope, count(*), max(id) FROM evidence_chunk WHERE tenant_id = %s AND is_current "
+                    "GROUP BY scope", [tenant_id])
+        rows = cur.fetchall()
+        scopes = [(scope, chunks) for scope, chunks, _ in rows]
+        current = sum(chunks for _, chunks in scopes)
+        last_id = max((last for *_, last in rows), default=0)
         TermFrequency.objects.for_tenant(tenant_id).delete()
         for scope, _ in scopes:
             cur.execute(_STATS_SQL, {"tenant": tenant_id, "scope": scope, "min": MIN_STORED})
@@ -111,10 +115,7 @@ def counted_chunks(cur, *, tenant_id: int, scopes) -> int | None:
     of what a reader with ``scopes`` may read then), or None when the tenant was never counted.
     One indexed read; it may be a minute old, so callers use it to choose a strategy, never as a
     result."""
-    cur.execute("""
-        SELECT (SELECT coalesce(sum(chunks), 0) FROM evidence_termfrequency
-                WHERE tenant_id = %(tenant)s AND scope = ANY(%(scopes)s) AND lexeme = '')
-        FROM evidence_termstatistics WHERE tenant_id = %(tenant)s""", {"tenant": tenant_id, "scopes": list(scopes)})
+    cur.execute("SELECT " + _COUNTED_SQL, {"tenant": tenant_id, "scopes": list(scopes)})
     row = cur.fetchone()
     return None if row is None else int(row[0])
 
@@ -137,7 +138,7 @@ def match_query(cur, *, tenant_id: int, scopes, query: str, words: str) -> tuple
     cur.execute(_LEXEMES_SQL, {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "qwords": words})
     rows = cur.fetchall()
     counted = next((int(n) for lexeme, n in rows if lexeme == ""), None)
-    frequencies = sorted(((int(n), lexeme) for lexeme, n in rows if lexeme), key=lambda r: r)
+    frequencies = sorted((int(n), lexeme) for lexeme, n in rows if lexeme)
     if counted is None or counted <= MATCH_BUDGET or not frequencies:
         return None, counted
     picked, total = [], 0
