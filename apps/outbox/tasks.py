@@ -15,9 +15,9 @@ log = logging.getLogger(__name__)
 
 @shared_task(name=queue.OUTBOX_DISPATCH)
 def dispatch_pending() -> int:
-    from apps.outbox.dispatch import outbox_dispatch_batch
+    from apps.outbox.dispatch import outbox_drain
 
-    return outbox_dispatch_batch()
+    return outbox_drain()
 
 
 @shared_task(name=queue.OUTBOX_RECONCILE)

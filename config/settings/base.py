@@ -268,6 +268,9 @@ FAULTDESK = {
     "LEASE_SECONDS": env.int("FAULTDESK_LEASE_SECONDS", default=60),
     "OUTBOX_LEASE_SECONDS": env.int("FAULTDESK_OUTBOX_LEASE_SECONDS", default=30),
     "OUTBOX_BATCH": env.int("FAULTDESK_OUTBOX_BATCH", default=20),
+    # one dispatcher kick claims batch after batch while they come back full, for at most this
+    # long (shorter than the lease, so a failed batch's rows are not claimed again by the same loop)
+    "OUTBOX_DRAIN_SECONDS": env.float("FAULTDESK_OUTBOX_DRAIN_SECONDS", default=10.0),
     # requests of one batch in flight at once (threads of the dispatcher process)
     "OUTBOX_SEND_CONCURRENCY": env.int("FAULTDESK_OUTBOX_SEND_CONCURRENCY", default=8),
     # Retrieval's full-text leg on a second connection, at the same time as the vector leg

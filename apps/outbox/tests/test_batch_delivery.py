@@ -182,3 +182,16 @@ def test_a_cancelled_row_takes_the_one_row_path_and_the_rest_go_together(committ
     sent = Action.objects.filter(status=ActionStatus.SUCCEEDED)
     assert {a.task_id for a in sent} == {committed_three[0].pk, committed_three[2].pk}
     assert len(refadmin.tickets()) == 2
+
+
+def test_one_drain_claims_batch_after_batch_until_one_comes_back_short(committed_three, refadmin):
+    # Batches of one: three full batches, then an empty claim ends the loop.
+    assert outbox.outbox_drain(limit=1) == 3
+    _assert_one_ticket_per_key(committed_three, refadmin)
+    assert outbox.outbox_drain(limit=1) == 0
+
+
+def test_a_drain_stops_at_its_time_cap_and_leaves_the_rest_pending(committed_three, refadmin):
+    assert outbox.outbox_drain(limit=1, max_seconds=0) == 1
+    assert OutboxMessage.objects.filter(status=OutboxStatus.DELIVERED).count() == 1
+    assert OutboxMessage.objects.filter(status=OutboxStatus.PENDING).count() == 2
