@@ -13,6 +13,7 @@ import ssl
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -698,3 +699,24 @@ def test_peak_rss_of_a_tree_counts_a_grandchild_larger_than_its_parent():
         if child_pid:
             with contextlib.suppress(OSError):
                 os.kill(child_pid, 9)
+
+
+def test_concurrent_first_calls_build_the_context_once(fresh_tls, monkeypatch):
+    built = []
+    real = httpx.create_ssl_context
+
+    def counted(*args, **kwargs):
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(httpx, "create_ssl_context", counted)
+    start = threading.Barrier(8)
+
+    def first_call(_):
+        start.wait()
+        return tls_context()
+
+    with ThreadPoolExecutor(8) as pool:
+        contexts = list(pool.map(first_call, range(8)))
+    assert len(built) == 1
+    assert all(c is contexts[0] for c in contexts)
