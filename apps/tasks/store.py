@@ -31,7 +31,7 @@ from apps.core.failpoints import failpoint
 from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.usage import tenant_ledger_apply
+from apps.tasks.usage import tenant_ledger_apply, tenant_ledger_apply_many
 
 #: one structured line per committed event (config.logs): tenant, task, seq, type, actor, fencing token
 events_log = structlog.get_logger("faultdesk.events")
@@ -273,9 +273,9 @@ def task_events_commit(prepared: list[PreparedEvent]) -> list[TaskEvent]:
                  for p in prepared if every and (p.task.version + 1) % every == 0]
     if snapshots:
         TaskSnapshot.objects.bulk_create(snapshots)
+    # The tenant's day row moves once per tenant and day, by the batch's sum.
+    tenant_ledger_apply_many([(p.task, p.task.state, p.new_state) for p in prepared])
     for p, event in zip(prepared, events, strict=True):
-        if "limits" in p.new_state:
-            tenant_ledger_apply(p.task, p.task.state, p.new_state)
         for project in _PROJECTIONS:
             project(p.task, event, p.new_state)
 

@@ -37,20 +37,43 @@ def tenant_ledger_apply(task: Task, old: dict, new: dict) -> None:
     ``old`` to ``new`` in the task's money and token ledgers. Called inside the event's
     transaction. Raises :class:`BudgetExceeded` (scope ``tenant``) when ``used + reserved``
     would grow past the tenant's daily quota; the event's transaction then rolls back."""
-    if "limits" not in new:
-        return
+    tenant_ledger_apply_many([(task, old, new)])
+
+
+def _ledger_deltas(old: dict, new: dict) -> dict[str, tuple[int, int]]:
     def acct(state: dict, dim: str) -> dict:
         if dim == "money":
             return state["budget"]
         return (state.get("limits") or {}).get(dim) or {"used": 0, "reserved": 0}
 
-    deltas = {dim: (acct(new, dim)["used"] - acct(old, dim)["used"],
-                    acct(new, dim)["reserved"] - acct(old, dim)["reserved"]) for dim in ("money", "tokens")}
-    if not any(any(pair) for pair in deltas.values()):
-        return
-    day = _day(task)
-    TenantUsage.objects.bulk_create([TenantUsage(tenant_id=task.tenant_id, day=day)], ignore_conflicts=True)
-    rows = TenantUsage.objects.for_tenant(task.tenant_id).filter(day=day)
+    return {dim: (acct(new, dim)["used"] - acct(old, dim)["used"],
+                  acct(new, dim)["reserved"] - acct(old, dim)["reserved"]) for dim in ("money", "tokens")}
+
+
+def tenant_ledger_apply_many(changes: list[tuple[Task, dict, dict]]) -> None:
+    """:func:`tenant_ledger_apply` for several events of one transaction (``[(task, old, new)]``,
+    the batched receipts of the outbox): the changes are summed per tenant and day, and each day
+    row is moved once, by the sum, under the same quota rule (checked against the sum, so a batch
+    that would pass the quota only as a whole raises :class:`BudgetExceeded` and rolls back; its
+    caller then records the events one by one, each checked alone)."""
+    groups: dict[tuple, dict] = {}
+    for task, old, new in changes:
+        if "limits" not in new:
+            continue
+        deltas = _ledger_deltas(old, new)
+        if not any(any(pair) for pair in deltas.values()):
+            continue
+        key = (task.tenant_id, _day(task))
+        group = groups.setdefault(key, {"task": task, "money": (0, 0), "tokens": (0, 0)})
+        for dim, (d_used, d_reserved) in deltas.items():
+            group[dim] = (group[dim][0] + d_used, group[dim][1] + d_reserved)
+    for (tenant_id, day), group in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1])):
+        _day_row_move(group["task"], tenant_id, day, {dim: group[dim] for dim in ("money", "tokens")})
+
+
+def _day_row_move(task: Task, tenant_id: int, day: datetime.date, deltas: dict[str, tuple[int, int]]) -> None:
+    TenantUsage.objects.bulk_create([TenantUsage(tenant_id=tenant_id, day=day)], ignore_conflicts=True)
+    rows = TenantUsage.objects.for_tenant(tenant_id).filter(day=day)
     quota = task.tenant.quota()
     for dim, (d_used, d_reserved) in deltas.items():
         growth = d_used + d_reserved
@@ -62,7 +85,7 @@ def tenant_ledger_apply(task: Task, old: dict, new: dict) -> None:
                           tokens_reserved=F("tokens_reserved") + deltas["tokens"][1],
                           updated_at=timezone.now())
     if updated != 1:
-        row = TenantUsage.objects.for_tenant(task.tenant_id).get(day=day)
+        row = TenantUsage.objects.for_tenant(tenant_id).get(day=day)
         for dim, (d_used, d_reserved) in deltas.items():
             left = quota[dim] - getattr(row, f"{dim}_used") - getattr(row, f"{dim}_reserved")
             if d_used + d_reserved > left:

@@ -4,15 +4,21 @@ event at a time, all or nothing."""
 
 from __future__ import annotations
 
+import copy
+from datetime import UTC
+
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from apps.events.models import TaskEvent
 from apps.tasks import reducer
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TenantUsage
 from apps.tasks.replay import task_replay
 from apps.tasks.services import task_submit
 from apps.tasks.store import StaleWrite, task_append_with_retry, task_events_commit, task_events_prepare
+from apps.tasks.usage import BudgetExceeded, tenant_ledger_apply_many
 from tests.conftest import p
 from tests.factories import DeviceFactory
 
@@ -82,3 +88,49 @@ def test_a_batch_outside_a_transaction_is_refused_and_writes_nothing(three_tasks
     with pytest.raises(transaction.TransactionManagementError):
         task_events_prepare([_cancel(three_tasks[0].pk)])
     assert not TaskEvent.objects.filter(type="cancel.requested").exists()
+
+
+def _reserving(task, money: int, tokens: int) -> dict:
+    new = copy.deepcopy(task.state)
+    new["budget"]["reserved"] += money
+    new.setdefault("limits", {}).setdefault("tokens", {"used": 0, "reserved": 0})
+    new["limits"]["tokens"] = {**new["limits"]["tokens"],
+                               "reserved": new["limits"]["tokens"].get("reserved", 0) + tokens}
+    return new
+
+
+def _day_row(tenant):
+    return TenantUsage.objects.for_tenant(tenant.pk).get(day=timezone.now().astimezone(UTC).date())
+
+
+def test_a_batch_moves_the_tenants_day_row_once_by_the_sum_of_its_events(three_tasks, tenant):
+    assert all("limits" in t.state for t in three_tasks)
+    TenantUsage.objects.bulk_create([TenantUsage(tenant=tenant, day=timezone.now().astimezone(UTC).date())],
+                                    ignore_conflicts=True)
+    before = _day_row(tenant)
+    changes = [(t, t.state, _reserving(t, money=3 + i, tokens=100 * (i + 1))) for i, t in enumerate(three_tasks)]
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        tenant_ledger_apply_many(changes)
+    moves = [q for q in queries.captured_queries if q["sql"].startswith('UPDATE "tasks_tenantusage"')]
+    assert len(moves) == 1
+    after = _day_row(tenant)
+    assert after.money_reserved - before.money_reserved == 3 + 4 + 5
+    assert after.tokens_reserved - before.tokens_reserved == 100 + 200 + 300
+    assert (after.money_used, after.tokens_used) == (before.money_used, before.tokens_used)
+
+
+def test_a_batch_past_the_quota_only_as_a_whole_is_refused_and_moves_nothing(three_tasks, tenant):
+    quota = tenant.quota()["money"]
+    TenantUsage.objects.bulk_create([TenantUsage(tenant=tenant, day=timezone.now().astimezone(UTC).date())],
+                                    ignore_conflicts=True)
+    before = _day_row(tenant)
+    left = quota - before.money_used - before.money_reserved
+    each = left // 2 + 1  # any one of them fits, two together do not
+    changes = [(t, t.state, _reserving(t, money=each, tokens=0)) for t in three_tasks[:2]]
+    with pytest.raises(BudgetExceeded), transaction.atomic():
+        tenant_ledger_apply_many(changes)
+    after = _day_row(tenant)
+    assert (after.money_reserved, after.money_used) == (before.money_reserved, before.money_used)
+    with transaction.atomic():
+        tenant_ledger_apply_many(changes[:1])
+    assert _day_row(tenant).money_reserved == before.money_reserved + each
