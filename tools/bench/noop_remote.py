@@ -50,11 +50,20 @@ class NoopHandler(BaseHTTPRequestHandler):
         pass
 
 
+class NoopServer(ThreadingHTTPServer):
+    """The no-op remote's server: a listen backlog of 128, as the reference service has. With the
+    stdlib's 5, a burst of the dispatchers' connections (2 processes × 8 sender threads) overflows
+    it, a dropped SYN is retried after 1 s, and that batch waits a second for nothing."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.noop_remote", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    ThreadingHTTPServer(("127.0.0.1", args.port), NoopHandler).serve_forever()
+    NoopServer(("127.0.0.1", args.port), NoopHandler).serve_forever()
 
 
 if __name__ == "__main__":
