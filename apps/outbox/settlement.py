@@ -16,6 +16,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.actions.services import actions_mark_succeeded
 from apps.core import tool_errors as errors
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
@@ -264,7 +265,7 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
             action.external_version = receipt.version
             action.updated_at = now
             changed.append(action)
-        Action.objects.bulk_update(changed, ["status", "receipt", "external_id", "external_version", "updated_at"])
+        actions_mark_succeeded(changed, now=now)
         TicketMirror.objects.bulk_create(
             [TicketMirror(action=actions[action_id], tenant_id=actions[action_id].tenant_id,
                           connector=receipt.connector, external_id=receipt.external_id,

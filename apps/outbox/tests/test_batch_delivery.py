@@ -67,6 +67,8 @@ def _assert_one_ticket_per_key(tasks, refadmin):
         assert OutboxMessage.objects.get(action=action).status == OutboxStatus.DELIVERED
         [event] = TaskEvent.objects.filter(task_id=action.task_id, type="receipt.recorded")
         assert event.payload["receipt"]["external_id"] == action.external_id
+        assert action.receipt == event.payload["receipt"]
+        assert action.external_version == event.payload["receipt"]["version"] == 1
     assert len(refadmin.tickets()) == 3
     return actions
 
