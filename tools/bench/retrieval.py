@@ -198,6 +198,7 @@ def _load(tenant, corpus: _Corpus, *, first_doc: int, n: int) -> tuple[int, floa
         with connection.cursor() as wrapper:
             cur = wrapper.cursor  # psycopg's own cursor: the vector dumper is registered on it alone
             register_vector_info(cur, TypeInfo.fetch(connection.connection, "vector"))
+            cur.execute("SET LOCAL statement_timeout = 0")  # a million rows' tsvectors take minutes
             cur.execute("DROP INDEX IF EXISTS chunk_embedding_hnsw")
             cur.execute("CREATE TEMP TABLE bench_chunk_load ON COMMIT DROP AS SELECT document_version_id, tenant_id, "
                         "scope, is_current, ordinal, section, start_offset, end_offset, text, content_digest, "
