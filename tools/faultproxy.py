@@ -40,6 +40,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as the service behind it: a reused connection waits for nothing
 
     def do_GET(self):  # noqa: N802 - the stdlib's name
         self._handle()

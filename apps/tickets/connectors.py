@@ -87,11 +87,19 @@ _CLIENTS: dict[tuple, httpx.Client] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
-def _pooled_client(base_url: str, headers: dict[str, str]) -> httpx.Client:
+def _pooled_client(base_url: str, headers: dict[str, str], *, keep_alive: bool = False) -> httpx.Client:
     """The process's shared ``httpx.Client`` for ``base_url`` with ``headers`` (thread-safe; a
-    child process after a fork gets its own), instead of a new client per request; each request
-    passes its own timeout and opens its own connection."""
-    key = (os.getpid(), base_url, tuple(sorted(headers.items())), id(tls_context()))
+    child process after a fork gets its own), instead of a new client per request.
+
+    ``keep_alive`` False: each request opens and closes its own connection. Against a server that
+    writes a response's headers and body in separate packets without TCP_NODELAY (``http.server``,
+    Django's development server), a reused connection waits out the peer's delayed ACK, about 40 ms
+    per request. ``keep_alive`` True reuses up to 32 idle connections for 5 s (well under the
+    reference service's 60 s idle timeout, so a connection is not reused as the server drops it):
+    a request to a server that sets TCP_NODELAY costs about a third of the CPU and wall time
+    (docs/performance.md). A pooled connection the server closed is seen before reuse and dropped;
+    a request on one that closes mid-request is ``OutcomeUnknown``, as any lost answer is."""
+    key = (os.getpid(), base_url, tuple(sorted(headers.items())), id(tls_context()), keep_alive)
     client = _CLIENTS.get(key)
     if client is None:
         with _CLIENTS_LOCK:
@@ -101,12 +109,9 @@ def _pooled_client(base_url: str, headers: dict[str, str]) -> httpx.Client:
                     for stale in _CLIENTS.values():
                         stale.close()
                     _CLIENTS.clear()
-                # No keep-alive: against a server that writes its headers and body in separate
-                # packets without TCP_NODELAY (the reference service, http.server), a reused
-                # connection waits out the peer's delayed ACK, about 40 ms per request; the test
-                # suite ran 18% slower with it.
-                client = httpx.Client(base_url=base_url, headers=headers, verify=tls_context(),
-                                      limits=httpx.Limits(max_connections=32, max_keepalive_connections=0))
+                limits = httpx.Limits(max_connections=32, max_keepalive_connections=32 if keep_alive else 0,
+                                      keepalive_expiry=5.0)
+                client = httpx.Client(base_url=base_url, headers=headers, verify=tls_context(), limits=limits)
                 _CLIENTS[key] = client
     return client
 
@@ -118,6 +123,8 @@ class _HttpConnector:
 
     base_url: str
     timeout: float
+    #: reuse connections (see :func:`_pooled_client`): only for a server known to set TCP_NODELAY
+    keep_alive: bool = False
 
     def _headers(self) -> dict[str, str]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -127,7 +134,7 @@ class _HttpConnector:
         Raises ``DefinitelyNotExecuted`` when it never reached the remote and ``OutcomeUnknown``
         when it was sent and no answer came back."""
         t = timeout if timeout is not None else self.timeout
-        client = _pooled_client(self.base_url, self._headers())
+        client = _pooled_client(self.base_url, self._headers(), keep_alive=self.keep_alive)
         try:
             return client.request(method, path, timeout=httpx.Timeout(t, connect=min(t, 3.0)), **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -161,6 +168,7 @@ class ReferenceTicketConnector(_HttpConnector):
         self.base_url = (base_url or conf["REFSERVICE_URL"]).rstrip("/")
         self.api_key = api_key if api_key is not None else conf["REFSERVICE_API_KEY"]
         self.timeout = timeout if timeout is not None else conf["REFSERVICE_TIMEOUT_SECONDS"]
+        self.keep_alive = conf["REFSERVICE_KEEPALIVE"]
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -19,6 +19,7 @@ class NoopHandler(BaseHTTPRequestHandler):
     """Answers the reference service's create and lookup calls without doing anything."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as the reference service: a reused connection waits for nothing
 
     def _answer(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
@@ -51,7 +52,7 @@ class NoopHandler(BaseHTTPRequestHandler):
 
 
 class NoopServer(ThreadingHTTPServer):
-    """The no-op remote's server: a listen backlog of 128, as the reference service has. With the
+    """The server of the no-op remote: a backlog of 128 waiting connections, as the reference service has. With the
     stdlib's 5, a burst of the dispatchers' connections (2 processes × 8 sender threads) overflows
     it, a dropped SYN is retried after 1 s, and that batch waits a second for nothing."""
 

@@ -4,9 +4,11 @@ The API is documented in the package docstring (:mod:`tools.refservice`); the en
 and their routing are in :mod:`.routes`.
 """
 
+import contextlib
 import hmac
 import json
 import logging
+import socket
 import socketserver
 import threading
 from http import HTTPStatus
@@ -42,6 +44,9 @@ class RefServiceHandler(BaseHTTPRequestHandler):
     """
 
     server_version = "faultdesk-refservice/1"
+    # The headers and the body go out as separate writes: without TCP_NODELAY a client that reuses
+    # the connection waits out its own delayed ACK (about 40 ms) for the body.
+    disable_nagle_algorithm = True
     protocol_version = "HTTP/1.1"
     timeout = 60  # seconds an idle keep-alive connection may hold its thread
 
@@ -161,7 +166,21 @@ class RefServiceServer(ThreadingHTTPServer):
         self.api_key = api_key or None
         self.thread = None
         self._serving = False
+        self._connections = set()
         super().__init__(server_address, RefServiceHandler)
+
+    def get_request(self):
+        """Accept a connection and remember it, so :meth:`shutdown` can close kept-alive ones."""
+        sock, address = super().get_request()
+        with self._inflight_lock:
+            self._connections.add(sock)
+        return sock, address
+
+    def shutdown_request(self, request):
+        """Forget a connection once its handler is done with it (then close it, as the base does)."""
+        with self._inflight_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
 
     def server_bind(self):
         """Bind without the reverse-DNS lookup ``HTTPServer.server_bind`` does."""
@@ -215,6 +234,13 @@ class RefServiceServer(ThreadingHTTPServer):
         if self.webhooks is not None:
             self.webhooks.stop()
         self.server_close()
+        # A stopped service answers nothing more: connections its clients kept alive are cut too
+        # (their handler threads would otherwise serve them on, past the shutdown).
+        with self._inflight_lock:
+            open_now = list(self._connections)
+        for sock in open_now:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request, client_address):
         """Log errors that escape a handler (e.g. the client hung up) instead of printing them."""
