@@ -39,7 +39,10 @@ class Reservation:
 
 
 def _locked(task_id: uuid.UUID) -> Task:
-    return Task.objects.select_for_update().select_related("tenant").get(pk=task_id)
+    """The task row, locked (``FOR UPDATE OF`` the task only: its tenant is read, not locked — a lock
+    on the tenant row would serialize every ledger write of the tenant and block the foreign-key
+    checks of its other transactions at commit)."""
+    return Task.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=task_id)
 
 
 def _append(task: Task, event_type: str, payload: dict, actor: str, lease_generation: int | None) -> Task:

@@ -147,7 +147,9 @@ def _tenant_admits(tenant_id: int) -> None:
     from apps.tasks.usage import tenant_usage_today
 
     conf = settings.FAULTDESK
-    tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
+    # NO KEY UPDATE: submits of one tenant still queue here, but the foreign-key checks (KEY SHARE)
+    # of the tenant's other transactions — every event, action and outbox row — do not wait for it.
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant_id)
     quota = tenant.quota()
     active = Task.objects.for_tenant(tenant_id).filter(status__in=reducer.NON_TERMINAL).count()
     if active >= quota["active_tasks"]:

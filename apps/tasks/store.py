@@ -207,8 +207,8 @@ def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], di
     ids = [r[0] for r in requests]
     if len(set(ids)) != len(ids):
         raise ValueError("one event per task in a batch")
-    tasks = {t.pk: t for t in Task.objects.select_for_update().select_related("tenant").filter(pk__in=ids)
-             .order_by("pk")}
+    locked = Task.objects.select_for_update(of=("self",)).select_related("tenant")  # the tenant is read, not locked
+    tasks = {t.pk: t for t in locked.filter(pk__in=ids).order_by("pk")}
     prepared, refused = [], []
     for task_id, event_type, payload_fn, actor in requests:
         task = tasks.get(task_id)

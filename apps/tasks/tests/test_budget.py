@@ -324,3 +324,57 @@ def test_the_ledger_invariants_hold_for_any_sequence(ops):
             assert acct["used"] == settled[d]
         if state["status"] == reducer.FAILED:
             assert state["reservations"] == {}
+
+
+def _other_session():
+    """A second, independent session of the test database (autocommit)."""
+    import psycopg
+
+    params = {k: v for k, v in connection.get_connection_params().items()
+              if k not in ("options", "cursor_factory", "context", "prepare_threshold", "client_encoding")}
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _tenant_key_share_nowait(tenant_id) -> None:
+    """From a second session: take the lock a foreign-key check takes on the tenant row (``FOR
+    KEY SHARE``) without waiting; raises ``LockNotAvailable`` when another transaction holds a
+    conflicting lock on it."""
+    with _other_session() as other:
+        other.execute("SELECT 1 FROM accounts_tenant WHERE id = %s FOR KEY SHARE NOWAIT", [tenant_id])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ledger_writes_lock_the_task_row_and_leave_the_tenant_row_to_other_transactions(requester, device):
+    """A reservation (and a batch of events) locks its task rows only: with the tenant row locked
+    too, every other transaction of the tenant waited at its commit's foreign-key check (events,
+    actions, outbox rows all reference the tenant), and one inserting the tenant's day row at the
+    same time deadlocked with it (PostgreSQL broke the cycle after deadlock_timeout, 1 s)."""
+    from django.db import transaction
+
+    from apps.tasks.store import task_events_prepare
+
+    task = _running(requester, device)
+    with transaction.atomic():
+        budget_reserve(task_id=task.pk, activity="a", amounts={"money": 5}, actor="test")
+        _tenant_key_share_nowait(task.tenant_id)  # LockNotAvailable when the tenant row is locked
+    with transaction.atomic():
+        prepared, refused = task_events_prepare(
+            [(task.pk, "cancel.requested", lambda t: {"reason": "lock scope"}, "user:test")])
+        assert [p_.task.pk for p_ in prepared] == [task.pk] and refused == []
+        _tenant_key_share_nowait(task.tenant_id)
+        # the task row itself is locked: another session cannot take it
+        import psycopg
+
+        with _other_session() as other, pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE NOWAIT", [task.pk])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_admission_lock_leaves_the_tenant_row_to_foreign_key_checks(requester, device):
+    """``task_submit`` serializes the tenant's submits on its row, with a lock (NO KEY UPDATE) that
+    foreign-key checks of the tenant's other transactions do not wait for."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        task_submit(principal=p(requester), device_id=device.pk, symptom="Paper jam in tray 2")
+        _tenant_key_share_nowait(device.tenant_id)
