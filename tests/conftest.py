@@ -208,11 +208,30 @@ def committed(requester, approver, device, kb, refservice):
     return Task.objects.get(pk=task.pk)
 
 
+def created_then_cancelled(task_id, *, canceller, refadmin, reason: str = "fixed itself"):
+    """Cancelled, then a receipt arrives (table 16.5), for a task whose ticket intent is committed
+    at the reference service: the ticket is created but its answer is lost (the outcome is
+    unknown), ``canceller`` (a user) cancels, and the reconciler then finds the ticket by its key
+    and records the receipt on the cancelled task. (A receipt recorded first completes the task in
+    the same commit: a cancel can no longer come between the receipt and the answer.) Returns the
+    task after :func:`drive`."""
+    from apps.actions.models import Action, ActionStatus
+    from apps.outbox.dispatch import outbox_dispatch_batch
+    from apps.tasks.services import task_cancel
+
+    refadmin.fault("drop_after_commit")
+    outbox_dispatch_batch()
+    assert Action.objects.get(task_id=task_id, compensates__isnull=True).status == ActionStatus.UNKNOWN
+    task_cancel(principal=p(canceller), task_id=task_id, reason=reason)
+    task = drive(task_id)
+    assert task.state["receipt"] is not None, "the reconciler found the ticket and recorded its receipt"
+    return task
+
+
 def drive(task_id, *, rounds: int = 30):
     """Run agent, tools, outbox and reconciler steps in-process until the task stops moving.
     Returns the task as it then stands."""
-    from apps.agent.context import context_read
-    from apps.agent.runner import agent_run
+    from apps.agent.runner import agent_run, context_read
     from apps.outbox.dispatch import outbox_dispatch_batch
     from apps.outbox.unknown_outcomes import actions_reconcile
     from apps.tasks.models import Task

@@ -16,15 +16,15 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from apps.actions.models import Action, ActionStatus
-from apps.agent.runner import agent_run
+from apps.agent.runner import agent_run, context_read
 from apps.approvals.models import ApprovalPolicy, ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.core.errors import Conflict
 from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.services import task_cancel, task_submit
-from tests.conftest import drive, p
+from apps.tasks.services import task_submit
+from tests.conftest import created_then_cancelled, drive, p
 from tests.tamper import immutability_bypassed
 from tests.test_approval_binding import SYMPTOM, _approve, _pending
 
@@ -100,9 +100,7 @@ def test_a_changed_compensation_before_its_intent_is_not_committed(requester, ap
     task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
     _approve(approver, task)
     agent_run(task_id=task.pk)
-    outbox_dispatch_batch()
-    task_cancel(principal=p(requester), task_id=task.pk, reason="fixed itself")
-    task = drive(task.pk)
+    task = created_then_cancelled(task.pk, canceller=requester, refadmin=refadmin)
     assert task.status == reducer.COMPENSATING
     first = _approve(approver, task)
     assert first.tool == "ticket.update" and first.params["changes"]["status"] == "closed"
@@ -154,8 +152,8 @@ def test_changed_parameters_of_an_action_that_needed_no_approval_are_not_sent(re
     ApprovalPolicy.objects.create(tenant=tenant, version=2, active=True,
                                   rules={"tools": {"ticket.create": {"requires_approval": False}}})
     ApprovalPolicy.objects.filter(tenant=tenant, version=1).update(active=False)
-    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task.pk, rounds=1)
-    agent_run(task_id=task.pk)
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task
+    context_read(task_id=task.pk)  # one run: the reads, the draft and (no approval needed) the intent
     action = Action.objects.get(task=task)
     assert action.approval_id is None
     with immutability_bypassed("actions_action"):

@@ -32,7 +32,7 @@ from apps.tasks.services import task_cancel, task_submit
 from apps.tasks.store import task_append_event
 from apps.tickets.connectors import ReferenceTicketConnector
 from apps.tickets.models import TicketMirror
-from tests.conftest import drive, p
+from tests.conftest import created_then_cancelled, drive, p
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
@@ -179,20 +179,17 @@ def test_a_lost_comment_response_is_adopted_by_key_not_resent(first, requester, 
 
 # --- compensation ------------------------------------------------------------------------------
 
-def _cancelled_with_ticket(requester, approver, device) -> Task:
-    """The ticket is created (receipt recorded) and the requester cancels before the answer."""
+def _cancelled_with_ticket(requester, approver, device, refadmin) -> Task:
+    """The ticket is created, its answer lost; the requester cancels; the receipt arrives after."""
     task = drive(_submit(requester, device).pk)
     _decide(approver, task)
     agent_run(task_id=task.pk)
-    outbox_dispatch_batch()
-    assert Task.objects.get(pk=task.pk).state["receipt"] is not None
-    task_cancel(principal=p(requester), task_id=task.pk, reason="fixed itself")
-    return drive(task.pk)
+    return created_then_cancelled(task.pk, canceller=requester, refadmin=refadmin)
 
 
 @pytest.fixture
-def compensating(requester, approver, device, kb, refservice):
-    task = _cancelled_with_ticket(requester, approver, device)
+def compensating(requester, approver, device, kb, refservice, refadmin):
+    task = _cancelled_with_ticket(requester, approver, device, refadmin)
     assert task.status == reducer.COMPENSATING
     return task
 
@@ -358,7 +355,8 @@ def test_page_shows_failed_compensations_and_settles_without_a_reload(client, wa
     assert resp.status_code == 200 and "Settled: the task is COMPENSATING" in resp.content.decode()
 
 
-def test_the_requesters_page_shows_the_comment_and_the_compensation(client, first, requester, approver, device):
+def test_the_requesters_page_shows_the_comment_and_the_compensation(client, first, requester, approver, device,
+                                                                     refadmin):
     from django.urls import reverse
 
     client.force_login(requester)
@@ -374,7 +372,7 @@ def test_the_requesters_page_shows_the_comment_and_the_compensation(client, firs
     from tests.factories import DeviceFactory
 
     other = DeviceFactory(tenant=device.tenant, asset_tag="PRN-0102")
-    task = _cancelled_with_ticket(requester, approver, other)
+    task = _cancelled_with_ticket(requester, approver, other, refadmin)
     html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
     assert task.status == reducer.COMPENSATING and "an approver decides whether to close it" in html
     assert "Cancel request" not in html
@@ -420,11 +418,19 @@ def test_the_trace_shows_the_compensation(client, compensating, approver, admin_
 
 def test_a_cancelled_requests_ticket_that_carries_another_report_stays_open(requester, approver, device, kb,
                                                                            refservice, refadmin):
-    """F1: A's ticket got B's comment before A was cancelled: closing it would bury B's report."""
+    """F1: A's ticket got B's comment before A was cancelled: closing it would bury B's report.
+
+    A receipt now completes its task in the same commit, so a cancel cannot come between them;
+    a task whose receipt an earlier release recorded alone (leaving the answer to the agent) can
+    still be there after an upgrade, and that is the state built here."""
+    import apps.outbox.settlement as settlement
+
     a = drive(_submit(requester, device).pk)
     _decide(approver, a)
     agent_run(task_id=a.pk)
-    outbox_dispatch_batch()  # A's ticket exists (receipt); A's agent has not composed the answer yet
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(settlement, "completion_event", lambda state: None)
+        outbox_dispatch_batch()  # A's ticket exists (receipt); A's agent has not composed the answer yet
     b = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
     assert Task.objects.get(pk=a.pk).status == reducer.DISPATCHING
     _decide(approver, b)

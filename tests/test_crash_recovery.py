@@ -104,21 +104,44 @@ def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp
 
 
 def test_paused_worker_cannot_commit_after_its_lease_passed_on(stack, tmp_path):
-    """Worker A stalls before committing its draft past its lease; the sweeper hands the task to
-    worker B, which commits; when A wakes, its commit is refused and recorded."""
+    """Worker A stalls after its context reads, before recording them (its run's transaction holds
+    nothing: the reads ran after a checkpoint), past its lease; the sweeper hands the task to worker
+    B, which reads again and commits; when A wakes, its commit is refused and recorded."""
     tenant, requester, device = seed_acme(auto_approve=True)
     fired = tmp_path / "failpoint-fired"
-    stack.start_worker("paused", pool="solo", FAULTDESK_FAILPOINT="before_commit:draft.proposed",
+    stack.start_worker("paused", pool="solo", FAULTDESK_FAILPOINT="before_commit:evidence.retrieved",
                        FAULTDESK_FAILPOINT_ONCE=str(fired), FAULTDESK_FAILPOINT_ACTION="sleep:10")
     task_id = _file(stack, device)
     _wait_for(fired, 120, stack)
     stack.start_worker("taker")
     task = _assert_completed_once(stack, task_id)
     deadline = time.monotonic() + 30
-    while not RefusedEvent.objects.filter(task=task, type="draft.proposed").exists() and time.monotonic() < deadline:
+    while not RefusedEvent.objects.filter(task=task, type="evidence.retrieved").exists() \
+            and time.monotonic() < deadline:
         time.sleep(0.3)
-    refused = RefusedEvent.objects.get(task=task, type="draft.proposed")
+    refused = RefusedEvent.objects.get(task=task, type="evidence.retrieved")
     assert "lease lost" in refused.reason
-    proposal = TaskEvent.objects.get(task=task, type="draft.proposed")
-    assert proposal.actor != refused.actor  # the task holds B's result only
-    assert proposal.lease_generation > refused.lease_generation
+    retrieved = TaskEvent.objects.get(task=task, type="evidence.retrieved")
+    assert retrieved.actor != refused.actor  # the task holds B's result only
+    assert retrieved.lease_generation > refused.lease_generation
+
+
+def test_a_worker_paused_inside_its_runs_transaction_is_not_overtaken(stack, tmp_path):
+    """Worker A stalls past its lease in the middle of its run's transaction (its draft decided,
+    not yet committed): the task row stays locked by that transaction, so worker B, sent by the
+    sweeper, skips the task instead of running the same steps beside it. A wakes and commits; the
+    task holds one draft, one intent and one ticket. (A session stalled longer than
+    ``idle_in_transaction_session_timeout`` is ended by PostgreSQL, which rolls its transaction back;
+    B then takes the task as after a crash.)"""
+    tenant, requester, device = seed_acme(auto_approve=True)
+    fired = tmp_path / "failpoint-fired"
+    stack.start_worker("paused", pool="solo", FAULTDESK_FAILPOINT="before_commit:draft.proposed",
+                       FAULTDESK_FAILPOINT_ONCE=str(fired), FAULTDESK_FAILPOINT_ACTION="sleep:8")
+    task_id = _file(stack, device)
+    _wait_for(fired, 120, stack)
+    stack.start_worker("taker")
+    task = _assert_completed_once(stack, task_id)
+    assert not RefusedEvent.objects.filter(task=task).exists()
+    [proposal] = TaskEvent.objects.filter(task=task, type="draft.proposed")
+    [retrieved] = TaskEvent.objects.filter(task=task, type="evidence.retrieved")
+    assert proposal.actor == retrieved.actor and proposal.lease_generation == retrieved.lease_generation

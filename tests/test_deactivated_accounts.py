@@ -4,6 +4,7 @@ and for the approver whose approval is about to be used — at the intent and at
 
 from __future__ import annotations
 
+import pytest
 from django.contrib.auth import get_user_model
 
 from apps.actions.models import Action, ActionStatus
@@ -81,12 +82,18 @@ def test_a_deactivated_requester_gets_no_ticket_where_no_approval_is_needed(requ
     ApprovalPolicy.objects.filter(tenant=tenant).update(active=False)
     ApprovalPolicy.objects.create(tenant=tenant, version=2, active=True,
                                   rules={"tools": {"ticket.create": {"requires_approval": False}}})
-    from apps.agent.context import context_read
+    import apps.agent.context as context
+
+    read = context.open_ticket_read
+
+    def read_then_deactivated(**kwargs):
+        ticket = read(**kwargs)  # the evidence, the device and its ticket are read while the account is active
+        _deactivate(requester)
+        return ticket
 
     task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task
-    agent_run(task_id=task.pk)
-    context_read(task_id=task.pk)  # the evidence and the device are read while the account is active
-    _deactivate(requester)
-    task = drive(task.pk)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(context, "open_ticket_read", read_then_deactivated)
+        task = drive(task.pk)  # the same run drafts next and reaches the intent
     assert task.status == reducer.FAILED and "requester" in task.termination_reason
     assert not Action.objects.filter(task=task).exists() and refadmin.tickets() == []

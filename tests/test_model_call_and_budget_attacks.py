@@ -15,8 +15,7 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from apps.agent.context import context_read
-from apps.agent.runner import agent_run
+from apps.agent.runner import agent_run, context_read
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task, TenantUsage

@@ -32,7 +32,7 @@ from apps.tasks.leases import Lease
 from apps.tasks.models import Task
 from apps.tasks.reducer import v2 as reducer_v2
 from apps.tasks.reducer.core import admission_refusal
-from apps.tasks.store import task_append_event
+from apps.tasks.store import checkpoint, task_append_event
 from apps.tickets.connectors import CONNECTORS, connector_for
 from apps.tickets.selectors import ticket_snapshot
 
@@ -142,8 +142,9 @@ def compensate(task: Task, lease: Lease) -> bool:
                                                  f"re-plans (limit {limit}): the ticket keeps changing"})
             return False
         try:
-            current = connector_for("ticket.update", c["ticket"]["connector"]).get_ticket(
-                external_id=c["ticket"]["external_id"])
+            with checkpoint():  # a read at the ticket system, outside any transaction
+                current = connector_for("ticket.update", c["ticket"]["connector"]).get_ticket(
+                    external_id=c["ticket"]["external_id"])
         except errors.ToolError as exc:
             started = parse_datetime(c.get("started_at") or "") or task.updated_at
             window = timedelta(seconds=settings.FAULTDESK["TASK_DEADLINE_SECONDS"])

@@ -5,7 +5,6 @@ answers or the device's text fields are flagged and change nothing else."""
 from __future__ import annotations
 
 import logging
-import uuid
 
 from django.conf import settings
 from django.utils import timezone
@@ -17,21 +16,17 @@ from apps.agent.common import (
     fail,
     has_ledger,
     plans_comments,
-    release_stale,
 )
 from apps.core import tool_errors as errors
-from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.devices.selectors import device_read
 from apps.evidence.guard import injection_flags, refs_flags
 from apps.evidence.relevance import evidence_select
-from apps.tasks import reducer
 from apps.tasks.budget import activity_timeout, budget_reserve, budget_settle
-from apps.tasks.leases import task_claim, task_release
+from apps.tasks.leases import Lease
 from apps.tasks.models import Task
-from apps.tasks.store import StaleWrite, task_append_event
+from apps.tasks.store import checkpoint, task_append_event
 from apps.tasks.usage import BudgetExceeded
 from apps.tickets.selectors import open_ticket_read
-from config.logs import bind
 
 log = logging.getLogger(__name__)
 
@@ -66,96 +61,108 @@ def _input_flags(task: Task, reading: dict | None) -> list[dict]:
     return out
 
 
-def context_read(*, task_id: uuid.UUID) -> None:
-    """The ``tools`` step: retrieval and the device read, each recorded as an event
-    (``evidence.retrieved``, ``device.read``; ``ticket.read`` from ``reducer/2`` on). Runs only in
-    ``RETRIEVING``. Under ``reducer/3`` the reads are one activity: admitted by a reservation of
-    their tool calls, given a deadline-bounded timeout, and settled at the calls made."""
-    lease = task_claim(task_id=task_id)
-    if lease is None:
-        return
-    device_gone = False
-    try:
-        task = Task.objects.select_related("device", "tenant").get(pk=task_id)
-        bind(tenant_id=task.tenant_id, task_id=task.pk, lease_generation=lease.generation, step="context_read")
-        if task.status != reducer.RETRIEVING:
-            return
-        gen = lease.generation
-        reservation, timeout = None, None
-        if has_ledger(task):
-            task = release_stale(task, lease)
-            calls = 2 + (task.state["evidence"] is None)  # device read, ticket read, retrieval
-            timeout = activity_timeout(task, wanted=settings.FAULTDESK["REFSERVICE_TIMEOUT_SECONDS"])
-            if timeout is None:
-                fail(task, lease, deadline_reason(task))
-                return
-            try:
-                task, reservation = budget_reserve(task_id=task.pk, activity="context_read",
-                                                   amounts={"tool_calls": calls}, actor=actor_of(lease),
-                                                   lease_generation=gen, timeout_s=timeout)
-            except BudgetExceeded as exc:
-                fail(task, lease, exc.reason)
-                return
-        made = 0
+def context_step(task: Task, lease: Lease) -> bool:
+    """RETRIEVING (the ``tools`` pool): retrieval, the device read and the device's open ticket, each
+    recorded as an event (``evidence.retrieved``, ``ticket.read`` from ``reducer/2`` on,
+    ``device.read``). Under ``reducer/3`` the reads are one activity: admitted by a reservation of
+    their tool calls, given a deadline-bounded timeout, and settled at the calls made.
+
+    The reads run outside any transaction (:func:`~apps.tasks.store.checkpoint`), after the
+    reservation is committed; their results are recorded together afterwards. Returns True when
+    the task moved on (the next step may follow), False when it stopped: failed, or the ticket
+    system could not be read now (what was read is recorded; the sweeper brings the task back)."""
+    gen, actor = lease.generation, actor_of(lease)
+    reservation, timeout = None, None
+    if has_ledger(task):
+        calls = 2 + (task.state["evidence"] is None)  # device read, ticket read, retrieval
+        timeout = activity_timeout(task, wanted=settings.FAULTDESK["REFSERVICE_TIMEOUT_SECONDS"])
+        if timeout is None:
+            fail(task, lease, deadline_reason(task))
+            return False
         try:
-            made += 1
-            reading = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
-            if task.state["evidence"] is None:
-                made += 1
-                selection = evidence_select(
-                    tenant_id=task.tenant_id,
-                    scopes=_principal_scopes(task),
-                    report=_report_text(task),
-                    device=reading,
-                    k=settings.FAULTDESK["RETRIEVAL_TOP_K"],
-                    model=task.artifact_bundle.get("embedding_model"),
-                )
-                ref_dicts = [r.as_dict() for r in selection.refs]
-                chosen = selection.as_dict()
-                chosen.pop("refs")
-                payload = {"query": _report_text(task), "refs": ref_dicts, "selection": chosen,
-                           "retrieved_at": timezone.now().isoformat()}
-                if flagged := refs_flags(ref_dicts) + _input_flags(task, reading):
-                    payload["injection_flags"] = flagged  # shown on the trace and queue; nothing else changes
-                    chosen["injection_flags"] = flagged
-                task = task_append_event(
-                    task=task, event_type="evidence.retrieved", actor=actor_of(lease), lease_generation=gen,
-                    payload=payload,
-                )
-            # A device gone from the tenant: settle the reads made (below), then fail the task.
-            if reading is None:
-                device_gone = True
-            else:
-                if plans_comments(task):
-                    # The device's open ticket, read at its ticket system: the plan may comment on it.
-                    made += 1
-                    try:
-                        ticket = open_ticket_read(tenant_id=task.tenant_id, device_id=task.device_id,
-                                                  connector=task.tenant.ticket_system, timeout=timeout)
-                    except errors.ToolError as exc:
-                        log.info("context_read %s: the ticket system cannot be read now (%s); retried later",
-                                 task_id, exc)
-                        return
-                    task = task_append_event(task=task, event_type="ticket.read", actor=actor_of(lease),
-                                             lease_generation=gen,
-                                             payload={"ticket": ticket, "read_at": timezone.now().isoformat()})
-                task = task_append_event(
-                    task=task, event_type="device.read", actor=actor_of(lease), lease_generation=gen,
-                    payload={"reading": reading, "read_at": timezone.now().isoformat()},
-                )
-        finally:
-            if reservation is not None:
-                task = budget_settle(task_id=task.pk, reservation_id=reservation.id, used={"tool_calls": made},
-                                     actor=actor_of(lease), lease_generation=gen)
-        if device_gone:
-            fail(task, lease, "device no longer exists in the tenant")
-            return
-    except StaleWrite:
-        log.info("context_read lost the lease on %s", task_id)
-        return
-    except reducer.IllegalTransition as exc:
-        log.warning("context_read on %s: %s", task_id, exc)  # recorded as a refused event
-        return
+            task, reservation = budget_reserve(task_id=task.pk, activity="context_read",
+                                               amounts={"tool_calls": calls}, actor=actor,
+                                               lease_generation=gen, timeout_s=timeout)
+        except BudgetExceeded as exc:
+            fail(task, lease, exc.reason)
+            return False
+    reads = _Reads()
+    try:
+        with checkpoint():
+            _read(task, reads, timeout)
+        if reads.selection is not None:
+            task = task_append_event(task=task, event_type="evidence.retrieved", actor=actor, lease_generation=gen,
+                                     payload=reads.evidence_payload(task))
+        if reads.ticket_error is not None:
+            log.info("context_read %s: the ticket system cannot be read now (%s); retried later",
+                     task.pk, reads.ticket_error)
+            return False
+        # A device gone from the tenant: settle the reads made (below), then fail the task.
+        if reads.device is not None:
+            if reads.ticket_read:
+                task = task_append_event(task=task, event_type="ticket.read", actor=actor, lease_generation=gen,
+                                         payload={"ticket": reads.ticket, "read_at": reads.ticket_at})
+            task = task_append_event(task=task, event_type="device.read", actor=actor, lease_generation=gen,
+                                     payload={"reading": reads.device, "read_at": reads.device_at})
     finally:
-        task_release(lease=lease)
-    enqueue_on_commit(AGENT_STEP, task_id)
+        if reservation is not None:
+            task = budget_settle(task_id=task.pk, reservation_id=reservation.id, used={"tool_calls": reads.made},
+                                 actor=actor, lease_generation=gen)
+    if reads.device is None:
+        fail(task, lease, "device no longer exists in the tenant")
+        return False
+    return True
+
+
+class _Reads:
+    """What :func:`_read` found, outside any transaction: the device reading, the evidence
+    selection, the open ticket (or the error reading it), when each was read, and how many tool
+    calls were made."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.device = self.device_at = None
+        self.selection = self.retrieved_at = None
+        self.ticket = self.ticket_at = self.ticket_error = None
+        self.ticket_read = False
+
+    def evidence_payload(self, task: Task) -> dict:
+        ref_dicts = [r.as_dict() for r in self.selection.refs]
+        chosen = self.selection.as_dict()
+        chosen.pop("refs")
+        payload = {"query": _report_text(task), "refs": ref_dicts, "selection": chosen,
+                   "retrieved_at": self.retrieved_at}
+        if flagged := refs_flags(ref_dicts) + _input_flags(task, self.device):
+            payload["injection_flags"] = flagged  # shown on the trace and queue; nothing else changes
+            chosen["injection_flags"] = flagged
+        return payload
+
+
+def _read(task: Task, reads: _Reads, timeout: float | None) -> None:
+    """The reads of :func:`context_step`, in its order: the device, the evidence (unless already
+    retrieved), and — for a device that exists, under a plan that may comment — its open ticket.
+    Fills ``reads``; a ticket system that cannot be read is kept as ``reads.ticket_error``."""
+    reads.made += 1
+    reads.device = device_read(tenant_id=task.tenant_id, device_id=task.device_id)
+    reads.device_at = timezone.now().isoformat()
+    if task.state["evidence"] is None:
+        reads.made += 1
+        reads.selection = evidence_select(
+            tenant_id=task.tenant_id,
+            scopes=_principal_scopes(task),
+            report=_report_text(task),
+            device=reads.device,
+            k=settings.FAULTDESK["RETRIEVAL_TOP_K"],
+            model=task.artifact_bundle.get("embedding_model"),
+        )
+        reads.retrieved_at = timezone.now().isoformat()
+    if reads.device is not None and plans_comments(task):
+        # The device's open ticket, read at its ticket system: the plan may comment on it.
+        reads.made += 1
+        try:
+            reads.ticket = open_ticket_read(tenant_id=task.tenant_id, device_id=task.device_id,
+                                            connector=task.tenant.ticket_system, timeout=timeout)
+            reads.ticket_read = True
+        except errors.ToolError as exc:
+            reads.ticket_error = exc
+        reads.ticket_at = timezone.now().isoformat()

@@ -30,7 +30,7 @@ from apps.tasks.budget import activity_timeout, budget_reserve, budget_settle
 from apps.tasks.leases import Lease, task_lease_renew
 from apps.tasks.models import Task
 from apps.tasks.reducer import v3 as reducer_v3
-from apps.tasks.store import task_append_event
+from apps.tasks.store import checkpoint, task_append_event
 from apps.tasks.usage import BudgetExceeded
 
 log = logging.getLogger(__name__)
@@ -127,13 +127,14 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
                              actor=actor, lease_generation=gen, event_type="model.called",
                              extra={**call, "outcome": "ok", "usage": None, "latency_ms": latency})
         return task, draft, True
-    try:
-        result = provider.complete(messages, timeout=timeout, should_stop=lambda: cancel_requested(task.pk),
-                                   poll_seconds=conf["CANCEL_POLL_SECONDS"])
-    except Exception as exc:  # noqa: BLE001 - recorded (charged in full) and ends in a decision, never re-sent blind
-        log.exception("model call for %s failed inside the provider", task.pk)
-        result = CallResult(outcome="error", error=f"provider failed: {type(exc).__name__}: {exc}"[:300])
-    failpoint("model_call")
+    with checkpoint():  # the reservation is committed before the call leaves the process
+        try:
+            result = provider.complete(messages, timeout=timeout, should_stop=lambda: cancel_requested(task.pk),
+                                       poll_seconds=conf["CANCEL_POLL_SECONDS"])
+        except Exception as exc:  # noqa: BLE001 - recorded (charged in full) and ends in a decision, never re-sent blind
+            log.exception("model call for %s failed inside the provider", task.pk)
+            result = CallResult(outcome="error", error=f"provider failed: {type(exc).__name__}: {exc}"[:300])
+        failpoint("model_call")
     used, overrun = provider.cost(result, res.amounts)
     task = budget_settle(
         task_id=task.pk, reservation_id=res.id, used={**used, "retries": amounts["retries"]}, actor=actor,
@@ -150,7 +151,8 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
     if result.outcome == "error":
         return fail(task, lease, f"model_error: {result.error}"[:300]), None, False
     if result.outcome in TRANSIENT and reducer_v3.headroom(task.state)["retries"] >= 1:
-        _backoff(task, lease, result, attempt=m["calls"])  # no wait when no retry is left: the next step ends it
+        with checkpoint():  # the call is recorded before the wait
+            _backoff(task, lease, result, attempt=m["calls"])  # no wait when no retry is left: the next step ends it
     return task, None, True  # a re-ask (malformed) or a retry (transient), each admitted by the ledger
 
 

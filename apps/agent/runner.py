@@ -1,8 +1,21 @@
-"""The step table (DESIGN.md §1, §5): :func:`agent_run` takes the lease and, while the task can move
-on, runs the handler for its recorded status; :func:`context_read` runs the reads on the ``tools``
-queue. Each handler returns True when another step should follow at once. The runner is re-entrant:
-it looks at the recorded state and does the next thing, so a crash anywhere resumes from the last
-event."""
+"""The step table (DESIGN.md §1, §5): a run takes the lease and, while the task can move on, runs
+the handler for its recorded status. Each handler returns True when another step should follow at
+once. The runner is re-entrant: it looks at the recorded state and does the next thing, so a crash
+anywhere resumes from the last committed event.
+
+**Pools.** A run belongs to a pool — the Celery queue whose worker runs it: ``agent`` (model steps)
+or ``tools`` (the context reads) — and goes on inline while the next step may run on that pool
+(:func:`pool_for`). The context reads need the ``tools`` pool, a call to a hosted model the
+``agent`` pool; every other step (recording that retrieval starts, the in-process local drafter,
+validation, policy, the intent, the answer) runs on whichever pool the run is on. When the next step
+needs the other pool, the run hands the task over with one message, after its lease is given back.
+A report thus crosses Celery once before its intent when the model is local (web → ``tools``), and
+never waits in a second queue for a step that makes no outside call.
+
+**Commits.** A run records its events in a :class:`~apps.tasks.store.RunTransaction`: they commit
+together at the run's checkpoints — before each activity that leaves the process (which runs outside
+any transaction) — and at its end, with the lease claim and its release, instead of one commit per
+event (docs/architecture.md §4)."""
 
 from __future__ import annotations
 
@@ -22,32 +35,85 @@ from apps.agent.common import (
     release_stale,
 )
 from apps.agent.compensation import compensate, compensation_due, compensation_request, created_ticket
+from apps.agent.context import context_step
 from apps.agent.drafting import propose
-from apps.core.queue import READ_CONTEXT, enqueue_on_commit
+from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
+from apps.llm.providers import runs_in_process
 from apps.tasks import reducer
-from apps.tasks.answer import answer_compose
+from apps.tasks.answer import completion_event
 from apps.tasks.leases import Lease, task_claim, task_release
 from apps.tasks.models import Task
-from apps.tasks.store import StaleWrite, task_append_event
+from apps.tasks.store import RunTransaction, StaleWrite, task_append_event
 from apps.tasks.usage import BudgetExceeded
 from config.logs import bind
 
 log = logging.getLogger(__name__)
 
+#: the pools a run can be on, by the Celery task (and queue) that starts it
+AGENT, TOOLS = "agent", "tools"
+#: a step that may run on any pool
+ANY = "any"
+#: the Celery task that starts a run on each pool
+POOL_TASK = {AGENT: AGENT_STEP, TOOLS: READ_CONTEXT}
 
-def agent_run(*, task_id: uuid.UUID) -> None:
-    """Run the agent's next steps for ``task_id`` until it waits, ends or hands work to another
-    queue. Returns quietly when another worker holds the lease or the task is terminal."""
-    lease = task_claim(task_id=task_id)
-    if lease is None:
-        return
+
+def pool_for(task: Task) -> str:
+    """The pool whose worker may run ``task``'s next step: ``tools`` for the context reads
+    (RETRIEVING), ``agent`` for a draft by a model outside the process (PROPOSING with a hosted
+    model pinned), otherwise ``any``."""
+    if task.status == reducer.RETRIEVING:
+        return TOOLS
+    if task.status == reducer.PROPOSING and not runs_in_process(task.artifact_bundle):
+        return AGENT
+    return ANY
+
+
+def agent_run(*, task_id: uuid.UUID, pool: str = AGENT) -> None:
+    """Run ``task_id``'s next steps on ``pool`` until it waits, ends, or its next step needs the
+    other pool (then it is handed over, after the lease is given back). Returns quietly when
+    another worker holds the lease or the task is terminal.
+
+    The lease claim, the events and the release commit at the run's checkpoints
+    (:class:`~apps.tasks.store.RunTransaction`). An exception other than the refusals the run
+    expects ends the run with what it recorded committed (unless the transaction broke) and the
+    lease given back, and is raised: the Celery task retries a retryable database refusal, and the
+    sweeper brings the task back otherwise."""
+    lease = None
+    try:
+        with RunTransaction():
+            lease = task_claim(task_id=task_id)
+            if lease is None:
+                return
+            handover = _run_steps(task_id, lease, pool)
+            task_release(lease=lease)
+    except BaseException:
+        if lease is not None:
+            task_release(lease=lease)  # a no-op when the claim itself was rolled back
+        raise
+    if handover is not None:
+        enqueue_on_commit(POOL_TASK[handover], task_id)
+
+
+def context_read(*, task_id: uuid.UUID) -> None:
+    """A run on the ``tools`` pool (the ``read_context`` Celery task): the context reads, and the
+    steps after them that may run there (see :func:`pool_for`)."""
+    agent_run(task_id=task_id, pool=TOOLS)
+
+
+def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
+    """The loop of :func:`agent_run` under ``lease``; returns the pool to hand the task over to,
+    or None. The refusals a run expects end it here, recorded: a lost lease or CAS
+    (``StaleWrite``), an event δ refused (``IllegalTransition``)."""
     try:
         task = Task.objects.get(pk=task_id)
-        bind(tenant_id=task.tenant_id, task_id=task.pk, lease_generation=lease.generation, step="agent_run")
+        bind(tenant_id=task.tenant_id, task_id=task.pk, lease_generation=lease.generation, step=f"run:{pool}")
         if has_ledger(task):
             release_stale(task, lease)
         for _ in range(MAX_STEPS_PER_RUN):
             task = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
+            needs = pool_for(task)
+            if needs not in (pool, ANY):
+                return needs
             try:
                 if not step(task, lease):
                     break
@@ -61,34 +127,29 @@ def agent_run(*, task_id: uuid.UUID) -> None:
                                   payload={"reason": exc.reason})
                 break
     except StaleWrite:
-        log.info("agent_run lost the lease on %s", task_id)
+        log.info("run on %s lost the lease on %s", pool, task_id)
     except reducer.IllegalTransition as exc:
         # Already recorded as a refused event; the task stays as it was.
-        log.warning("agent_run on %s: %s", task_id, exc)
-    finally:
-        task_release(lease=lease)
-    # Hand retrieval to the tools queue only now that the lease is free for its worker to claim.
-    if Task.objects.filter(pk=task_id, status=reducer.RETRIEVING).exists():
-        enqueue_on_commit(READ_CONTEXT, task_id)
+        log.warning("run on %s for %s: %s", pool, task_id, exc)
+    return None
 
 
 def retrieval_start(task: Task, lease: Lease) -> bool:
-    """ACCEPTED: record ``retrieval.started``; :func:`agent_run` hands RETRIEVING to the tools
-    queue once the lease is free for its worker to claim."""
+    """ACCEPTED: record ``retrieval.started``; the context reads follow (on the ``tools`` pool)."""
     task_append_event(task=task, event_type="retrieval.started", actor=actor_of(lease),
                       lease_generation=lease.generation, payload={})
-    return False
+    return True
 
 
 def completion_on_receipt(task: Task, lease: Lease) -> bool:
     """DISPATCHING: once the receipt is recorded, complete the task with its answer; until then
-    the outbox acts."""
-    receipt = task.state["receipt"]
-    if receipt is None:
+    the outbox acts. (The outbox completes it in the receipt's own transaction; this step is for a
+    receipt recorded without it.)"""
+    event = completion_event(task.state)
+    if event is None:
         return False
-    reason = "ticket_commented" if receipt.get("kind") == "comment" else "ticket_created"
-    task_append_event(task=task, event_type="task.completed", actor=actor_of(lease), lease_generation=lease.generation,
-                      payload={"reason": reason, "answer": answer_compose(task.state)})
+    task_append_event(task=task, event_type=event[0], actor=actor_of(lease), lease_generation=lease.generation,
+                      payload=event[1])
     return False
 
 
@@ -106,9 +167,10 @@ UNBOUNDED_STEPS = {
     reducer.COMPENSATING: compensate,
 }
 #: Handlers of a task within its bounds (steps, re-plans, deadline). A status not listed here —
-#: RETRIEVING, WAITING_INPUT, WAITING_RECONCILIATION — waits for someone else to act.
+#: WAITING_INPUT, WAITING_RECONCILIATION — waits for someone else to act.
 STEPS = {
     reducer.ACCEPTED: retrieval_start,
+    reducer.RETRIEVING: context_step,
     reducer.PROPOSING: propose,
     reducer.VALIDATING: validate_and_authorize,
     reducer.WAITING_APPROVAL: resume_after_approval,

@@ -46,7 +46,7 @@ def agent_step(self, task_id: str) -> None:
 
 @shared_task(name=queue.READ_CONTEXT, bind=True)
 def read_context(self, task_id: str) -> None:
-    from apps.agent.context import context_read
+    from apps.agent.runner import context_read
 
     _retrying_database_refusals(self, lambda: context_read(task_id=uuid.UUID(task_id)))
 
@@ -64,7 +64,8 @@ def sweep_leases() -> int:
     idle = timedelta(seconds=settings.FAULTDESK["SWEEPER_IDLE_SECONDS"])
     ids = tasks_needing_work(now=now, idle=idle)
     for status, task_id in ids:
-        queue.send_now(queue.READ_CONTEXT if status == "RETRIEVING" else queue.AGENT_STEP, task_id)
+        # the context reads run on the tools pool, and ACCEPTED's next step is to start them
+        queue.send_now(queue.READ_CONTEXT if status in ("ACCEPTED", "RETRIEVING") else queue.AGENT_STEP, task_id)
     settled = 0
     for task_id in tasks_with_orphaned_reservations(now=now):
         try:

@@ -323,6 +323,12 @@ def provider_for(bundle: dict, conf: dict) -> OpenAICompatibleProvider | None:
     )
 
 
+def runs_in_process(bundle: dict | None) -> bool:
+    """Does the model pinned in ``bundle`` run in this process (the local drafter: no outside call,
+    no wait), so that a draft needs no worker of the model pool?"""
+    return (bundle or {}).get("model_provider", LOCAL) == LOCAL
+
+
 def bundle_entries(conf: dict) -> dict:
     """The model part of a new task's artifact bundle (provider, model, base URL, output cap,
     price, output parser). Raises ValueError for an unknown provider."""

@@ -21,9 +21,11 @@ from apps.core import tool_errors as errors
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
+from apps.tasks.answer import completion_event
 from apps.tasks.store import (
     StaleWrite,
     refused_after_rollback,
+    task_append_event,
     task_append_with_retry,
     task_events_commit,
     task_events_prepare,
@@ -142,9 +144,10 @@ def finish_not_sent(message, action, fencing_token, status, reason, actor="dispa
 def receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str, resolution: dict | None = None) -> None:
     """Record a receipt (DESIGN.md §1 step 8): action SUCCEEDED, ticket mirror, outbox DELIVERED
     and the task's ``receipt.recorded`` event (settling the budget reservation) in one
-    transaction; then the agent composes the answer. Idempotent: a second receipt for the same
-    action changes nothing. ``resolution`` (a person's reconciliation: who, why, verified how) is
-    recorded in the event payload."""
+    transaction, with the ``task.completed`` it leads to (the answer composed from the recorded
+    state) when it completes the task; otherwise the agent is kicked to act on it. Idempotent: a
+    second receipt for the same action changes nothing. ``resolution`` (a person's reconciliation:
+    who, why, verified how) is recorded in the event payload."""
     try:
         _receipt_record(action_id=action_id, receipt=receipt, attempt_id=attempt_id, actor=actor,
                         resolution=resolution)
@@ -192,20 +195,38 @@ def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str,
                                         external_version__lt=receipt.version).update(**changes)
         OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.DELIVERED, delivered_at=now,
                                                             lease_owner=None, lease_expires_at=None)
-        task_append_with_retry(
+        task = task_append_with_retry(
             task_id=action.task_id, event_type="receipt.recorded", actor=actor,
             payload_fn=lambda t: {"action_id": str(action.pk), "receipt": receipt.as_dict(),
                                   "cost": action.reservation, "recorded_at": now.isoformat(),
                                   **({"resolution": resolution} if resolution else {})},
         )
-        kick_agent(action.task_id)
+        if not _completed_with_receipt(task, actor):
+            kick_agent(action.task_id)
+
+
+def _completed_with_receipt(task, actor: str) -> bool:
+    """Append ``task.completed`` (the answer composed from the recorded state, which holds the
+    receipt) in the receipt's own transaction when the receipt completes the task
+    (:func:`~apps.tasks.answer.completion_event`): the answer says "created" in the commit that
+    makes the receipt durable, and no agent run is needed for it. Returns whether it did; when it
+    did not (a cancelled task, a compensation), the caller kicks the agent."""
+    event = completion_event(task.state)
+    if event is None:
+        return False
+    try:
+        task_append_event(task=task, event_type=event[0], payload=event[1], actor=actor)
+    except reducer.IllegalTransition:
+        return False  # recorded as refused; the receipt stands and the agent decides
+    return True
 
 
 def receipts_record_batch(items: list[tuple], *, actor: str) -> None:
     """Record several receipts (``[(action_id, attempt_id, receipt)]``, one per action) as
     :func:`receipt_record` records one, in one transaction: per action SUCCEEDED with its receipt,
     its attempt closed, the ticket mirror, the outbox row DELIVERED and the task's
-    ``receipt.recorded`` — all of them or none. An action already SUCCEEDED changes nothing.
+    ``receipt.recorded``, followed by its ``task.completed`` when the receipt completes the task —
+    all of them or none. An action already SUCCEEDED changes nothing.
     A receipt that is not a new ticket (a comment, an update), or whose event δ refuses, is
     left out and recorded after the batch by :func:`receipt_record`; when the batch itself fails
     (a lost CAS, the tenant's quota, a lock timeout) it rolls back whole and each receipt is
@@ -244,7 +265,7 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
 
         prepared, refused = task_events_prepare([
             (actions[action_id].task_id, "receipt.recorded", payload_for(actions[action_id], receipt), actor)
-            for action_id, _, receipt in items])
+            for action_id, _, receipt in items], then=lambda task, state: completion_event(state))
         refused_tasks = {task_id for task_id, *_ in refused}
         alone += [item for item in items if actions[item[0]].task_id in refused_tasks]
         items = [item for item in items if actions[item[0]].task_id not in refused_tasks]
@@ -277,8 +298,9 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
                                                                lease_owner=None, lease_expires_at=None)
         keep = {actions[action_id].task_id for action_id in ids}
         task_events_commit([p for p in prepared if p.task.pk in keep])
-        for task_id in sorted(keep):
-            kick_agent(task_id)
+        for p in prepared:
+            if p.task.pk in keep and not p.follow:  # not completed with its receipt: the agent acts
+                kick_agent(p.task.pk)
     return alone
 
 

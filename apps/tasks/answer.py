@@ -213,6 +213,18 @@ def change_and_note(state: dict) -> tuple[dict | None, str]:
     return None, notes["none"]
 
 
+def completion_event(state: dict) -> tuple[str, dict] | None:
+    """The event that completes a task once its receipt is recorded (DESIGN.md §1 step 8: the
+    answer says "created" only with a receipt): ``("task.completed", {"reason", "answer"})`` for a
+    task in DISPATCHING whose receipt is in ``state``, else None. Pure: the runner's step and the
+    outbox's receipt transaction append the same event."""
+    receipt = state.get("receipt")
+    if state.get("status") != "DISPATCHING" or receipt is None:
+        return None
+    reason = "ticket_commented" if receipt.get("kind") == "comment" else "ticket_created"
+    return "task.completed", {"reason": reason, "answer": answer_compose(state)}
+
+
 def answer_compose(state: dict) -> dict:
     """Build ``{"knowledge": {"text", "citations", "quotes", "outcome", "reason", "language"},
     "proposal": {...}|None, "change": {...}|None, "status_note": str}`` from a reducer state.

@@ -16,7 +16,7 @@ from apps.accounts.principal import Principal
 from apps.actions.registry import TOOLS
 from apps.core.digests import sha256_json
 from apps.core.errors import Conflict, Forbidden, NotFound, QuotaExceeded, Unprocessable
-from apps.core.queue import AGENT_STEP, enqueue_on_commit
+from apps.core.queue import READ_CONTEXT, enqueue_on_commit
 from apps.devices.selectors import device_get
 from apps.llm.drafter import PROMPT_TEMPLATE_VERSION
 from apps.llm.parser import PARSER_VERSION
@@ -66,8 +66,9 @@ def task_submit(
     """File a fault request as ``principal`` (DESIGN.md §1 step 1).
 
     Creates the task pinned to tenant, principal, device, deadline, budget and artifact bundle,
-    with its ``task.accepted`` event, and enqueues the first agent step on commit. The same
-    ``request_key`` with the same body returns the existing task (``created=False``).
+    with its ``task.accepted`` event, and enqueues its first run on commit (on the tools pool: the
+    context reads come first). The same ``request_key`` with the same body returns the existing task
+    (``created=False``).
 
     Raises ``Forbidden`` (principal may not file), ``NotFound`` (device not in the tenant),
     ``Unprocessable`` (invalid fields, or the same key with a different body).
@@ -128,7 +129,8 @@ def task_submit(
                 actor=principal.as_actor(),
                 occurred_at=now,
             )
-            enqueue_on_commit(AGENT_STEP, task.pk)
+            # The first steps (record that retrieval starts, then the context reads) run on the tools pool.
+            enqueue_on_commit(READ_CONTEXT, task.pk)
     except IntegrityError:
         # A concurrent submit with the same key won the unique constraint.
         existing = Task.objects.visible_to(principal).get(requester_id=principal.user_id, request_key=request_key)
@@ -204,7 +206,8 @@ def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -
 
 
 def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -> Task:
-    """The requester answers the agent's questions (WAITING_INPUT → re-plan). Enqueues the agent.
+    """The requester answers the agent's questions (WAITING_INPUT → re-plan from the context reads).
+    Enqueues a run on the tools pool.
 
     Raises ``NotFound``, ``Forbidden`` (not the requester), ``Unprocessable`` (empty text) and
     ``Conflict`` (the task is not waiting for input).
@@ -222,7 +225,7 @@ def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -
             task_id=task.pk, event_type="input.provided", payload_fn=lambda t: {"text": text[:4000]},
             actor=principal.as_actor(),
         )
-        enqueue_on_commit(AGENT_STEP, task.pk)
+        enqueue_on_commit(READ_CONTEXT, task.pk)  # a re-plan starts with the context reads (tools pool)
     except reducer.IllegalTransition as exc:
         raise Conflict(f"the task is not waiting for input: {exc.reason}") from exc
     return task

@@ -13,12 +13,15 @@ requests when a task is cancelled or ends).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import copy
 import json
 import os
 import socket
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import structlog
 from django.conf import settings
@@ -56,6 +59,99 @@ class StaleWrite(Exception):
     worker (fencing token ``lease_generation`` no longer current)."""
 
 
+# --- a run's events, committed at its checkpoints ----------------------------------------------------
+
+class RunTransaction:
+    """The events a run records between two activities, committed together (DESIGN.md §4, §5; spec
+    §16.3 "先记录后使用").
+
+    A run (one lease holder driving a task through its steps) opens one transaction with
+    ``with RunTransaction():``. Every write inside it — the lease claim, each event's CAS and insert
+    (each in its own savepoint, so a refused or failed event rolls back alone), the lease release —
+    commits at the next :func:`checkpoint` or when the block ends, instead of one commit each. An
+    activity that leaves the process or takes time (the context reads, a model call, a ticket
+    system read, a backoff) runs inside ``with checkpoint():``, outside any transaction, after
+    what the run recorded so far is committed: what it consumes is durable before it starts, and
+    its result is recorded before anything uses it, in the transaction that follows.
+
+    What one commit holds, one crash loses whole: the events since the last checkpoint are all
+    there or none is, and a crash before the commit leaves the task where the last checkpoint left
+    it, as a crash before any of those events did. Within the transaction the task row stays
+    locked from the run's first write, so another writer waits (a cancel) or skips it (a claim)
+    rather than interleaving. The block commits when it ends, also when an exception leaves it —
+    what was recorded stands, as with one commit per event (a failed event's own savepoint undid
+    it) — unless the transaction can no longer commit (a statement failed outside a savepoint),
+    which rolls it back. Not re-entrant: a run inside a run raises ``RuntimeError``."""
+
+    def __init__(self) -> None:
+        self._atomic = None
+        self._depth = 0
+        self._token = None
+
+    def __enter__(self) -> RunTransaction:
+        if _RUN.get() is not None:
+            raise RuntimeError("a run transaction is already open in this context")
+        self._open()
+        self._token = _RUN.set(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        _RUN.reset(self._token)
+        if self._atomic is not None:
+            atomic, self._atomic = self._atomic, None
+            if exc_type is not None and _usable():
+                # What the run recorded before the exception stands, as it would have with one
+                # commit per event: each event's own savepoint already undid a failed one.
+                atomic.__exit__(None, None, None)
+            else:
+                atomic.__exit__(exc_type, exc, tb)
+        return False
+
+    def _open(self) -> None:
+        self._atomic = transaction.atomic()
+        self._atomic.__enter__()
+        self._depth = len(transaction.get_connection().atomic_blocks)
+
+    def _commit(self) -> None:
+        if len(transaction.get_connection().atomic_blocks) != self._depth:
+            raise transaction.TransactionManagementError(
+                "checkpoint() inside a nested transaction: an activity must run at the run's own level")
+        atomic, self._atomic = self._atomic, None
+        atomic.__exit__(None, None, None)
+
+
+def _usable() -> bool:
+    """Can the open transaction still commit (no failed statement outside a savepoint)?"""
+    from psycopg.pq import TransactionStatus
+
+    conn = transaction.get_connection()
+    if conn.needs_rollback or conn.connection is None:
+        return False
+    return conn.connection.info.transaction_status in (TransactionStatus.IDLE, TransactionStatus.INTRANS)
+
+
+_RUN: contextvars.ContextVar[RunTransaction | None] = contextvars.ContextVar("faultdesk_run_transaction",
+                                                                            default=None)
+
+
+@contextlib.contextmanager
+def checkpoint() -> Iterator[None]:
+    """Commit what the current run recorded so far, run the block outside any transaction, and open
+    the run's next transaction after it (see :class:`RunTransaction`). Outside a run, every event
+    was already committed by itself and the block simply runs. Raises
+    ``TransactionManagementError`` when called inside a nested ``atomic`` block of the run (an
+    activity must not run while a savepoint of the run is open)."""
+    run = _RUN.get()
+    if run is None or run._atomic is None:
+        yield
+        return
+    run._commit()
+    try:
+        yield
+    finally:
+        run._open()
+
+
 def worker_identity() -> str:
     """``host:pid`` of this process — the lease owner string."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -84,14 +180,15 @@ def _apply_row(task: Task, new_state: dict) -> dict:
     }
 
 
-def _reduce_pinned(task: Task, event_type: str, payload: dict) -> dict:
-    """δ of the reducer pinned in ``task``'s artifact bundle applied to its state. Raises
-    :class:`reducer.IllegalTransition` when δ refuses the event or the pinned reducer is unknown."""
+def _reduce_pinned(task: Task, event_type: str, payload: dict, *, state: dict | None = None) -> dict:
+    """δ of the reducer pinned in ``task``'s artifact bundle applied to its state (or to ``state``,
+    a later state of ``task`` not yet written). Raises :class:`reducer.IllegalTransition` when δ
+    refuses the event or the pinned reducer is unknown."""
     try:
         reduce = reducer.reducer_for((task.artifact_bundle or {}).get("reducer"))
     except reducer.UnknownReducer as exc:
         raise reducer.IllegalTransition(task.status, event_type, str(exc)) from exc
-    return reduce(task.state, event_type, payload)
+    return reduce(task.state if state is None else state, event_type, payload)
 
 
 def task_append_event(
@@ -165,8 +262,8 @@ def task_append_event(
     events_log.info("event.appended", tenant_id=str(task.tenant_id), task_id=str(task.pk), event_seq=expected + 1,
                     event_type=event_type, actor=actor, lease_generation=lease_generation, status=new_state["status"])
     # The in-memory task follows the row only once the transaction committed.
-    for field, value in columns.items():
-        setattr(task, field, value)
+    for name, value in columns.items():
+        setattr(task, name, value)
     task.version = expected + 1
     # "After commit" means after the outermost commit: inside a caller's transaction (a receipt
     # recorded with its action and outbox rows) the failpoint waits for that commit.
@@ -180,16 +277,31 @@ def task_append_event(
 @dataclass
 class PreparedEvent:
     """One event for one task, reduced in memory and not written yet (:func:`task_events_prepare`):
-    the task as locked and read, the event, and δ's new state."""
+    the task as locked and read, the event, and δ's new state — and the events that follow it in
+    the same commit (``follow``: ``[(event_type, payload, state after it)]``, from the request's
+    ``then``), ``new_state`` then being the state after the last of them."""
 
     task: Task
     event_type: str
     payload: dict
     actor: str
     new_state: dict
+    follow: list[tuple[str, dict, dict]] = field(default_factory=list)
+    #: the state after the first event (``new_state`` when nothing follows it)
+    first_state: dict | None = None
+
+    def chain(self) -> list[tuple[str, dict, dict]]:
+        """``[(event_type, payload, state after it)]`` of every event of this task, in seq order."""
+        return [(self.event_type, self.payload, self.first_state or self.new_state), *self.follow]
 
 
-def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], dict], str]]
+#: ``then(task, state) -> (event_type, payload) | None``: the event that follows a batched event of
+#: ``task`` in the same commit, given the state after it (e.g. the completion after a receipt)
+Then = Callable[[Task, dict], "tuple[str, dict] | None"]
+
+
+def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], dict], str]], *,
+                        then: Then | None = None,
                         ) -> tuple[list[PreparedEvent], list[tuple[uuid.UUID, str, dict, str]]]:
     """The first half of appending one event to each of several tasks in one transaction
     (DESIGN.md §4; the batched form of :func:`task_append_with_retry`). ``requests`` is
@@ -197,11 +309,14 @@ def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], di
 
     Inside the caller's transaction: locks the tasks (``SELECT … FOR UPDATE``, in id order, so two
     batches never deadlock), builds each payload from the freshly read task and applies δ in
-    memory. Writes nothing. Returns ``(prepared, refused)``: ``refused`` lists
-    ``(task_id, event_type, payload, reason)`` for the events δ refuses (and ``payload`` None,
-    reason "no such task", for a task that does not exist); the caller leaves them out of the
-    batch and records them (:func:`task_append_with_retry` does). Raises ``ValueError`` when a task
-    is named twice, ``TransactionManagementError`` outside a transaction."""
+    memory. ``then``, when given, is asked after each event for one more event of that task,
+    appended right after it in the same commit (δ applied to it too; one that δ refuses is left
+    out, and the first event stands without it). Writes nothing. Returns ``(prepared, refused)``:
+    ``refused`` lists ``(task_id, event_type, payload, reason)`` for the events δ refuses (and
+    ``payload`` None, reason "no such task", for a task that does not exist); the caller leaves
+    them out of the batch and records them (:func:`task_append_with_retry` does). Raises
+    ``ValueError`` when a task is named twice, ``TransactionManagementError`` outside a
+    transaction."""
     if not transaction.get_connection().in_atomic_block:
         raise transaction.TransactionManagementError("task_events_prepare needs the caller's transaction")
     ids = [r[0] for r in requests]
@@ -221,39 +336,53 @@ def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], di
         except reducer.IllegalTransition as exc:
             refused.append((task_id, event_type, payload, exc.reason))
             continue
-        prepared.append(PreparedEvent(task=task, event_type=event_type, payload=payload, actor=actor,
-                                      new_state=new_state))
+        item = PreparedEvent(task=task, event_type=event_type, payload=payload, actor=actor, new_state=new_state)
+        following = then(task, new_state) if then is not None else None
+        if following is not None:
+            follow_type, follow_payload = following
+            try:
+                after = _reduce_pinned(task, follow_type, follow_payload, state=new_state)
+            except reducer.IllegalTransition:
+                pass  # the first event stands alone; whoever acts next decides (and records) the rest
+            else:
+                item.first_state = new_state
+                item.follow.append((follow_type, follow_payload, after))
+                item.new_state = after
+        prepared.append(item)
     return prepared, refused
 
 
 _CAS_MANY_SQL = """
-UPDATE {table} AS t SET version = v.expected + 1, updated_at = %s, status = v.status, state = v.state::jsonb,
-    termination_reason = v.reason, budget_total = v.total, budget_used = v.used, budget_reserved = v.reserved
-FROM (VALUES {rows}) AS v(id, expected, status, state, reason, total, used, reserved)
+UPDATE {table} AS t SET version = v.expected + v.events, updated_at = %s, status = v.status,
+    state = v.state::jsonb, termination_reason = v.reason, budget_total = v.total, budget_used = v.used,
+    budget_reserved = v.reserved
+FROM (VALUES {rows}) AS v(id, expected, events, status, state, reason, total, used, reserved)
 WHERE t.id = v.id AND t.version = v.expected
 """
-_CAS_ROW = "(%s::uuid, %s::integer, %s, %s, %s, %s::integer, %s::integer, %s::integer)"
+_CAS_ROW = "(%s::uuid, %s::integer, %s::integer, %s, %s, %s, %s::integer, %s::integer, %s::integer)"
 
 
 def task_events_commit(prepared: list[PreparedEvent]) -> list[TaskEvent]:
     """The second half (see :func:`task_events_prepare`), in the same transaction: one CAS
-    ``UPDATE`` for every task (``version = v + 1 WHERE version = v``), one ``INSERT`` for the events,
-    the snapshots due, the tenant's ledger and the registered projections per event — what
-    :func:`task_append_event` does for one. Returns the events, in ``prepared``'s order; the
-    in-memory tasks follow their rows.
+    ``UPDATE`` for every task (``version = v + n WHERE version = v``, ``n`` its events), one
+    ``INSERT`` for the events, the snapshots due, the tenant's ledger and the registered projections
+    per event — what :func:`task_append_event` does for one. Returns the first event of each task,
+    in ``prepared``'s order; the in-memory tasks follow their rows.
 
     Raises :class:`StaleWrite` when any CAS lost (the caller's transaction must roll back: none of
     the batch is applied) and :class:`~apps.tasks.usage.BudgetExceeded` from the ledger."""
     if not prepared:
         return []
-    for p in prepared:
-        failpoint(f"before_commit:{p.event_type}")
+    chains = [(p, p.chain()) for p in prepared]
+    for _, chain in chains:
+        for event_type, _, _ in chain:
+            failpoint(f"before_commit:{event_type}")
     now = timezone.now()
     columns = [(p, _apply_row(p.task, p.new_state)) for p in prepared]
     params: list = [now]
-    for p, c in columns:
-        params += [str(p.task.pk), p.task.version, c["status"], json.dumps(c["state"]), c["termination_reason"],
-                   c["budget_total"], c["budget_used"], c["budget_reserved"]]
+    for (p, c), (_, chain) in zip(columns, chains, strict=True):
+        params += [str(p.task.pk), p.task.version, len(chain), c["status"], json.dumps(c["state"]),
+                   c["termination_reason"], c["budget_total"], c["budget_used"], c["budget_reserved"]]
     sql = _CAS_MANY_SQL.format(table=Task._meta.db_table, rows=", ".join([_CAS_ROW] * len(prepared)))
     if not transaction.get_connection().in_atomic_block:
         raise transaction.TransactionManagementError("task_events_commit needs the caller's transaction")
@@ -261,35 +390,43 @@ def task_events_commit(prepared: list[PreparedEvent]) -> list[TaskEvent]:
         cursor.execute(sql, params)
         if cursor.rowcount != len(prepared):
             raise StaleWrite(f"{len(prepared) - cursor.rowcount} of {len(prepared)} tasks moved past their version")
-    events = TaskEvent.objects.bulk_create([
-        TaskEvent(task_id=p.task.pk, tenant_id=p.task.tenant_id, seq=p.task.version + 1, type=p.event_type,
-                  payload=p.payload, payload_digest=sha256_json(p.payload), occurred_at=now, actor=p.actor,
-                  lease_generation=p.task.lease_generation)
-        for p in prepared])
+    rows = [TaskEvent(task_id=p.task.pk, tenant_id=p.task.tenant_id, seq=p.task.version + 1 + i, type=event_type,
+                      payload=payload, payload_digest=sha256_json(payload), occurred_at=now, actor=p.actor,
+                      lease_generation=p.task.lease_generation)
+            for p, chain in chains for i, (event_type, payload, _) in enumerate(chain)]
+    events = TaskEvent.objects.bulk_create(rows)
     every = settings.FAULTDESK["SNAPSHOT_EVERY"]
-    snapshots = [TaskSnapshot(task_id=p.task.pk, seq=p.task.version + 1, state=p.new_state,
-                              digest=_state_digest(p.new_state),
+    snapshots = [TaskSnapshot(task_id=p.task.pk, seq=p.task.version + 1 + i, state=state, digest=_state_digest(state),
                               reducer_version=(p.task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION))
-                 for p in prepared if every and (p.task.version + 1) % every == 0]
+                 for p, chain in chains for i, (_, _, state) in enumerate(chain)
+                 if every and (p.task.version + 1 + i) % every == 0]
     if snapshots:
         TaskSnapshot.objects.bulk_create(snapshots)
     # The tenant's day row moves once per tenant and day, by the batch's sum.
     tenant_ledger_apply_many([(p.task, p.task.state, p.new_state) for p in prepared])
-    for p, event in zip(prepared, events, strict=True):
-        for project in _PROJECTIONS:
-            project(p.task, event, p.new_state)
-
-    for p, event in zip(prepared, events, strict=True):
-        events_log.info("event.appended", tenant_id=str(p.task.tenant_id), task_id=str(p.task.pk),
-                        event_seq=event.seq, event_type=p.event_type, actor=p.actor, lease_generation=None,
-                        status=p.new_state["status"])
-        transaction.on_commit(lambda t=p.event_type: failpoint(f"after_commit:{t}"))
+    written = iter(events)
+    firsts = []
+    for p, chain in chains:
+        before = p.task
+        for i, (event_type, _, state) in enumerate(chain):
+            event = next(written)
+            if i == 0:
+                firsts.append(event)
+            for project in _PROJECTIONS:
+                project(before, event, state)
+            events_log.info("event.appended", tenant_id=str(p.task.tenant_id), task_id=str(p.task.pk),
+                            event_seq=event.seq, event_type=event_type, actor=p.actor, lease_generation=None,
+                            status=state["status"])
+            transaction.on_commit(lambda t=event_type: failpoint(f"after_commit:{t}"))
+            # the task as read before the next event of the chain: the status this event left
+            before = copy.copy(p.task)
+            before.status, before.state = state["status"], state
     # The in-memory tasks follow their rows (a caller whose transaction rolls back drops them).
-    for p, c in columns:
-        for field, value in c.items():
-            setattr(p.task, field, value)
-        p.task.version += 1
-    return events
+    for (p, c), (_, chain) in zip(columns, chains, strict=True):
+        for name, value in c.items():
+            setattr(p.task, name, value)
+        p.task.version += len(chain)
+    return firsts
 
 
 def _stale_reason(task_id, expected: int, generation: int | None) -> str:

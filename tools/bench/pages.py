@@ -60,8 +60,7 @@ def _in_process(max_events: int):
 def _drive_to_approval(task_id: uuid.UUID, *, rounds: int = 10):
     """Run the agent and tools steps in-process until the task waits for approval; returns the
     task. SystemExit when it stops elsewhere."""
-    from apps.agent.context import context_read
-    from apps.agent.runner import agent_run
+    from apps.agent.runner import agent_run, context_read
     from apps.tasks.models import Task
 
     task = Task.objects.get(pk=task_id)

@@ -9,10 +9,9 @@ from apps.agent.runner import agent_run
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.core.errors import Forbidden
-from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.tasks import reducer
-from apps.tasks.services import task_cancel, task_submit
-from tests.conftest import drive, p
+from apps.tasks.services import task_submit
+from tests.conftest import created_then_cancelled, drive, p
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
@@ -23,9 +22,8 @@ def test_an_admin_who_cancels_cannot_approve_the_compensation(requester, approve
     approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
                     decision="approve", reason="ok")
     agent_run(task_id=task.pk)
-    outbox_dispatch_batch()  # the ticket exists
-    task_cancel(principal=p(admin_user), task_id=task.pk, reason="duplicate of another report")
-    task = drive(task.pk)
+    task = created_then_cancelled(task.pk, canceller=admin_user, refadmin=refadmin,
+                                  reason="duplicate of another report")
     assert task.status == reducer.COMPENSATING
     compensation = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
     assert compensation.tool == "ticket.update" and compensation.requested_by_id == admin_user.pk

@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 
 from apps.actions.models import Action, ActionAttempt
-from apps.agent import context, intent
-from apps.agent.runner import agent_run
+from apps.agent import intent
+from apps.agent.runner import agent_run, context_read
 from apps.approvals.models import ApprovalPolicy
 from apps.events.models import RefusedEvent
 from apps.outbox import dispatch as outbox
@@ -51,7 +51,7 @@ def test_a_dispatch_queued_twice_sends_one_request(requester, device, kb, refser
     task = task_submit(principal=p(requester), device_id=device.pk, symptom="Fuser error after warm-up.").task
     for _ in range(4):
         agent_run(task_id=task.pk)
-        context.context_read(task_id=task.pk)
+        context_read(task_id=task.pk)
     assert Task.objects.get(pk=task.pk).status == reducer.DISPATCHING
     action = Action.objects.get(task=task)
     barrier = threading.Barrier(2)

@@ -9,14 +9,15 @@ from __future__ import annotations
 import pytest
 
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
-from apps.agent.context import context_read
-from apps.agent.runner import agent_run
+from apps.agent.runner import agent_run, context_read
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
 from apps.outbox import dispatch as outbox
 from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.tasks import reducer
 from apps.tasks.models import Task
+from apps.tasks.replay import task_replay
 from apps.tasks.services import task_submit
 from tests.conftest import p
 from tests.factories import DeviceFactory
@@ -84,10 +85,15 @@ def test_a_batch_sends_each_row_once_and_records_its_receipts_together(committed
         assert (attempt.number, attempt.outcome) == (1, AttemptOutcome.RECEIPT)
         assert attempt.fencing_token == OutboxMessage.objects.get(action=action).lease_generation
         task = Task.objects.get(pk=action.task_id)
-        # one event, at the next seq, the materialized state following it
-        assert task.version == before[task.pk] + 1
-        assert TaskEvent.objects.get(task=task, seq=task.version).type == "receipt.recorded"
-        assert task.state["receipt"]["external_id"] == action.external_id
+        # the receipt and the completion it leads to, at the next two seqs, in the same commit;
+        # the materialized state follows them
+        assert task.version == before[task.pk] + 2
+        receipt, completed = TaskEvent.objects.filter(task=task, seq__gt=before[task.pk]).order_by("seq")
+        assert (receipt.type, completed.type) == ("receipt.recorded", "task.completed")
+        assert completed.payload["reason"] == "ticket_created"
+        assert action.external_id in completed.payload["answer"]["knowledge"]["text"]
+        assert task.status == reducer.COMPLETED and task.state["receipt"]["external_id"] == action.external_id
+        assert task_replay(task).ok
 
 
 def test_a_crash_after_the_requests_left_resends_with_the_same_keys(committed_three, refadmin, monkeypatch):

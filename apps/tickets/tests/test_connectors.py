@@ -10,8 +10,7 @@ import pytest
 from django.utils import timezone
 
 from apps.actions.models import Action
-from apps.agent.context import context_read
-from apps.agent.runner import agent_run
+from apps.agent.runner import agent_run, context_read
 from apps.approvals.models import ApprovalPolicy
 from apps.core import tool_errors as errors
 from apps.outbox.dispatch import outbox_claim_batch
