@@ -632,7 +632,9 @@ def test_e2e_stops_when_not_every_task_ended(monkeypatch):
     monkeypatch.setattr(redis, "Redis", lambda *a, **k: SimpleNamespace(flushdb=lambda: None))
     monkeypatch.setattr(e2e, "tenant_seed", lambda *a, **k: SimpleNamespace(users={"requester": "r"},
                                                                              devices=list(range(10))))
-    monkeypatch.setattr(e2e, "submit_all", lambda base, user, devices, n, prefix: [f"{prefix}-{i}" for i in range(n)])
+    monkeypatch.setattr(e2e, "submit_all",
+                        lambda base, user, devices, n, prefix, **k: [f"{prefix}-{i}" for i in range(n)])
+    monkeypatch.setattr(e2e, "session_client", lambda base, user: SimpleNamespace(close=lambda: None))
     monkeypatch.setattr(e2e, "wait_terminal",
                         lambda conn, ids, timeout, **k: 2 if ids[0].startswith("e2e") else len(ids))
     monkeypatch.setattr(e2e, "WalCommits", lambda conn: SimpleNamespace(start=lambda: None, stop=lambda: (0, 0)))

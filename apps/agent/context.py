@@ -82,7 +82,7 @@ def context_step(task: Task, lease: Lease) -> bool:
         try:
             task, reservation = budget_reserve(task_id=task.pk, activity="context_read",
                                                amounts={"tool_calls": calls}, actor=actor,
-                                               lease_generation=gen, timeout_s=timeout)
+                                               lease_generation=gen, timeout_s=timeout, task=task)
         except BudgetExceeded as exc:
             fail(task, lease, exc.reason)
             return False

@@ -113,7 +113,7 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
         return fail(task, lease, deadline_reason(task)), None, False
     try:
         task, res = budget_reserve(task_id=task.pk, activity="model_call", amounts=amounts, actor=actor,
-                                   lease_generation=gen, timeout_s=timeout)
+                                   lease_generation=gen, timeout_s=timeout, task=task)
     except BudgetExceeded as exc:
         return fail(task, lease, exc.reason), None, False
     call = {"provider": task.artifact_bundle.get("model_provider", "local"), "model": task.artifact_bundle["model"],
@@ -125,7 +125,7 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
         latency = int((timezone.now() - started).total_seconds() * 1000)
         task = budget_settle(task_id=task.pk, reservation_id=res.id, used={"retries": amounts["retries"]},
                              actor=actor, lease_generation=gen, event_type="model.called",
-                             extra={**call, "outcome": "ok", "usage": None, "latency_ms": latency})
+                             extra={**call, "outcome": "ok", "usage": None, "latency_ms": latency}, task=task)
         return task, draft, True
     with checkpoint():  # the reservation is committed before the call leaves the process
         try:

@@ -41,6 +41,7 @@ from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.llm.providers import runs_in_process
 from apps.tasks import reducer
 from apps.tasks.answer import completion_event
+from apps.tasks.budget import stale_reservations
 from apps.tasks.leases import Lease, task_claim, task_release
 from apps.tasks.models import Task
 from apps.tasks.store import RunTransaction, StaleWrite, task_append_event
@@ -105,12 +106,13 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
     or None. The refusals a run expects end it here, recorded: a lost lease or CAS
     (``StaleWrite``), an event δ refused (``IllegalTransition``)."""
     try:
-        task = Task.objects.get(pk=task_id)
-        bind(tenant_id=task.tenant_id, task_id=task.pk, lease_generation=lease.generation, step=f"run:{pool}")
-        if has_ledger(task):
-            release_stale(task, lease)
-        for _ in range(MAX_STEPS_PER_RUN):
-            task = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
+        first = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
+        bind(tenant_id=first.tenant_id, task_id=first.pk, lease_generation=lease.generation, step=f"run:{pool}")
+        if has_ledger(first) and stale_reservations(first, lease.generation):
+            release_stale(first, lease)
+            first = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
+        for i in range(MAX_STEPS_PER_RUN):
+            task = _reread(task_id, first) if i else first
             needs = pool_for(task)
             if needs not in (pool, ANY):
                 return needs
@@ -132,6 +134,14 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
         # Already recorded as a refused event; the task stays as it was.
         log.warning("run on %s for %s: %s", pool, task_id, exc)
     return None
+
+
+def _reread(task_id: uuid.UUID, first: Task) -> Task:
+    """The task row as it stands now, with the tenant, requester and device read at the run's start
+    (a step changes the task row only; its related rows are read once per run)."""
+    task = Task.objects.get(pk=task_id)
+    task.tenant, task.requester, task.device = first.tenant, first.requester, first.device
+    return task
 
 
 def retrieval_start(task: Task, lease: Lease) -> bool:

@@ -13,10 +13,14 @@ def pending_approvals_close(task, event, new_state: dict) -> None:
     """Invalidate ``task``'s pending approvals on ``cancel.requested`` ("the task was cancelled")
     and when the event ends the task ("the task ended (STATUS: reason)"). ``task`` is the task as
     read before ``event``; runs inside the event's transaction."""
+    cancelled = event.type == "cancel.requested"
+    ended = new_state["status"] in reducer.TERMINAL and task.status not in reducer.TERMINAL
+    if not (cancelled or ended):
+        return  # most events: nothing to close, and no query built for it
     pending = ApprovalRequest.objects.for_tenant(task.tenant_id).filter(task_id=task.pk,
                                                                          status=ApprovalStatus.PENDING)
-    if event.type == "cancel.requested":
+    if cancelled:
         pending.update(status=ApprovalStatus.INVALIDATED, reason="the task was cancelled")
-    if new_state["status"] in reducer.TERMINAL and task.status not in reducer.TERMINAL:
+    if ended:
         reason = f"the task ended ({new_state['status']}: {new_state.get('termination_reason') or ''})"
         pending.update(status=ApprovalStatus.INVALIDATED, reason=reason[:2000])

@@ -51,10 +51,12 @@ def _append(task: Task, event_type: str, payload: dict, actor: str, lease_genera
 
 
 def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: str,
-                   lease_generation: int | None = None, timeout_s: float | None = None) -> tuple[Task, Reservation]:
+                   lease_generation: int | None = None, timeout_s: float | None = None,
+                   task: Task | None = None) -> tuple[Task, Reservation]:
     """Admit an activity by reserving ``amounts`` (``{"money", "tokens", "tool_calls", "retries"}``,
     non-negative ints; missing ones are 0) on task ``task_id``: one ``budget.reserved`` event,
-    atomic with the tenant's day row.
+    atomic with the tenant's day row. ``task``: the task as a lease holder read it in its run's
+    transaction (not read and locked again; the CAS still refuses it if it moved meanwhile).
 
     Returns ``(task, reservation)``. Raises :class:`BudgetExceeded` (nothing written) when any
     dimension of the task or of its tenant's daily quota would pass its limit;
@@ -65,7 +67,7 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
     amounts = {d: int(amounts.get(d, 0)) for d in reducer_v3.DIMENSIONS}
     rid = str(uuid.uuid4())
     with transaction.atomic():
-        task = _locked(task_id)
+        task = task if task is not None and task.pk == task_id else _locked(task_id)
         if task.status in (reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING):
             room = reducer_v3.headroom(task.state)
             for dim in reducer_v3.DIMENSIONS:
@@ -90,10 +92,12 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
 
 def budget_settle(*, task_id: uuid.UUID, reservation_id: str, used: dict, actor: str,
                   lease_generation: int | None = None, event_type: str = "budget.settled",
-                  extra: dict | None = None) -> Task:
+                  extra: dict | None = None, task: Task | None = None) -> Task:
     """Settle a reservation at its real cost ``used`` (per dimension ``0 ≤ c ≤ r``): ``U += c,
     R -= r``. ``event_type`` is ``budget.settled`` or ``model.called`` (whose ``extra`` payload
-    records the call). Legal after a cancel too: the cost happened.
+    records the call). Legal after a cancel too: the cost happened. ``task``: as for
+    :func:`budget_reserve` — only for a settlement in the same transaction as the task was read
+    (an activity that ran outside it may have seen the task move: read it again).
 
     Raises :class:`~apps.tasks.reducer.IllegalTransition` (recorded as refused) when the
     reservation is no longer open — a late result whose reservation was released — or ``c > r``;
@@ -104,7 +108,8 @@ def budget_settle(*, task_id: uuid.UUID, reservation_id: str, used: dict, actor:
                "settled_at": timezone.now().isoformat()}
     try:
         with transaction.atomic():
-            return _append(_locked(task_id), event_type, payload, actor, lease_generation)
+            task = task if task is not None and task.pk == task_id else _locked(task_id)
+            return _append(task, event_type, payload, actor, lease_generation)
     except reducer.IllegalTransition as exc:
         refused_after_rollback(task_id=task_id, event_type=event_type, payload=payload, reason=exc.reason,
                                actor=actor, lease_generation=lease_generation)

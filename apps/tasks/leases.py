@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -36,21 +36,39 @@ def compensation_due_q() -> Q:
             & ~Q(state__receipt=None) & Q(state__receipt__kind__isnull=True))
 
 
+_CLAIM_SQL = """
+UPDATE {task} SET lease_owner = %(owner)s, lease_expires_at = %(until)s, lease_generation = lease_generation + 1
+WHERE id = (SELECT id FROM {task} WHERE id = %(task_id)s AND NOT (status = ANY(%(terminal)s))
+              AND (lease_owner IS NULL OR lease_expires_at < %(now)s)
+            FOR UPDATE SKIP LOCKED)
+RETURNING lease_generation
+"""
+
+
 def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | None = None) -> Lease | None:
     """Claim the lease of a non-terminal task that nobody holds (or whose lease expired) — or of
     a cancelled task a compensation is due for (:func:`compensation_due_q`).
 
     Increments the fencing token. Returns the :class:`Lease`, or None when another worker holds
-    a live lease or the task is terminal / gone.
+    a live lease (or its transaction holds the row) or the task is terminal / gone.
     """
     owner = owner or worker_identity()
     seconds = seconds or settings.FAULTDESK["LEASE_SECONDS"]
     now = timezone.now()
+    # The usual claim, in one statement: a task that is not terminal.
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL.format(task=Task._meta.db_table),
+                       {"owner": owner, "until": now + timedelta(seconds=seconds), "task_id": task_id,
+                        "terminal": [str(s) for s in reducer.TERMINAL], "now": now})
+        row = cursor.fetchone()
+    if row is not None:
+        return Lease(task_id=task_id, owner=owner, generation=row[0])
+    # A terminal task is claimable only when a compensation is due for it.
     with transaction.atomic():
         task = (
             Task.objects.select_for_update(skip_locked=True)
             .filter(pk=task_id)
-            .filter(~Q(status__in=reducer.TERMINAL) | compensation_due_q())
+            .filter(compensation_due_q())
             .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now))
             .first()
         )
@@ -76,8 +94,7 @@ def task_lease_renew(*, lease: Lease, seconds: int | None = None) -> None:
 
 def task_release(*, lease: Lease) -> bool:
     """Give the lease back if it is still ours (same fencing token). Returns True if released."""
-    return bool(
-        Task.objects.filter(pk=lease.task_id, lease_generation=lease.generation).update(
-            lease_owner=None, lease_expires_at=None
-        )
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Task._meta.db_table} SET lease_owner = NULL, lease_expires_at = NULL "  # noqa: S608
+                       "WHERE id = %s AND lease_generation = %s", [lease.task_id, lease.generation])
+        return cursor.rowcount == 1

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import structlog
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from apps.core.digests import sha256_json
@@ -223,25 +222,10 @@ def task_append_event(
     failpoint(f"before_commit:{event_type}")
     try:
         with transaction.atomic():
-            filt = Q(pk=task.pk, version=expected)
-            if lease_generation is not None:
-                filt &= Q(lease_generation=lease_generation)
             columns = _apply_row(task, new_state)
-            updated = Task.objects.filter(filt).update(version=expected + 1, updated_at=now, **columns)
-            if updated != 1:
-                raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
-            event = TaskEvent.objects.create(
-                task_id=task.pk,
-                tenant_id=task.tenant_id,
-                seq=expected + 1,
-                type=event_type,
-                payload=payload,
-                payload_digest=sha256_json(payload),
-                occurred_at=occurred_at or now,
-                causation_id=causation_id,
-                actor=actor,
-                lease_generation=lease_generation if lease_generation is not None else task.lease_generation,
-            )
+            event = _cas_and_insert(task, columns, expected=expected, lease_generation=lease_generation, now=now,
+                                    event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
+                                    occurred_at=occurred_at or now)
             every = settings.FAULTDESK["SNAPSHOT_EVERY"]
             if every and (expected + 1) % every == 0:
                 TaskSnapshot.objects.create(
@@ -272,6 +256,49 @@ def task_append_event(
     else:
         failpoint(f"after_commit:{event_type}")
     return task
+
+
+_APPEND_SQL = """
+WITH cas AS (
+    UPDATE {task} SET version = %(seq)s, updated_at = %(now)s, status = %(status)s, state = %(state)s::jsonb,
+        termination_reason = %(reason)s, budget_total = %(total)s, budget_used = %(used)s,
+        budget_reserved = %(reserved)s
+    WHERE id = %(task_id)s AND version = %(expected)s {fence}
+    RETURNING id)
+INSERT INTO {event} (id, task_id, tenant_id, seq, type, payload, payload_digest, occurred_at, recorded_at,
+                     causation_id, actor, lease_generation)
+SELECT %(event_id)s, cas.id, %(tenant_id)s, %(seq)s, %(type)s, %(payload)s::jsonb, %(digest)s, %(occurred_at)s,
+       %(now)s, %(causation_id)s, %(actor)s, %(event_generation)s
+FROM cas
+"""
+
+
+def _cas_and_insert(task: Task, columns: dict, *, expected: int, lease_generation: int | None, now, event_type: str,
+                    payload: dict, actor: str, causation_id, occurred_at) -> TaskEvent:
+    """The commit of one event in one statement: the CAS ``UPDATE`` of the task row (``version =
+    expected``, and the fencing token when ``lease_generation`` is given) and, only when it
+    matched, the event's ``INSERT`` at ``seq = expected + 1``. Returns the event (as written);
+    raises :class:`StaleWrite` when the CAS matched no row."""
+    generation = lease_generation if lease_generation is not None else task.lease_generation
+    event = TaskEvent(id=uuid.uuid4(), task_id=task.pk, tenant_id=task.tenant_id, seq=expected + 1, type=event_type,
+                      payload=payload, payload_digest=sha256_json(payload), occurred_at=occurred_at, recorded_at=now,
+                      causation_id=causation_id, actor=actor, lease_generation=generation)
+    sql = _APPEND_SQL.format(task=Task._meta.db_table, event=TaskEvent._meta.db_table,
+                             fence="AND lease_generation = %(fence)s" if lease_generation is not None else "")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {
+            "task_id": task.pk, "expected": expected, "fence": lease_generation, "seq": expected + 1, "now": now,
+            "status": str(columns["status"]), "state": json.dumps(columns["state"]),
+            "reason": columns["termination_reason"],
+            "total": columns["budget_total"], "used": columns["budget_used"], "reserved": columns["budget_reserved"],
+            "event_id": event.id, "tenant_id": task.tenant_id, "type": event_type, "payload": json.dumps(payload),
+            "digest": event.payload_digest, "occurred_at": occurred_at, "causation_id": causation_id, "actor": actor,
+            "event_generation": generation,
+        })
+        if cursor.rowcount != 1:
+            raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
+    event._state.adding, event._state.db = False, connection.alias
+    return event
 
 
 @dataclass

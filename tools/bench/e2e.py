@@ -43,10 +43,15 @@ FROM tasks_task t WHERE t.id = ANY(%s)
 """
 
 
-def submit_all(base: str, username: str, devices: list[int], n: int, *, prefix: str, threads: int = 8) -> list[str]:
+def submit_all(base: str, username: str, devices: list[int], n: int, *, prefix: str, threads: int = 8,
+               clients: list | None = None) -> list[str]:
     """POST ``n`` reports to ``/api/tasks/`` from ``threads`` logged-in sessions, each with its own
-    Idempotency-Key and device; returns the accepted task ids. SystemExit on a refusal."""
-    clients = [session_client(base, username) for _ in range(threads)]
+    Idempotency-Key and device; returns the accepted task ids. ``clients``: sessions logged in
+    before (one per thread, kept open), so that signing in — a password hash each, about 0.3 s of
+    the web's CPU — is not counted as the reports' cost. SystemExit on a refusal."""
+    own = clients is None
+    clients = clients if clients is not None else [session_client(base, username) for _ in range(threads)]
+    threads = len(clients)
 
     def one(i: int) -> str:
         client = clients[i % threads]
@@ -60,8 +65,9 @@ def submit_all(base: str, username: str, devices: list[int], n: int, *, prefix: 
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
         ids = list(pool.map(one, range(n)))
-    for c in clients:
-        c.close()
+    if own:
+        for c in clients:
+            c.close()
     return ids
 
 
@@ -115,17 +121,22 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
             from tools.bench.profile import Sampler
 
             sampler = Sampler(bench.procs["worker"].pid, BENCH_DIR / f"profile-e2e-{workers}w.txt")
+            web_sampler = Sampler(bench.procs["web"].pid, BENCH_DIR / f"profile-e2e-{workers}w-web.txt")
+        # The requesters sign in before the measured part: a sign-in is a session's cost, not a report's.
+        sessions = [session_client(base, seeded.users["requester"]) for _ in range(8)]
         wal = WalCommits(conn)
         wal.start()
         cpu_before = bench.cpu_seconds(ROLES)
         started = time.time()
-        ids = submit_all(base, seeded.users["requester"], seeded.devices[:n], n, prefix=f"e2e-{workers}")
+        ids = submit_all(base, seeded.users["requester"], seeded.devices[:n], n, prefix=f"e2e-{workers}",
+                         clients=sessions)
         submitted = time.time() - started
         done = wait_terminal(conn, ids, timeout=max(300, n * 2), alive=alive)
         cpu_after = bench.cpu_seconds(ROLES)
         commits, _ = wal.stop()
         if sampler is not None:
             sampler.stop()
+            web_sampler.stop()
         # Service latency without a queue: a few reports one at a time, each after the last ended.
         # SQL statements per task are counted here, where logging each one slows nothing measured.
         alone, statements, control = [], 0, 0
@@ -135,10 +146,12 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
             try:
                 for i in range(UNLOADED):
                     alone += submit_all(base, seeded.users["requester"], [seeded.devices[n + 2 * workers + i]], 1,
-                                        prefix=f"alone-{workers}-{i}", threads=1)
+                                        prefix=f"alone-{workers}-{i}", clients=sessions[:1])
                     wait_terminal(conn, alone[-1:], timeout=60)
             finally:
                 statements, control = sql.stop()
+        for client in sessions:
+            client.close()
         bench.note_peak("worker", "worker")
         bench.note_peak("web", "web")
     finally:
@@ -150,7 +163,8 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
     if profile:
         from tools.bench.profile import report
 
-        report(BENCH_DIR / f"profile-e2e-{workers}w.txt")
+        report(BENCH_DIR / f"profile-e2e-{workers}w.txt", top=30)
+        report(BENCH_DIR / f"profile-e2e-{workers}w-web.txt", top=30, label="web")
     with conn.cursor() as cur:
         cur.execute(_LATENCY_SQL, [ids])
         rows = cur.fetchall()

@@ -2,8 +2,11 @@
 end-to-end run, and the collapsed stacks are summed per function — inclusive (the function and
 what it calls) and self — so that the largest cost per task has a name.
 
-py-spy leaves out samples in which a thread waits (on PostgreSQL, Redis or HTTP), so the shares
-are of CPU time on the worker's side."""
+Only samples of a thread holding the GIL are kept (``--gil``): a thread waiting on PostgreSQL,
+Redis or HTTP inside a C extension (psycopg's wait, its send) releases the GIL, and without the
+flag py-spy counted those waits as if they were the worker's own time (a third of the samples).
+The shares are of the Python interpreter's time; NumPy's kernels that release the GIL are left
+out too."""
 
 from __future__ import annotations
 
@@ -18,14 +21,14 @@ _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
 
 
 class Sampler:
-    """``py-spy record`` on process ``pid`` and its children, writing collapsed stacks to ``out``
-    at ``rate`` samples/s until :meth:`stop`."""
+    """``py-spy record`` on process ``pid`` and its children, writing collapsed stacks of the
+    threads that hold the GIL to ``out`` at ``rate`` samples/s until :meth:`stop`."""
 
     def __init__(self, pid: int, out: Path, *, rate: int = 200):
         self.out = out
         self.proc = subprocess.Popen(  # noqa: S603
             [str(BIN / "py-spy"), "record", "--pid", str(pid), "--subprocesses", "--format", "raw", "--rate",
-             str(rate), "--nonblocking", "--output", str(out)],
+             str(rate), "--nonblocking", "--gil", "--output", str(out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
@@ -74,14 +77,16 @@ def summarize(raw: Path, *, top: int = 15) -> dict:
     return {"samples": total, "inclusive": share(inclusive), "self": share(own)}
 
 
-def report(raw: Path, *, top: int = 15) -> dict:
-    """Print :func:`summarize`'s tables for ``raw`` and return them."""
-    result = summarize(raw, top=top)
-    print(f"  profile of the worker processes: {result['samples']:,} CPU samples ({raw})", flush=True)
+def report(raw: Path, *, top: int = 15, label: str = "worker") -> dict:
+    """Print :func:`summarize`'s tables for ``raw`` (the processes of role ``label``) and return
+    them. The inclusive table leaves out the frames nearly every sample passes through (the
+    process's own loop: Celery's or gunicorn's, at 85% and more), which name no cost."""
+    result = summarize(raw, top=top + 40)
+    print(f"  profile of the {label} processes: {result['samples']:,} CPU samples ({raw})", flush=True)
     print("  inclusive share (function and what it calls):", flush=True)
-    for name, s in result["inclusive"]:
+    for name, s in [(n, s) for n, s in result["inclusive"] if s < 0.85][:top]:
         print(f"    {s:6.1%}  {name}", flush=True)
     print("  self share:", flush=True)
-    for name, s in result["self"]:
+    for name, s in result["self"][:top]:
         print(f"    {s:6.1%}  {name}", flush=True)
     return result
