@@ -25,7 +25,7 @@ from django.utils import timezone
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.reducer import v3 as reducer_v3
-from apps.tasks.store import refused_after_rollback, task_append_event
+from apps.tasks.store import event_transaction, refused_after_rollback, task_append_event
 from apps.tasks.usage import BudgetExceeded
 
 
@@ -66,7 +66,7 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
     """
     amounts = {d: int(amounts.get(d, 0)) for d in reducer_v3.DIMENSIONS}
     rid = str(uuid.uuid4())
-    with transaction.atomic():
+    with event_transaction() as lean:
         task = task if task is not None and task.pk == task_id else _locked(task_id)
         if task.status in (reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING):
             room = reducer_v3.headroom(task.state)
@@ -79,6 +79,8 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
         try:
             task = _append(task, "budget.reserved", payload, actor, lease_generation)
         except reducer.IllegalTransition as exc:
+            if lean:
+                raise  # recorded as refused in the run's transaction, which goes on
             transaction.set_rollback(True)
             refused = exc
         else:
@@ -106,13 +108,15 @@ def budget_settle(*, task_id: uuid.UUID, reservation_id: str, used: dict, actor:
     payload = {**(extra or {}), "reservation_id": reservation_id,
                "used": {d: int(used.get(d, 0)) for d in reducer_v3.DIMENSIONS},
                "settled_at": timezone.now().isoformat()}
+    lean = False
     try:
-        with transaction.atomic():
+        with event_transaction() as lean:
             task = task if task is not None and task.pk == task_id else _locked(task_id)
             return _append(task, event_type, payload, actor, lease_generation)
     except reducer.IllegalTransition as exc:
-        refused_after_rollback(task_id=task_id, event_type=event_type, payload=payload, reason=exc.reason,
-                               actor=actor, lease_generation=lease_generation)
+        if not lean:  # in a run's transaction the refusal stands as recorded
+            refused_after_rollback(task_id=task_id, event_type=event_type, payload=payload, reason=exc.reason,
+                                   actor=actor, lease_generation=lease_generation)
         raise
 
 
@@ -120,7 +124,7 @@ def budget_release(*, task_id: uuid.UUID, reservation_ids: list[str], reason: st
                    lease_generation: int | None = None) -> Task:
     """Release unused reservations (``R -= r``): one ``budget.released`` event. Ids no longer
     open are skipped; with none left, nothing is written. Returns the task."""
-    with transaction.atomic():
+    with event_transaction():
         task = _locked(task_id)
         open_ids = [rid for rid in reservation_ids if rid in (task.state.get("reservations") or {})]
         if not open_ids:

@@ -33,7 +33,7 @@ from apps.core.failpoints import failpoint
 from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.usage import tenant_ledger_apply, tenant_ledger_apply_many
+from apps.tasks.usage import tenant_ledger_apply, tenant_ledger_apply_many, tenant_ledger_moves
 
 #: one structured line per committed event (config.logs): tenant, task, seq, type, actor, fencing token
 events_log = structlog.get_logger("faultdesk.events")
@@ -220,24 +220,12 @@ def task_append_event(
     expected = task.version
     now = timezone.now()
     failpoint(f"before_commit:{event_type}")
+    columns = _apply_row(task, new_state)
     try:
-        with transaction.atomic():
-            columns = _apply_row(task, new_state)
-            event = _cas_and_insert(task, columns, expected=expected, lease_generation=lease_generation, now=now,
-                                    event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
-                                    occurred_at=occurred_at or now)
-            every = settings.FAULTDESK["SNAPSHOT_EVERY"]
-            if every and (expected + 1) % every == 0:
-                TaskSnapshot.objects.create(
-                    task_id=task.pk, seq=expected + 1, state=new_state, digest=_state_digest(new_state),
-                    reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION),
-                )
-            if "limits" in new_state:
-                tenant_ledger_apply(task, task.state, new_state)  # BudgetExceeded rolls the event back
-            if side_effects is not None:
-                side_effects(task, event)
-            for project in _PROJECTIONS:
-                project(task, event, new_state)
+        with event_transaction() as lean:
+            _write_event(task, new_state, columns, lean=lean, expected=expected, lease_generation=lease_generation,
+                         now=now, event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
+                         occurred_at=occurred_at or now, side_effects=side_effects)
     except StaleWrite:
         refused_event_record(task=task, event_type=event_type, payload=payload,
                              reason=_stale_reason(task.pk, expected, lease_generation), actor=actor,
@@ -256,6 +244,66 @@ def task_append_event(
     else:
         failpoint(f"after_commit:{event_type}")
     return task
+
+
+@contextlib.contextmanager
+def event_transaction() -> Iterator[bool]:
+    """The transaction an event's writes go in: inside a run's own transaction (its level, no
+    savepoint of it open) the run's transaction itself, yielding True; anywhere else a
+    ``transaction.atomic()`` block (a savepoint inside a caller's transaction), yielding False.
+
+    Without a savepoint, an event raises the refusals its callers expect — δ's, a lost CAS, the
+    tenant's quota — before it writes anything, so the run's transaction goes on after them; a
+    failure after the event wrote (its side effects, a projection) marks the run's transaction for
+    rollback, which its end then rolls back whole, as a crash before the commit would."""
+    run = _RUN.get()
+    if run is not None and run._atomic is not None and len(transaction.get_connection().atomic_blocks) == run._depth:
+        yield True
+        return
+    with transaction.atomic():
+        yield False
+
+
+_LOCK_SQL = "SELECT 1 FROM {task} WHERE id = %(task_id)s AND version = %(expected)s {fence} FOR UPDATE"
+
+
+def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expected: int,
+                 lease_generation: int | None, now, event_type: str, payload: dict, actor: str, causation_id,
+                 occurred_at, side_effects) -> TaskEvent:
+    """The writes of one event (:func:`task_append_event`), in the order that lets an event with no
+    savepoint (``lean``) refuse before it writes: an event that moves the tenant's day ledger first
+    locks its task row at the expected version and fencing token (:class:`StaleWrite` otherwise)
+    and moves the day row under the quota (:class:`~apps.tasks.usage.BudgetExceeded`: the row is
+    not moved); then the CAS and the event's insert (:class:`StaleWrite` when it matched nothing);
+    then the snapshot, the side effects and the projections, whose failure, when ``lean``, marks
+    the transaction for rollback. Returns the event."""
+    fence = "AND lease_generation = %(fence)s" if lease_generation is not None else ""
+    if "limits" in new_state and tenant_ledger_moves(task.state, new_state):
+        with connection.cursor() as cursor:
+            cursor.execute(_LOCK_SQL.format(task=Task._meta.db_table, fence=fence),
+                           {"task_id": task.pk, "expected": expected, "fence": lease_generation})
+            if cursor.fetchone() is None:
+                raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
+        tenant_ledger_apply(task, task.state, new_state)  # BudgetExceeded: nothing written
+    event = _cas_and_insert(task, columns, expected=expected, lease_generation=lease_generation, now=now,
+                            event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
+                            occurred_at=occurred_at)
+    try:
+        every = settings.FAULTDESK["SNAPSHOT_EVERY"]
+        if every and (expected + 1) % every == 0:
+            TaskSnapshot.objects.create(
+                task_id=task.pk, seq=expected + 1, state=new_state, digest=_state_digest(new_state),
+                reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION),
+            )
+        if side_effects is not None:
+            side_effects(task, event)
+        for project in _PROJECTIONS:
+            project(task, event, new_state)
+    except BaseException:
+        if lean:
+            transaction.set_rollback(True)  # the event is written: only the whole transaction can undo it
+        raise
+    return event
 
 
 _APPEND_SQL = """

@@ -40,6 +40,11 @@ def tenant_ledger_apply(task: Task, old: dict, new: dict) -> None:
     tenant_ledger_apply_many([(task, old, new)])
 
 
+def tenant_ledger_moves(old: dict, new: dict) -> bool:
+    """Does the change from task state ``old`` to ``new`` move the tenant's day row at all?"""
+    return any(any(pair) for pair in _ledger_deltas(old, new).values())
+
+
 def _ledger_deltas(old: dict, new: dict) -> dict[str, tuple[int, int]]:
     def acct(state: dict, dim: str) -> dict:
         if dim == "money":
