@@ -10,6 +10,7 @@ work or doubles a ticket, which is the price the durability layer exists to avoi
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 import uuid
@@ -95,10 +96,12 @@ def run(bench: Bench, *, seconds: float = 15, threads: int = 8) -> None:
         with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
             wal = WalCommits(conn)
             wal.start()
+            cpu_before = {**bench.cpu_seconds(["refservice-floor"]), "bench": _own_cpu_seconds()}
             started = time.monotonic()
             stop_at[0] = started + seconds
             flows = sum(pool.map(lambda _: worker(), range(threads)))
             elapsed = time.monotonic() - started
+            cpu_after = {**bench.cpu_seconds(["refservice-floor"]), "bench": _own_cpu_seconds()}
             commits, _ = wal.stop()
     finally:
         bench.stop("refservice-floor")
@@ -108,3 +111,16 @@ def run(bench: Bench, *, seconds: float = 15, threads: int = 8) -> None:
     bench.figure("floor.flow_p50_ms", percentile(durations, 50) * 1000, "ms")
     bench.figure("floor.flow_p95_ms", percentile(durations, 95) * 1000, "ms")
     bench.figure("floor.commits_per_flow", commits / flows, "commits")
+    cpu = {("refservice" if role == "refservice-floor" else role): (cpu_after[role] - cpu_before[role]) * 1000 / flows
+           for role in cpu_after if role in cpu_before}
+    for role, ms in cpu.items():
+        bench.figure(f"floor.cpu_ms_per_flow.{role}", ms, "ms",
+                     "CPU (user + system) per flow of the process running the flows" if role == "bench" else "")
+    bench.figure("floor.cpu_ms_per_flow.total", sum(cpu.values()), "ms",
+                 " + ".join(f"{role} {ms:.1f}" for role, ms in cpu.items()))
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process so far, all its threads."""
+    t = os.times()
+    return t.user + t.system
