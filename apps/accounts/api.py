@@ -14,11 +14,19 @@ from apps.core.errors import DomainError
 
 
 def request_principal(request) -> Principal:
-    """The principal of an authenticated DRF/Django request; 403 when it has no tenant."""
+    """The principal of an authenticated DRF/Django request; 403 when it has no tenant. Resolved
+    once per request (the permission check and the view ask for it both) and kept on the request
+    for the signed-in user it was resolved for."""
+    user = request.user
+    cached = getattr(request, "_faultdesk_principal", None)
+    if cached is not None and cached[0] is user:
+        return cached[1]
     try:
-        return principal_for_user(request.user)
+        principal = principal_for_user(user)
     except NoMembership as exc:
         raise PermissionDenied("you are not a member of any tenant") from exc
+    request._faultdesk_principal = (user, principal)
+    return principal
 
 
 class HasPrincipal(BasePermission):

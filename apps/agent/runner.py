@@ -44,7 +44,7 @@ from apps.tasks.answer import completion_event
 from apps.tasks.budget import stale_reservations
 from apps.tasks.leases import Lease, task_claim, task_release
 from apps.tasks.models import Task
-from apps.tasks.store import RunTransaction, StaleWrite, task_append_event
+from apps.tasks.store import RunTransaction, StaleWrite, run_current_task, task_append_event
 from apps.tasks.usage import BudgetExceeded
 from config.logs import bind
 
@@ -112,7 +112,8 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
             release_stale(first, lease)
             first = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
         for i in range(MAX_STEPS_PER_RUN):
-            task = _reread(task_id, first) if i else first
+            task = (run_current_task(task_id, lease.generation) or _reread(task_id)) if i else first
+            task.tenant, task.requester, task.device = first.tenant, first.requester, first.device
             needs = pool_for(task)
             if needs not in (pool, ANY):
                 return needs
@@ -136,12 +137,10 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
     return None
 
 
-def _reread(task_id: uuid.UUID, first: Task) -> Task:
-    """The task row as it stands now, with the tenant, requester and device read at the run's start
-    (a step changes the task row only; its related rows are read once per run)."""
-    task = Task.objects.get(pk=task_id)
-    task.tenant, task.requester, task.device = first.tenant, first.requester, first.device
-    return task
+def _reread(task_id: uuid.UUID) -> Task:
+    """The task row as it stands now (its tenant, requester and device are the ones read at the
+    run's start: a step changes the task row only)."""
+    return Task.objects.get(pk=task_id)
 
 
 def retrieval_start(task: Task, lease: Lease) -> bool:

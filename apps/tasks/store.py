@@ -86,27 +86,43 @@ class RunTransaction:
         self._atomic = None
         self._depth = 0
         self._token = None
+        self._wrapper = None
+        #: task id -> the row this transaction holds locked: see :class:`_HeldRow`
+        self._held: dict[uuid.UUID, _HeldRow] = {}
+        self._flushing = False
 
     def __enter__(self) -> RunTransaction:
         if _RUN.get() is not None:
             raise RuntimeError("a run transaction is already open in this context")
         self._open()
         self._token = _RUN.set(self)
+        self._wrapper = transaction.get_connection().execute_wrapper(self._before_statement)
+        self._wrapper.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        _RUN.reset(self._token)
-        if self._atomic is not None:
-            atomic, self._atomic = self._atomic, None
-            if exc_type is not None and _usable():
-                # What the run recorded before the exception stands, as it would have with one
-                # commit per event: each event's own savepoint already undid a failed one.
-                atomic.__exit__(None, None, None)
-            else:
-                atomic.__exit__(exc_type, exc, tb)
+        try:
+            if self._atomic is not None:
+                atomic, self._atomic = self._atomic, None
+                if exc_type is None or _usable():
+                    # What the run recorded before an exception stands, as it would have with one
+                    # commit per event (an event that failed after writing doomed the transaction).
+                    try:
+                        self._flush()
+                    except BaseException as flush_error:
+                        atomic.__exit__(type(flush_error), flush_error, flush_error.__traceback__)
+                        raise
+                    atomic.__exit__(None, None, None)
+                else:
+                    atomic.__exit__(exc_type, exc, tb)
+        finally:
+            self._held.clear()
+            self._wrapper.__exit__(None, None, None)
+            _RUN.reset(self._token)
         return False
 
     def _open(self) -> None:
+        self._held.clear()  # a new transaction holds no row yet
         self._atomic = transaction.atomic()
         self._atomic.__enter__()
         self._depth = len(transaction.get_connection().atomic_blocks)
@@ -116,7 +132,109 @@ class RunTransaction:
             raise transaction.TransactionManagementError(
                 "checkpoint() inside a nested transaction: an activity must run at the run's own level")
         atomic, self._atomic = self._atomic, None
+        try:
+            self._flush()
+        except BaseException as exc:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         atomic.__exit__(None, None, None)
+        self._held.clear()
+
+    # -- the task rows this transaction holds ------------------------------------------------------
+
+    def held(self, task_id, lease_generation: int | None) -> _HeldRow | None:
+        """The row of ``task_id`` this transaction holds locked at fencing token
+        ``lease_generation`` (not None), or None."""
+        row = self._held.get(task_id)
+        return row if row is not None and lease_generation is not None and row.generation == lease_generation \
+            else None
+
+    def current(self, task_id, lease_generation: int | None) -> Task | None:
+        """The task object last appended to under ``lease_generation`` in this transaction, while the
+        transaction holds its row (so nobody else can have moved it): current without a read."""
+        row = self.held(task_id, lease_generation)
+        task = row.task if row is not None else None
+        return task if task is not None and task.version == row.version else None
+
+    def hold(self, task_id, *, version: int, generation: int | None) -> None:
+        """This transaction locked the row of ``task_id`` (a claim, an event's CAS), which stands at
+        ``version`` with fencing token ``generation``."""
+        if generation is not None:
+            self._held[task_id] = _HeldRow(generation=generation, written=version, version=version)
+
+    def _before_statement(self, execute, sql, params, many, context):
+        """Django's execute wrapper: any statement that reads or writes the task table first sees
+        the rows this transaction holds written as they stand (:meth:`_flush`)."""
+        if not self._flushing and _TASK_TABLE in sql and any(r.version > r.written for r in self._held.values()):
+            self._flush()
+        return execute(sql, params, many, context)
+
+    def _flush(self) -> None:
+        """Write each held row's latest image (version, state and the columns derived from it)
+        where events were appended since it was last written. The row is locked by this
+        transaction, so its version is still the one last written; anything else is a defect and
+        raises ``RuntimeError`` (the transaction then rolls back)."""
+        self._flushing = True
+        try:
+            for task_id, row in self._held.items():
+                if row.version == row.written:
+                    continue
+                c = row.columns
+                with connection.cursor() as cursor:
+                    cursor.execute(_ROW_SQL.format(task=_TASK_TABLE), {
+                        "task_id": task_id, "written": row.written, "version": row.version, "now": row.now,
+                        "status": str(c["status"]), "state": json.dumps(c["state"]), "reason": c["termination_reason"],
+                        "total": c["budget_total"], "used": c["budget_used"], "reserved": c["budget_reserved"]})
+                    if cursor.rowcount != 1:
+                        transaction.set_rollback(True)
+                        raise RuntimeError(f"task {task_id}: its row left version {row.written} while locked")
+                row.written = row.version
+        finally:
+            self._flushing = False
+
+
+@dataclass
+class _HeldRow:
+    """A task row a run's transaction holds locked: the fencing token it was locked under, the
+    version last written to it, and the version, columns and time of the events appended since
+    (written by :meth:`RunTransaction._flush`)."""
+
+    generation: int
+    written: int
+    version: int
+    columns: dict | None = None
+    now: object = None
+    #: the in-memory task the last event was appended to (it follows the row)
+    task: Task | None = None
+
+
+_TASK_TABLE = Task._meta.db_table
+_ROW_SQL = """
+UPDATE {task} SET version = %(version)s, updated_at = %(now)s, status = %(status)s, state = %(state)s::jsonb,
+    termination_reason = %(reason)s, budget_total = %(total)s, budget_used = %(used)s, budget_reserved = %(reserved)s
+WHERE id = %(task_id)s AND version = %(written)s
+"""
+
+
+def run_holds(task_id, lease_generation: int | None) -> bool:
+    """Does the current run's transaction hold ``task_id``'s row locked under ``lease_generation``?"""
+    run = _RUN.get()
+    return run is not None and run._atomic is not None and run.held(task_id, lease_generation) is not None
+
+
+def run_current_task(task_id, lease_generation: int | None) -> Task | None:
+    """The current run's in-memory task ``task_id`` when it is current without a read
+    (:meth:`RunTransaction.current`), else None."""
+    run = _RUN.get()
+    return run.current(task_id, lease_generation) if run is not None and run._atomic is not None else None
+
+
+def run_holding(task_id, *, version: int, generation: int | None) -> None:
+    """Tell the current run's transaction (if any) that it just locked ``task_id``'s row, standing at
+    ``version`` with fencing token ``generation`` (a lease claim)."""
+    run = _RUN.get()
+    if run is not None and run._atomic is not None:
+        run.hold(task_id, version=version, generation=generation)
 
 
 def _usable() -> bool:
@@ -237,6 +355,10 @@ def task_append_event(
     for name, value in columns.items():
         setattr(task, name, value)
     task.version = expected + 1
+    run = _RUN.get()
+    held = run.held(task.pk, lease_generation) if run is not None and run._atomic is not None else None
+    if held is not None:
+        held.task = task
     # "After commit" means after the outermost commit: inside a caller's transaction (a receipt
     # recorded with its action and outbox rows) the failpoint waits for that commit.
     if transaction.get_connection().in_atomic_block:
@@ -276,18 +398,38 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
     and moves the day row under the quota (:class:`~apps.tasks.usage.BudgetExceeded`: the row is
     not moved); then the CAS and the event's insert (:class:`StaleWrite` when it matched nothing);
     then the snapshot, the side effects and the projections, whose failure, when ``lean``, marks
-    the transaction for rollback. Returns the event."""
+    the transaction for rollback.
+
+    When ``lean`` and the run's transaction already holds the task row locked under this fencing
+    token (its claim, or an earlier event of the same commit), the CAS is settled without a
+    statement — nobody else can have moved the row — and the row's new image is left to the run,
+    which writes it once before anything reads the task table and before it commits
+    (:class:`RunTransaction`): the events are inserted one by one, the row written once. Returns
+    the event."""
+    run = _RUN.get() if lean else None
+    held = run.held(task.pk, lease_generation) if run is not None else None
+    if held is not None and held.version != expected:
+        raise StaleWrite(f"task {task.pk}: expected version {expected}, the run holds it at {held.version}")
     fence = "AND lease_generation = %(fence)s" if lease_generation is not None else ""
     if "limits" in new_state and tenant_ledger_moves(task.state, new_state):
-        with connection.cursor() as cursor:
-            cursor.execute(_LOCK_SQL.format(task=Task._meta.db_table, fence=fence),
-                           {"task_id": task.pk, "expected": expected, "fence": lease_generation})
-            if cursor.fetchone() is None:
-                raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
+        if held is None:
+            with connection.cursor() as cursor:
+                cursor.execute(_LOCK_SQL.format(task=Task._meta.db_table, fence=fence),
+                               {"task_id": task.pk, "expected": expected, "fence": lease_generation})
+                if cursor.fetchone() is None:
+                    raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")
         tenant_ledger_apply(task, task.state, new_state)  # BudgetExceeded: nothing written
-    event = _cas_and_insert(task, columns, expected=expected, lease_generation=lease_generation, now=now,
-                            event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
-                            occurred_at=occurred_at)
+    if held is not None:
+        event = _event_insert(task, expected=expected, lease_generation=lease_generation, now=now,
+                              event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
+                              occurred_at=occurred_at)
+        held.version, held.columns, held.now = expected + 1, columns, now
+    else:
+        event = _cas_and_insert(task, columns, expected=expected, lease_generation=lease_generation, now=now,
+                                event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
+                                occurred_at=occurred_at)
+        if run is not None:
+            run.hold(task.pk, version=expected + 1, generation=lease_generation)
     try:
         every = settings.FAULTDESK["SNAPSHOT_EVERY"]
         if every and (expected + 1) % every == 0:
@@ -303,6 +445,37 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
         if lean:
             transaction.set_rollback(True)  # the event is written: only the whole transaction can undo it
         raise
+    return event
+
+
+_INSERT_SQL = """
+INSERT INTO {event} (id, task_id, tenant_id, seq, type, payload, payload_digest, occurred_at, recorded_at,
+                     causation_id, actor, lease_generation)
+VALUES (%(event_id)s, %(task_id)s, %(tenant_id)s, %(seq)s, %(type)s, %(payload)s::jsonb, %(digest)s, %(occurred_at)s,
+        %(now)s, %(causation_id)s, %(actor)s, %(event_generation)s)
+"""
+
+
+def _new_event(task: Task, *, expected: int, lease_generation: int | None, now, event_type: str, payload: dict,
+               actor: str, causation_id, occurred_at) -> tuple[TaskEvent, dict]:
+    """The event at ``seq = expected + 1`` as it will be written, and its statement parameters."""
+    generation = lease_generation if lease_generation is not None else task.lease_generation
+    event = TaskEvent(id=uuid.uuid4(), task_id=task.pk, tenant_id=task.tenant_id, seq=expected + 1, type=event_type,
+                      payload=payload, payload_digest=sha256_json(payload), occurred_at=occurred_at, recorded_at=now,
+                      causation_id=causation_id, actor=actor, lease_generation=generation)
+    params = {"event_id": event.id, "task_id": task.pk, "tenant_id": task.tenant_id, "seq": expected + 1,
+              "type": event_type, "payload": json.dumps(payload), "digest": event.payload_digest,
+              "occurred_at": occurred_at, "now": now, "causation_id": causation_id, "actor": actor,
+              "event_generation": generation}
+    return event, params
+
+
+def _event_insert(task: Task, **kwargs) -> TaskEvent:
+    """The event's ``INSERT`` alone (the run holds the task row; see :func:`_write_event`)."""
+    event, params = _new_event(task, **kwargs)
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_SQL.format(event=TaskEvent._meta.db_table), params)
+    event._state.adding, event._state.db = False, connection.alias
     return event
 
 
@@ -327,21 +500,17 @@ def _cas_and_insert(task: Task, columns: dict, *, expected: int, lease_generatio
     expected``, and the fencing token when ``lease_generation`` is given) and, only when it
     matched, the event's ``INSERT`` at ``seq = expected + 1``. Returns the event (as written);
     raises :class:`StaleWrite` when the CAS matched no row."""
-    generation = lease_generation if lease_generation is not None else task.lease_generation
-    event = TaskEvent(id=uuid.uuid4(), task_id=task.pk, tenant_id=task.tenant_id, seq=expected + 1, type=event_type,
-                      payload=payload, payload_digest=sha256_json(payload), occurred_at=occurred_at, recorded_at=now,
-                      causation_id=causation_id, actor=actor, lease_generation=generation)
+    event, params = _new_event(task, expected=expected, lease_generation=lease_generation, now=now,
+                               event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
+                               occurred_at=occurred_at)
     sql = _APPEND_SQL.format(task=Task._meta.db_table, event=TaskEvent._meta.db_table,
                              fence="AND lease_generation = %(fence)s" if lease_generation is not None else "")
     with connection.cursor() as cursor:
         cursor.execute(sql, {
-            "task_id": task.pk, "expected": expected, "fence": lease_generation, "seq": expected + 1, "now": now,
+            **params, "expected": expected, "fence": lease_generation, "seq": expected + 1,
             "status": str(columns["status"]), "state": json.dumps(columns["state"]),
-            "reason": columns["termination_reason"],
-            "total": columns["budget_total"], "used": columns["budget_used"], "reserved": columns["budget_reserved"],
-            "event_id": event.id, "tenant_id": task.tenant_id, "type": event_type, "payload": json.dumps(payload),
-            "digest": event.payload_digest, "occurred_at": occurred_at, "causation_id": causation_id, "actor": actor,
-            "event_generation": generation,
+            "reason": columns["termination_reason"], "total": columns["budget_total"],
+            "used": columns["budget_used"], "reserved": columns["budget_reserved"],
         })
         if cursor.rowcount != 1:
             raise StaleWrite(f"task {task.pk}: expected version {expected}, generation {lease_generation}")

@@ -55,6 +55,8 @@ class TaskListCreateApi(APIView):
         ser.is_valid(raise_exception=True)
         result = task_submit(principal=principal, request_key=request.headers.get("Idempotency-Key"),
                              **ser.validated_data)
+        if result.task.requester_id == request.user.pk:
+            result.task.requester = request.user  # the signed-in user, already read: no query for the answer
         return Response(
             TaskSerializer(result.task).data, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
         )

@@ -1,0 +1,195 @@
+"""A run's events committed at its checkpoints (``RunTransaction``, ``checkpoint``; DESIGN.md §4,
+§5): what one commit holds is all there or none of it is, an activity runs outside any
+transaction after what it consumes is durable, refusals leave nothing half-written, and the task
+row — written once per commit while the run holds it — is what every reader sees and what replay
+gives."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from apps.events.models import RefusedEvent, TaskEvent
+from apps.tasks import reducer
+from apps.tasks.budget import budget_reserve
+from apps.tasks.leases import task_claim, task_release
+from apps.tasks.models import Task, TenantUsage
+from apps.tasks.replay import task_replay
+from apps.tasks.services import task_submit
+from apps.tasks.store import RunTransaction, StaleWrite, checkpoint, task_append_event
+from apps.tasks.usage import BudgetExceeded
+from tests.conftest import p
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _other_session() -> psycopg.Connection:
+    params = {k: v for k, v in connection.get_connection_params().items()
+              if k not in ("options", "cursor_factory", "context", "prepare_threshold", "client_encoding")}
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _seen_elsewhere(task_id) -> tuple[int, int]:
+    """``(row version, events)`` of the task as another session sees it (what is committed)."""
+    with _other_session() as other:
+        version = other.execute("SELECT version FROM tasks_task WHERE id = %s", [task_id]).fetchone()[0]
+        events = other.execute("SELECT count(*) FROM events_taskevent WHERE task_id = %s", [task_id]).fetchone()[0]
+    return version, events
+
+
+@pytest.fixture
+def accepted(requester, device):
+    return task_submit(principal=p(requester), device_id=device.pk, symptom="Paper jam in tray 2").task
+
+
+def _append(task, lease, event_type, payload=None, **kwargs):
+    return task_append_event(task=task, event_type=event_type, payload=payload or {}, actor="worker:test",
+                             lease_generation=lease.generation, **kwargs)
+
+
+def test_a_runs_events_commit_together_at_its_end_and_replay(accepted):
+    with RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3},
+                                 actor="worker:test", lease_generation=lease.generation, task=task)
+        assert _seen_elsewhere(accepted.pk) == (1, 1), "nothing of the run is visible before its commit"
+        task_release(lease=lease)
+    assert _seen_elsewhere(accepted.pk) == (3, 3)
+    row = Task.objects.get(pk=accepted.pk)
+    assert row.status == reducer.RETRIEVING and row.lease_owner is None
+    assert row.state["limits"]["tool_calls"]["reserved"] == 3
+    assert task_replay(row).ok
+
+
+def test_a_held_row_is_written_once_per_commit_and_read_as_it_stands(accepted):
+    """Under its claim the run appends without a CAS statement per event; a read of the task table
+    inside the run sees the row as the events left it, and the commit writes it."""
+    with RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = Task.objects.get(pk=accepted.pk)
+        with CaptureQueriesContext(connection) as queries:
+            task = _append(task, lease, "retrieval.started")
+            task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3},
+                                     actor="worker:test", lease_generation=lease.generation, task=task)
+        writes = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith(("UPDATE", "WITH"))
+                  and "tasks_task" in q["sql"]]
+        assert writes == [], "no task-row write per event while the run holds the row"
+        # a reader in the same transaction sees the row as it stands (written before the read)
+        assert Task.objects.values_list("version", "status").get(pk=accepted.pk) == (3, reducer.RETRIEVING)
+        task_release(lease=lease)
+    assert Task.objects.get(pk=accepted.pk).version == 3
+    assert list(TaskEvent.objects.filter(task_id=accepted.pk).values_list("seq", flat=True)) == [1, 2, 3]
+
+
+def test_a_checkpoint_commits_what_was_recorded_and_runs_its_block_outside_any_transaction(accepted):
+    with RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        with checkpoint():
+            assert not connection.in_atomic_block, "an activity runs outside any transaction"
+            assert _seen_elsewhere(accepted.pk) == (2, 2), "what it consumes is durable before it starts"
+            lease_row = Task.objects.values_list("lease_owner", flat=True).get(pk=accepted.pk)
+            assert lease_row == lease.owner, "the lease claim is committed with the first events"
+        task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3},
+                                 actor="worker:test", lease_generation=lease.generation)
+        assert _seen_elsewhere(accepted.pk) == (2, 2)
+        task_release(lease=lease)
+    assert _seen_elsewhere(accepted.pk) == (3, 3)
+
+
+def test_a_transaction_that_cannot_commit_loses_only_what_followed_the_last_checkpoint(accepted):
+    """A statement that fails outside a savepoint leaves the transaction unable to commit, like a
+    crash before the commit: the run keeps what its last checkpoint committed, nothing after."""
+    with pytest.raises(Exception, match="division by zero"), RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        with checkpoint():
+            pass
+        budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3}, actor="worker:test",
+                       lease_generation=lease.generation)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+    assert _seen_elsewhere(accepted.pk) == (2, 2)
+    assert task_replay(Task.objects.get(pk=accepted.pk)).ok
+
+
+def test_an_exception_that_leaves_the_transaction_usable_keeps_what_was_recorded(accepted):
+    with pytest.raises(RuntimeError, match="after the events"), RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        raise RuntimeError("raised after the events")
+    assert _seen_elsewhere(accepted.pk) == (2, 2)
+    assert Task.objects.get(pk=accepted.pk).status == reducer.RETRIEVING
+
+
+def test_a_side_effect_that_fails_after_its_event_was_written_rolls_the_commit_back_whole(accepted):
+    def fails(task, event):
+        raise ValueError("the side effect failed")
+
+    with pytest.raises(ValueError), RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        _append(task, lease, "budget.reserved", {"reservation_id": "r1", "activity": "a",
+                                                 "amounts": {"tool_calls": 1}, "generation": lease.generation},
+                side_effects=fails)
+    assert _seen_elsewhere(accepted.pk) == (1, 1), "the whole commit rolled back, the claim with it"
+    row = Task.objects.get(pk=accepted.pk)
+    assert row.status == reducer.ACCEPTED and row.lease_owner is None and row.lease_generation == 0
+
+
+def test_a_refusal_inside_a_run_writes_nothing_of_the_event_and_the_run_goes_on(accepted, tenant):
+    tenant.daily_budget_units = 10
+    tenant.save()
+
+    def day_rows():
+        """The tenant's money used and reserved today (an all-zero day row counts as none)."""
+        rows = TenantUsage.objects.filter(tenant=tenant).values_list("money_used", "money_reserved")
+        return sum(r[0] for r in rows), sum(r[1] for r in rows)
+
+    with RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        before = day_rows()
+        with pytest.raises(BudgetExceeded) as refused:  # the tenant's quota: 10 units a day
+            budget_reserve(task_id=task.pk, activity="a", amounts={"money": 50}, actor="worker:test",
+                           lease_generation=lease.generation, task=task)
+        assert refused.value.scope == "tenant" and day_rows() == before
+        with pytest.raises(reducer.IllegalTransition):  # δ refuses it: recorded, not applied
+            _append(task, lease, "receipt.recorded", {"action_id": "x", "receipt": {}})
+        task = _append(task, lease, "task.failed", {"reason": "quota"})  # the run goes on
+        task_release(lease=lease)
+    assert day_rows() == before
+    row = Task.objects.get(pk=accepted.pk)
+    assert [e.type for e in TaskEvent.objects.filter(task=row).order_by("seq")] == \
+        ["task.accepted", "retrieval.started", "task.failed"]
+    assert row.status == reducer.FAILED and row.budget_reserved == 0
+    assert RefusedEvent.objects.filter(task=row, type="receipt.recorded").exists()
+    assert task_replay(row).ok
+
+
+def test_a_lost_lease_is_refused_at_the_first_write_after_a_checkpoint(accepted):
+    with RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        with checkpoint():
+            # the lease passes to another worker while this one reads
+            Task.objects.filter(pk=accepted.pk).update(lease_expires_at=None, lease_owner=None)
+            other = task_claim(task_id=accepted.pk)
+            assert other.generation == lease.generation + 1
+        with pytest.raises(StaleWrite):
+            budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3},
+                           actor="worker:test", lease_generation=lease.generation, task=task)
+    refused = RefusedEvent.objects.get(task_id=accepted.pk, type="budget.reserved")
+    assert "lease lost" in refused.reason
+    assert _seen_elsewhere(accepted.pk) == (2, 2)
+
+
+def test_a_checkpoint_inside_a_nested_transaction_is_refused_and_runs_are_not_nested(accepted):
+    with RunTransaction():
+        with pytest.raises(transaction.TransactionManagementError), transaction.atomic(), checkpoint():
+            pass
+        with pytest.raises(RuntimeError, match="already open"), RunTransaction():
+            pass
