@@ -27,10 +27,14 @@ def _retrying_database_refusals(task, step) -> None:
     session ended idle in its transaction, a serialization failure or deadlock:
     :func:`config.database.retryable`) the step ran in a transaction that rolled back, so the Celery
     task is retried with a growing delay. After the last retry the lease sweeper brings it back."""
+    from apps.tasks.usage import TenantQuotaRace
+
     try:
         step()
-    except DatabaseError as exc:
-        why = retryable(exc)
+    except (DatabaseError, TenantQuotaRace) as exc:
+        # a run whose admitted reservations no longer fit the tenant's quota at its commit rolled
+        # back whole: tried again, its reservation is refused with the reason
+        why = "tenant quota race" if isinstance(exc, TenantQuotaRace) else retryable(exc)
         if why is None or task.request.retries >= DATABASE_RETRIES:
             raise
         log.warning("%s refused by the database (%s): retry %d", task.name, why, task.request.retries + 1)

@@ -33,7 +33,7 @@ from apps.core.failpoints import failpoint
 from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.usage import tenant_ledger_apply, tenant_ledger_apply_many, tenant_ledger_moves
+from apps.tasks.usage import TenantLedgerBuffer, tenant_ledger_apply, tenant_ledger_apply_many, tenant_ledger_moves
 
 #: one structured line per committed event (config.logs): tenant, task, seq, type, actor, fencing token
 events_log = structlog.get_logger("faultdesk.events")
@@ -90,6 +90,8 @@ class RunTransaction:
         #: task id -> the row this transaction holds locked: see :class:`_HeldRow`
         self._held: dict[uuid.UUID, _HeldRow] = {}
         self._flushing = False
+        #: the tenant day-row moves of this transaction, written at its end
+        self._ledger = TenantLedgerBuffer()
 
     def __enter__(self) -> RunTransaction:
         if _RUN.get() is not None:
@@ -123,6 +125,7 @@ class RunTransaction:
 
     def _open(self) -> None:
         self._held.clear()  # a new transaction holds no row yet
+        self._ledger.clear()
         self._atomic = transaction.atomic()
         self._atomic.__enter__()
         self._depth = len(transaction.get_connection().atomic_blocks)
@@ -166,14 +169,25 @@ class RunTransaction:
         """Django's execute wrapper: any statement that reads or writes the task table first sees
         the rows this transaction holds written as they stand (:meth:`_flush`)."""
         if not self._flushing and _TASK_TABLE in sql and any(r.version > r.written for r in self._held.values()):
-            self._flush()
+            self._write_rows()
         return execute(sql, params, many, context)
 
-    def _flush(self) -> None:
+    def _flush(self, *, ledger: bool = True) -> None:
         """Write each held row's latest image (version, state and the columns derived from it)
-        where events were appended since it was last written. The row is locked by this
-        transaction, so its version is still the one last written; anything else is a defect and
-        raises ``RuntimeError`` (the transaction then rolls back)."""
+        where events were appended since it was last written, then (``ledger``) the tenant's day
+        rows by the sums of this transaction's moves. The row is locked by this transaction, so
+        its version is still the one last written; anything else is a defect and raises
+        ``RuntimeError``; a day row past the quota raises
+        :class:`~apps.tasks.usage.TenantQuotaRace`. Either marks the transaction for rollback."""
+        self._write_rows()
+        if ledger:
+            try:
+                self._ledger.flush()
+            except BaseException:
+                transaction.set_rollback(True)
+                raise
+
+    def _write_rows(self) -> None:
         self._flushing = True
         try:
             for task_id, row in self._held.items():
@@ -411,7 +425,10 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
     if held is not None and held.version != expected:
         raise StaleWrite(f"task {task.pk}: expected version {expected}, the run holds it at {held.version}")
     fence = "AND lease_generation = %(fence)s" if lease_generation is not None else ""
-    if "limits" in new_state and tenant_ledger_moves(task.state, new_state):
+    moves = "limits" in new_state and tenant_ledger_moves(task.state, new_state)
+    if moves and run is not None:
+        run._ledger.admit(task, task.state, new_state)  # BudgetExceeded: nothing written
+    elif moves:
         if held is None:
             with connection.cursor() as cursor:
                 cursor.execute(_LOCK_SQL.format(task=Task._meta.db_table, fence=fence),
@@ -430,6 +447,8 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
                                 occurred_at=occurred_at)
         if run is not None:
             run.hold(task.pk, version=expected + 1, generation=lease_generation)
+    if moves and run is not None:
+        run._ledger.add(task, task.state, new_state)  # the day row moves once, at the commit
     try:
         every = settings.FAULTDESK["SNAPSHOT_EVERY"]
         if every and (expected + 1) % every == 0:

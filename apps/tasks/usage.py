@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from django.db.models import F
+from django.db import connection
 from django.utils import timezone
 
 from apps.tasks.models import Task, TenantUsage
@@ -76,26 +76,115 @@ def tenant_ledger_apply_many(changes: list[tuple[Task, dict, dict]]) -> None:
         _day_row_move(group["task"], tenant_id, day, {dim: group[dim] for dim in ("money", "tokens")})
 
 
+_MOVE_SQL = """
+UPDATE {table} SET money_used = money_used + %(mu)s, money_reserved = money_reserved + %(mr)s,
+    tokens_used = tokens_used + %(tu)s, tokens_reserved = tokens_reserved + %(tr)s, updated_at = %(now)s
+WHERE tenant_id = %(tenant)s AND day = %(day)s
+  AND (%(mg)s <= 0 OR money_used + money_reserved + %(mg)s <= %(mq)s)
+  AND (%(tg)s <= 0 OR tokens_used + tokens_reserved + %(tg)s <= %(tq)s)
+"""
+
+
 def _day_row_move(task: Task, tenant_id: int, day: datetime.date, deltas: dict[str, tuple[int, int]]) -> None:
-    TenantUsage.objects.bulk_create([TenantUsage(tenant_id=tenant_id, day=day)], ignore_conflicts=True)
-    rows = TenantUsage.objects.for_tenant(tenant_id).filter(day=day)
+    """Move the tenant's ``day`` row by ``deltas`` (``{dim: (used, reserved)}``) in one statement,
+    refused past the quota for each dimension that grows. Raises :class:`BudgetExceeded` (nothing
+    moved)."""
     quota = task.tenant.quota()
+    params = {"tenant": tenant_id, "day": day, "now": timezone.now(),
+              "mu": deltas["money"][0], "mr": deltas["money"][1], "tu": deltas["tokens"][0], "tr": deltas["tokens"][1],
+              "mg": sum(deltas["money"]), "tg": sum(deltas["tokens"]), "mq": quota["money"], "tq": quota["tokens"]}
+    sql = _MOVE_SQL.format(table=TenantUsage._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount == 1:
+            return
+    TenantUsage.objects.bulk_create([TenantUsage(tenant_id=tenant_id, day=day)], ignore_conflicts=True)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount == 1:
+            return
+    row = tenant_day_read(tenant_id, day)
     for dim, (d_used, d_reserved) in deltas.items():
-        growth = d_used + d_reserved
-        if growth > 0:
-            rows = rows.filter(**{f"{dim}_used__lte": quota[dim] - growth - F(f"{dim}_reserved")})
-    updated = rows.update(money_used=F("money_used") + deltas["money"][0],
-                          money_reserved=F("money_reserved") + deltas["money"][1],
-                          tokens_used=F("tokens_used") + deltas["tokens"][0],
-                          tokens_reserved=F("tokens_reserved") + deltas["tokens"][1],
-                          updated_at=timezone.now())
-    if updated != 1:
-        row = TenantUsage.objects.for_tenant(tenant_id).get(day=day)
-        for dim, (d_used, d_reserved) in deltas.items():
-            left = quota[dim] - getattr(row, f"{dim}_used") - getattr(row, f"{dim}_reserved")
-            if d_used + d_reserved > left:
-                raise BudgetExceeded(dim, d_used + d_reserved, left, scope="tenant")
-        raise BudgetExceeded("money", deltas["money"][0] + deltas["money"][1], 0, scope="tenant")
+        left = quota[dim] - row[dim]
+        if d_used + d_reserved > left:
+            raise BudgetExceeded(dim, d_used + d_reserved, left, scope="tenant")
+    raise BudgetExceeded("money", deltas["money"][0] + deltas["money"][1], 0, scope="tenant")
+
+
+def tenant_day_read(tenant_id: int, day: datetime.date) -> dict[str, int]:
+    """``{"money", "tokens"}``: used + reserved on the tenant's ``day`` row as it stands (0 without
+    a row)."""
+    row = TenantUsage.objects.for_tenant(tenant_id).filter(day=day).values(
+        "money_used", "money_reserved", "tokens_used", "tokens_reserved").first() or {}
+    return {dim: row.get(f"{dim}_used", 0) + row.get(f"{dim}_reserved", 0) for dim in ("money", "tokens")}
+
+
+class TenantLedgerBuffer:
+    """The tenant day-row moves of one transaction, summed per tenant and day and written once, at
+    its end (:meth:`flush`), instead of one ``UPDATE`` per event: the day row is every task of the
+    tenant's hot spot, and a transaction that moved it early held its lock — and every other run
+    of the tenant waiting on it — until its commit.
+
+    :meth:`admit` checks a move against the day row as last read (once per transaction) plus what
+    this transaction added before: past the quota it raises :class:`BudgetExceeded`, before the
+    caller writes anything; :meth:`add` records it once the caller wrote its event. :meth:`flush`
+    applies the sums under the same quota rule, now under the row's lock; another transaction may
+    have used the room since the read, and then it raises :class:`TenantQuotaRace` — the caller's
+    transaction must roll back (its next attempt is refused at :meth:`admit`, with the reason)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple, dict] = {}
+        self._seen: dict[tuple, dict[str, int]] = {}
+
+    def admit(self, task: Task, old: dict, new: dict) -> None:
+        """Check the move from ``old`` to ``new`` (task states) against the quota; raises
+        :class:`BudgetExceeded` past it. Records nothing (see :meth:`add`)."""
+        deltas = _ledger_deltas(old, new)
+        if not any(sum(deltas[dim]) > 0 for dim in ("money", "tokens")):
+            return
+        key = (task.tenant_id, _day(task))
+        group = self._pending.get(key) or {"money": (0, 0), "tokens": (0, 0)}
+        if key not in self._seen:
+            self._seen[key] = tenant_day_read(*key)
+        quota = task.tenant.quota()
+        for dim in ("money", "tokens"):
+            growth = sum(deltas[dim])
+            left = quota[dim] - self._seen[key][dim] - sum(group[dim])
+            if growth > 0 and growth > left:
+                raise BudgetExceeded(dim, growth, left, scope="tenant")
+
+    def add(self, task: Task, old: dict, new: dict) -> None:
+        """Record the move from ``old`` to ``new`` (an event now written), for :meth:`flush`."""
+        deltas = _ledger_deltas(old, new)
+        if not any(any(pair) for pair in deltas.values()):
+            return
+        key = (task.tenant_id, _day(task))
+        group = self._pending.get(key) or {"task": task, "money": (0, 0), "tokens": (0, 0)}
+        self._pending[key] = {"task": group["task"], **{dim: (group[dim][0] + deltas[dim][0],
+                                                              group[dim][1] + deltas[dim][1])
+                                                        for dim in ("money", "tokens")}}
+
+    def flush(self) -> None:
+        """Write the summed moves (tenant, then day order). Raises :class:`TenantQuotaRace`."""
+        pending, self._pending = self._pending, {}
+        self._seen.clear()
+        for (tenant_id, day), group in sorted(pending.items(), key=lambda item: (item[0][0], item[0][1])):
+            deltas = {dim: group[dim] for dim in ("money", "tokens")}
+            if not any(any(pair) for pair in deltas.values()):
+                continue
+            try:
+                _day_row_move(group["task"], tenant_id, day, deltas)
+            except BudgetExceeded as exc:
+                raise TenantQuotaRace(str(exc)) from exc
+
+    def clear(self) -> None:
+        self._pending.clear()
+        self._seen.clear()
+
+
+class TenantQuotaRace(RuntimeError):
+    """A transaction's buffered day-row moves no longer fit the tenant's quota at its end: other
+    tasks used the room after this one admitted its reservation. Its transaction rolls back."""
 
 
 def tenant_usage_today(tenant) -> dict:

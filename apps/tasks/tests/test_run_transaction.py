@@ -193,3 +193,46 @@ def test_a_checkpoint_inside_a_nested_transaction_is_refused_and_runs_are_not_ne
             pass
         with pytest.raises(RuntimeError, match="already open"), RunTransaction():
             pass
+
+
+def test_a_runs_ledger_moves_reach_the_tenants_day_row_once_at_its_commit(accepted, tenant):
+    """Several ledger events of one commit move the tenant's day row once, by their sum, at the
+    commit: until then the run holds no lock on it, so other runs of the tenant do not wait."""
+    with RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        with CaptureQueriesContext(connection) as queries:
+            task, first = budget_reserve(task_id=task.pk, activity="a", amounts={"money": 5}, actor="worker:test",
+                                         lease_generation=lease.generation, task=task)
+            task, _ = budget_reserve(task_id=task.pk, activity="b", amounts={"money": 7}, actor="worker:test",
+                                     lease_generation=lease.generation, task=task)
+        assert not [q for q in queries if "tasks_tenantusage" in q["sql"] and "UPDATE" in q["sql"]]
+        with _other_session() as other:  # the day row is not locked by the run
+            other.execute("SELECT 1 FROM tasks_tenantusage WHERE tenant_id = %s FOR UPDATE NOWAIT", [tenant.pk])
+        task_release(lease=lease)
+    [row] = TenantUsage.objects.filter(tenant=tenant)
+    assert (row.money_used, row.money_reserved) == (0, 12)
+    assert Task.objects.get(pk=accepted.pk).budget_reserved == 12
+
+
+def test_a_run_whose_admitted_reservation_no_longer_fits_at_its_commit_rolls_back_whole(accepted, tenant,
+                                                                                          requester, device):
+    """Two transactions admit reservations against the same room; the one that commits second
+    finds it gone, and rolls back whole (its next attempt is refused with the reason)."""
+    from apps.tasks.usage import TenantQuotaRace
+
+    tenant.daily_budget_units = 10
+    tenant.save()
+    with pytest.raises(TenantQuotaRace), RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        budget_reserve(task_id=task.pk, activity="a", amounts={"money": 8}, actor="worker:test",
+                       lease_generation=lease.generation, task=task)  # admitted: 10 left as read
+        with _other_session() as other:  # meanwhile another task of the tenant takes 5 of the 10
+            other.execute("INSERT INTO tasks_tenantusage (tenant_id, day, money_used, money_reserved, tokens_used, "
+                          "tokens_reserved, updated_at) VALUES (%s, (now() at time zone 'utc')::date, 0, 5, 0, 0, "
+                          "now()) ON CONFLICT (tenant_id, day) DO UPDATE SET money_reserved = 5", [tenant.pk])
+    row = Task.objects.get(pk=accepted.pk)
+    assert (row.version, row.status, row.lease_owner) == (1, reducer.ACCEPTED, None)
+    assert list(TenantUsage.objects.filter(tenant=tenant).values_list("money_reserved", flat=True)) == [5]
+    assert task_replay(row).ok
