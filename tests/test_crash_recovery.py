@@ -106,18 +106,24 @@ def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp
         assert task.state["receipt"]["replayed"] is True
 
 
+def _stalled_then_taken_over(stack, tmp_path, point: str, seconds: int) -> Task:
+    """Worker A stalls ``seconds`` at failpoint ``point`` (past its 3 s lease); worker B starts
+    once A stalled. Returns the task once completed (checked by :func:`_assert_completed_once`)."""
+    tenant, requester, device = seed_acme(auto_approve=True)
+    fired = tmp_path / "failpoint-fired"
+    stack.start_worker("paused", pool="solo", FAULTDESK_FAILPOINT=point, FAULTDESK_FAILPOINT_ONCE=str(fired),
+                       FAULTDESK_FAILPOINT_ACTION=f"sleep:{seconds}")
+    task_id = _file(stack, device)
+    _wait_for(fired, 120, stack)
+    stack.start_worker("taker")
+    return _assert_completed_once(stack, task_id)
+
+
 def test_paused_worker_cannot_commit_after_its_lease_passed_on(stack, tmp_path):
     """Worker A stalls after its context reads, before recording them (its run's transaction holds
     nothing: the reads ran after a checkpoint), past its lease; the sweeper hands the task to worker
     B, which reads again and commits; when A wakes, its commit is refused and recorded."""
-    tenant, requester, device = seed_acme(auto_approve=True)
-    fired = tmp_path / "failpoint-fired"
-    stack.start_worker("paused", pool="solo", FAULTDESK_FAILPOINT="before_commit:evidence.retrieved",
-                       FAULTDESK_FAILPOINT_ONCE=str(fired), FAULTDESK_FAILPOINT_ACTION="sleep:10")
-    task_id = _file(stack, device)
-    _wait_for(fired, 120, stack)
-    stack.start_worker("taker")
-    task = _assert_completed_once(stack, task_id)
+    task = _stalled_then_taken_over(stack, tmp_path, "before_commit:evidence.retrieved", 10)
     deadline = time.monotonic() + 30
     while not RefusedEvent.objects.filter(task=task, type="evidence.retrieved").exists() \
             and time.monotonic() < deadline:
@@ -136,14 +142,7 @@ def test_a_worker_paused_inside_its_runs_transaction_is_not_overtaken(stack, tmp
     task holds one draft, one intent and one ticket. (A session stalled longer than
     ``idle_in_transaction_session_timeout`` is ended by PostgreSQL, which rolls its transaction back;
     B then takes the task as after a crash.)"""
-    tenant, requester, device = seed_acme(auto_approve=True)
-    fired = tmp_path / "failpoint-fired"
-    stack.start_worker("paused", pool="solo", FAULTDESK_FAILPOINT="before_commit:draft.proposed",
-                       FAULTDESK_FAILPOINT_ONCE=str(fired), FAULTDESK_FAILPOINT_ACTION="sleep:8")
-    task_id = _file(stack, device)
-    _wait_for(fired, 120, stack)
-    stack.start_worker("taker")
-    task = _assert_completed_once(stack, task_id)
+    task = _stalled_then_taken_over(stack, tmp_path, "before_commit:draft.proposed", 8)
     assert not RefusedEvent.objects.filter(task=task).exists()
     [proposal] = TaskEvent.objects.filter(task=task, type="draft.proposed")
     [retrieved] = TaskEvent.objects.filter(task=task, type="evidence.retrieved")

@@ -109,12 +109,7 @@ class RunTransaction:
                 if exc_type is None or _usable():
                     # What the run recorded before an exception stands, as it would have with one
                     # commit per event (an event that failed after writing doomed the transaction).
-                    try:
-                        self._flush()
-                    except BaseException as flush_error:
-                        atomic.__exit__(type(flush_error), flush_error, flush_error.__traceback__)
-                        raise
-                    atomic.__exit__(None, None, None)
+                    self._flush_and_commit(atomic)
                 else:
                     atomic.__exit__(exc_type, exc, tb)
         finally:
@@ -135,13 +130,18 @@ class RunTransaction:
             raise transaction.TransactionManagementError(
                 "checkpoint() inside a nested transaction: an activity must run at the run's own level")
         atomic, self._atomic = self._atomic, None
+        self._flush_and_commit(atomic)
+        self._held.clear()
+
+    def _flush_and_commit(self, atomic) -> None:
+        """Write what is pending (:meth:`_flush`) and commit ``atomic``; when the writing fails,
+        roll it back and raise."""
         try:
             self._flush()
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             raise
         atomic.__exit__(None, None, None)
-        self._held.clear()
 
     # -- the task rows this transaction holds ------------------------------------------------------
 
