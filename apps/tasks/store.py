@@ -420,7 +420,13 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
     which writes it once before anything reads the task table and before it commits
     (:class:`RunTransaction`): the events are inserted one by one, the row written once. Returns
     the event."""
-    run = _RUN.get() if lean else None
+    run = _RUN.get()
+    if run is not None and not lean and run._atomic is not None and task.pk in run._held:
+        # A write inside a nested transaction of the run: the row is brought up to date and the run
+        # stops vouching for it (the nested transaction may still roll this event back).
+        run._write_rows()
+        run._held.pop(task.pk, None)
+    run = run if lean else None
     held = run.held(task.pk, lease_generation) if run is not None else None
     if held is not None and held.version != expected:
         raise StaleWrite(f"task {task.pk}: expected version {expected}, the run holds it at {held.version}")

@@ -236,3 +236,20 @@ def test_a_run_whose_admitted_reservation_no_longer_fits_at_its_commit_rolls_bac
     assert (row.version, row.status, row.lease_owner) == (1, reducer.ACCEPTED, None)
     assert list(TenantUsage.objects.filter(tenant=tenant).values_list("money_reserved", flat=True)) == [5]
     assert task_replay(row).ok
+
+
+def test_an_event_written_inside_a_nested_transaction_of_a_run_keeps_the_row_in_step(accepted):
+    """A write the run makes inside a savepoint of its own (a nested ``atomic``) is not part of what
+    the run vouches for: the row is written up to date before it and read again after it."""
+    with RunTransaction():
+        lease = task_claim(task_id=accepted.pk)
+        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        with transaction.atomic():
+            task, _ = budget_reserve(task_id=task.pk, activity="a", amounts={"tool_calls": 1},
+                                     actor="worker:test", lease_generation=lease.generation)
+        task, _ = budget_reserve(task_id=task.pk, activity="b", amounts={"tool_calls": 1},
+                                 actor="worker:test", lease_generation=lease.generation, task=task)
+        task_release(lease=lease)
+    row = Task.objects.get(pk=accepted.pk)
+    assert row.version == 4 and row.state["limits"]["tool_calls"]["reserved"] == 2
+    assert task_replay(row).ok
