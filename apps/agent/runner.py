@@ -12,10 +12,10 @@ needs the other pool, the run hands the task over with one message, after its le
 A report thus crosses Celery once before its intent when the model is local (web → ``tools``), and
 never waits in a second queue for a step that makes no outside call.
 
-**Commits.** A run records its events in a :class:`~apps.tasks.store.RunTransaction`: they commit
-together at the run's checkpoints — before each activity that leaves the process (which runs outside
-any transaction) — and at its end, with the lease claim and its release, instead of one commit per
-event (docs/architecture.md §4)."""
+**Commits.** A run takes its lease in a commit of its own, then records its events in a
+:class:`~apps.tasks.store.RunTransaction`: they commit together at the run's checkpoints — before each
+activity that leaves the process (which runs outside any transaction) — and at its end, with the lease's
+release, instead of one commit per event (docs/architecture.md §4)."""
 
 from __future__ import annotations
 
@@ -74,22 +74,22 @@ def agent_run(*, task_id: uuid.UUID, pool: str = AGENT) -> None:
     other pool (then it is handed over, after the lease is given back). Returns quietly when
     another worker holds the lease or the task is terminal.
 
-    The lease claim, the events and the release commit at the run's checkpoints
-    (:class:`~apps.tasks.store.RunTransaction`). An exception other than the refusals the run
-    expects ends the run with what it recorded committed (unless the transaction broke) and the
-    lease given back, and is raised: the Celery task retries a retryable database refusal, and the
-    sweeper brings the task back otherwise."""
-    lease = None
+    The lease claim commits first, alone (a fencing token is never given out twice); the events
+    and the release commit at the run's checkpoints (:class:`~apps.tasks.store.RunTransaction`).
+    An exception other than the refusals the run expects ends the run with what it recorded
+    committed (unless the transaction broke) and the lease given back, and is raised: the Celery
+    task retries a retryable database refusal, and the sweeper brings the task back otherwise."""
+    # The claim commits by itself: a fencing token is given out once, whatever becomes of the run's
+    # transaction (a rolled-back claim would hand the same token to the next worker).
+    lease = task_claim(task_id=task_id)
+    if lease is None:
+        return
     try:
         with RunTransaction():
-            lease = task_claim(task_id=task_id)
-            if lease is None:
-                return
             handover = _run_steps(task_id, lease, pool)
             task_release(lease=lease)
     except BaseException:
-        if lease is not None:
-            task_release(lease=lease)  # a no-op when the claim itself was rolled back
+        task_release(lease=lease)  # a no-op once the lease passed on (another fencing token)
         raise
     if handover is not None:
         enqueue_on_commit(POOL_TASK[handover], task_id)

@@ -211,7 +211,7 @@ def _completed_with_receipt(task, actor: str) -> bool:
     (:func:`~apps.tasks.answer.completion_event`): the answer says "created" in the commit that
     makes the receipt durable, and no agent run is needed for it. Returns whether it did; when it
     did not (a cancelled task, a compensation), the caller kicks the agent."""
-    event = completion_event(task.state)
+    event = _completion(task, task.state)
     if event is None:
         return False
     try:
@@ -219,6 +219,17 @@ def _completed_with_receipt(task, actor: str) -> bool:
     except reducer.IllegalTransition:
         return False  # recorded as refused; the receipt stands and the agent decides
     return True
+
+
+def _completion(task, state: dict) -> tuple[str, dict] | None:
+    """:func:`~apps.tasks.answer.completion_event` for a receipt's transaction — where nothing may
+    cost the receipt its commit: an answer that cannot be composed is logged and left to the
+    agent's completion step, which meets the same error there, with the receipt recorded."""
+    try:
+        return completion_event(state)
+    except Exception:  # noqa: BLE001 - the receipt must be recorded whatever the answer does
+        log.exception("composing the answer of task %s with its receipt failed; the agent completes it", task.pk)
+        return None
 
 
 def receipts_record_batch(items: list[tuple], *, actor: str) -> None:
@@ -265,7 +276,7 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
 
         prepared, refused = task_events_prepare([
             (actions[action_id].task_id, "receipt.recorded", payload_for(actions[action_id], receipt), actor)
-            for action_id, _, receipt in items], then=lambda task, state: completion_event(state))
+            for action_id, _, receipt in items], then=_completion)
         refused_tasks = {task_id for task_id, *_ in refused}
         alone += [item for item in items if actions[item[0]].task_id in refused_tasks]
         items = [item for item in items if actions[item[0]].task_id not in refused_tasks]

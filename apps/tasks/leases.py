@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.store import StaleWrite, run_holding, worker_identity
+from apps.tasks.store import StaleWrite, worker_identity
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ UPDATE {task} SET lease_owner = %(owner)s, lease_expires_at = %(until)s, lease_g
 WHERE id = (SELECT id FROM {task} WHERE id = %(task_id)s AND NOT (status = ANY(%(terminal)s))
               AND (lease_owner IS NULL OR lease_expires_at < %(now)s)
             FOR UPDATE SKIP LOCKED)
-RETURNING lease_generation, version
+RETURNING lease_generation
 """
 
 
@@ -50,7 +50,9 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
     a cancelled task a compensation is due for (:func:`compensation_due_q`).
 
     Increments the fencing token. Returns the :class:`Lease`, or None when another worker holds
-    a live lease (or its transaction holds the row) or the task is terminal / gone.
+    a live lease (or its transaction holds the row) or the task is terminal / gone. Call it outside
+    any transaction, so that the claim commits by itself: a claim rolled back with a caller's
+    transaction would give its fencing token out again.
     """
     owner = owner or worker_identity()
     seconds = seconds or settings.FAULTDESK["LEASE_SECONDS"]
@@ -62,7 +64,6 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
                         "terminal": [str(s) for s in reducer.TERMINAL], "now": now})
         row = cursor.fetchone()
     if row is not None:
-        run_holding(task_id, version=row[1], generation=row[0])  # a run's transaction now holds the row
         return Lease(task_id=task_id, owner=owner, generation=row[0])
     # A terminal task is claimable only when a compensation is due for it.
     with transaction.atomic():

@@ -64,23 +64,35 @@ class RunTransaction:
     """The events a run records between two activities, committed together (DESIGN.md §4, §5; spec
     §16.3 "先记录后使用").
 
-    A run (one lease holder driving a task through its steps) opens one transaction with
-    ``with RunTransaction():``. Every write inside it — the lease claim, each event's CAS and insert
-    (each in its own savepoint, so a refused or failed event rolls back alone), the lease release —
-    commits at the next :func:`checkpoint` or when the block ends, instead of one commit each. An
-    activity that leaves the process or takes time (the context reads, a model call, a ticket
-    system read, a backoff) runs inside ``with checkpoint():``, outside any transaction, after
-    what the run recorded so far is committed: what it consumes is durable before it starts, and
-    its result is recorded before anything uses it, in the transaction that follows.
+    A run (one lease holder driving a task through its steps, its lease claimed and committed
+    before) opens one transaction with ``with RunTransaction():``. Every write inside it — each
+    event, the lease release — commits at the next :func:`checkpoint` or when the block ends,
+    instead of one commit each. An activity that leaves the process or takes time (the context
+    reads, a model call, a ticket system read, a backoff) runs inside ``with checkpoint():``,
+    outside any transaction, after what the run recorded so far is committed: what it consumes is
+    durable before it starts, and its result is recorded before anything uses it, in the
+    transaction that follows.
 
     What one commit holds, one crash loses whole: the events since the last checkpoint are all
     there or none is, and a crash before the commit leaves the task where the last checkpoint left
-    it, as a crash before any of those events did. Within the transaction the task row stays
-    locked from the run's first write, so another writer waits (a cancel) or skips it (a claim)
-    rather than interleaving. The block commits when it ends, also when an exception leaves it —
-    what was recorded stands, as with one commit per event (a failed event's own savepoint undid
-    it) — unless the transaction can no longer commit (a statement failed outside a savepoint),
-    which rolls it back. Not re-entrant: a run inside a run raises ``RuntimeError``."""
+    it, as a crash before any of those events did. Inside the transaction:
+
+    * an event takes no savepoint (:func:`event_transaction`): it raises the refusals its caller
+      expects — δ's, a lost CAS, the tenant's quota — before it writes, and a failure after it
+      wrote marks the transaction for rollback;
+    * from its first CAS the transaction holds the task row locked, so another writer waits (a
+      cancel) or skips it (a claim), and the next events of the same commit need no CAS
+      statement: they are inserted alone, and the row's new image is written once — before any
+      statement that touches the task table or opens a savepoint, and before the commit
+      (:meth:`_write_rows`);
+    * the tenant's day row moves once, by the sum of the commit's ledger events, at the commit
+      (:class:`~apps.tasks.usage.TenantLedgerBuffer`).
+
+    The block commits when it ends, also when an exception leaves it — what was recorded stands,
+    as with one commit per event — unless the transaction can no longer commit (a statement failed
+    outside a savepoint, or an event failed after it wrote), which rolls it back. A commit that
+    fails (the session ended) leaves nothing held: no row image of it is ever written later. Not
+    re-entrant: a run inside a run raises ``RuntimeError``."""
 
     def __init__(self) -> None:
         self._atomic = None
@@ -92,6 +104,8 @@ class RunTransaction:
         self._flushing = False
         #: the tenant day-row moves of this transaction, written at its end
         self._ledger = TenantLedgerBuffer()
+        #: the "event.appended" log lines of this transaction's events, written once it commits
+        self._lines: list[dict] = []
 
     def __enter__(self) -> RunTransaction:
         if _RUN.get() is not None:
@@ -114,6 +128,8 @@ class RunTransaction:
                     atomic.__exit__(exc_type, exc, tb)
         finally:
             self._held.clear()
+            self._ledger.clear()
+            self._lines.clear()
             self._wrapper.__exit__(None, None, None)
             _RUN.reset(self._token)
         return False
@@ -121,6 +137,7 @@ class RunTransaction:
     def _open(self) -> None:
         self._held.clear()  # a new transaction holds no row yet
         self._ledger.clear()
+        self._lines.clear()
         self._atomic = transaction.atomic()
         self._atomic.__enter__()
         self._depth = len(transaction.get_connection().atomic_blocks)
@@ -130,18 +147,26 @@ class RunTransaction:
             raise transaction.TransactionManagementError(
                 "checkpoint() inside a nested transaction: an activity must run at the run's own level")
         atomic, self._atomic = self._atomic, None
-        self._flush_and_commit(atomic)
-        self._held.clear()
+        try:
+            self._flush_and_commit(atomic)
+        finally:
+            # Committed or rolled back, this transaction is over and holds nothing any more: a
+            # row image it could not commit must never be written later, by anyone.
+            self._held.clear()
+            self._ledger.clear()
 
     def _flush_and_commit(self, atomic) -> None:
         """Write what is pending (:meth:`_flush`) and commit ``atomic``; when the writing fails,
         roll it back and raise."""
+        lines, self._lines = self._lines, []
         try:
             self._flush()
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             raise
         atomic.__exit__(None, None, None)
+        for line in lines:  # one line per committed event: these events are committed now
+            events_log.info("event.appended", **line)
 
     # -- the task rows this transaction holds ------------------------------------------------------
 
@@ -167,8 +192,11 @@ class RunTransaction:
 
     def _before_statement(self, execute, sql, params, many, context):
         """Django's execute wrapper: any statement that reads or writes the task table first sees
-        the rows this transaction holds written as they stand (:meth:`_flush`)."""
-        if not self._flushing and _TASK_TABLE in sql and any(r.version > r.written for r in self._held.values()):
+        the rows this transaction holds written as they stand (:meth:`_write_rows`) — and so does a
+        ``SAVEPOINT``, so that a row image is never written inside a savepoint that may roll back
+        (only events at the run's own level leave an image to write)."""
+        if not self._flushing and (_TASK_TABLE in sql or sql.startswith("SAVEPOINT")) \
+                and any(r.version > r.written for r in self._held.values()):
             self._write_rows()
         return execute(sql, params, many, context)
 
@@ -197,11 +225,13 @@ class RunTransaction:
                 with connection.cursor() as cursor:
                     cursor.execute(_ROW_SQL.format(task=_TASK_TABLE), {
                         "task_id": task_id, "written": row.written, "version": row.version, "now": row.now,
+                        "generation": row.generation,
                         "status": str(c["status"]), "state": json.dumps(c["state"]), "reason": c["termination_reason"],
                         "total": c["budget_total"], "used": c["budget_used"], "reserved": c["budget_reserved"]})
                     if cursor.rowcount != 1:
                         transaction.set_rollback(True)
-                        raise RuntimeError(f"task {task_id}: its row left version {row.written} while locked")
+                        raise RuntimeError(f"task {task_id}: its row left version {row.written} or fencing token "
+                                           f"{row.generation} while locked")
                 row.written = row.version
         finally:
             self._flushing = False
@@ -226,7 +256,7 @@ _TASK_TABLE = Task._meta.db_table
 _ROW_SQL = """
 UPDATE {task} SET version = %(version)s, updated_at = %(now)s, status = %(status)s, state = %(state)s::jsonb,
     termination_reason = %(reason)s, budget_total = %(total)s, budget_used = %(used)s, budget_reserved = %(reserved)s
-WHERE id = %(task_id)s AND version = %(written)s
+WHERE id = %(task_id)s AND version = %(written)s AND lease_generation = %(generation)s
 """
 
 
@@ -241,14 +271,6 @@ def run_current_task(task_id, lease_generation: int | None) -> Task | None:
     (:meth:`RunTransaction.current`), else None."""
     run = _RUN.get()
     return run.current(task_id, lease_generation) if run is not None and run._atomic is not None else None
-
-
-def run_holding(task_id, *, version: int, generation: int | None) -> None:
-    """Tell the current run's transaction (if any) that it just locked ``task_id``'s row, standing at
-    ``version`` with fencing token ``generation`` (a lease claim)."""
-    run = _RUN.get()
-    if run is not None and run._atomic is not None:
-        run.hold(task_id, version=version, generation=generation)
 
 
 def _usable() -> bool:
@@ -363,16 +385,20 @@ def task_append_event(
                              reason=_stale_reason(task.pk, expected, lease_generation), actor=actor,
                              lease_generation=lease_generation)
         raise
-    events_log.info("event.appended", tenant_id=str(task.tenant_id), task_id=str(task.pk), event_seq=expected + 1,
-                    event_type=event_type, actor=actor, lease_generation=lease_generation, status=new_state["status"])
-    # The in-memory task follows the row only once the transaction committed.
-    for name, value in columns.items():
-        setattr(task, name, value)
-    task.version = expected + 1
+    line = {"tenant_id": str(task.tenant_id), "task_id": str(task.pk), "event_seq": expected + 1,
+            "event_type": event_type, "actor": actor, "lease_generation": lease_generation,
+            "status": new_state["status"]}
     run = _RUN.get()
     held = run.held(task.pk, lease_generation) if run is not None and run._atomic is not None else None
     if held is not None:
         held.task = task
+        run._lines.append(line)  # logged when the run's transaction commits
+    else:
+        events_log.info("event.appended", **line)
+    # The in-memory task follows the row (and, in a run, the run's transaction).
+    for name, value in columns.items():
+        setattr(task, name, value)
+    task.version = expected + 1
     # "After commit" means after the outermost commit: inside a caller's transaction (a receipt
     # recorded with its action and outbox rows) the failpoint waits for that commit.
     if transaction.get_connection().in_atomic_block:

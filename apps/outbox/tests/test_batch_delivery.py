@@ -203,3 +203,23 @@ def test_a_drain_stops_at_its_time_cap_and_leaves_the_rest_pending(committed_thr
     assert outbox.outbox_drain(limit=1, max_seconds=0) == 1
     assert OutboxMessage.objects.filter(status=OutboxStatus.DELIVERED).count() == 1
     assert OutboxMessage.objects.filter(status=OutboxStatus.PENDING).count() == 2
+
+
+def test_an_answer_that_cannot_be_composed_never_costs_a_receipt_its_commit(committed_three, refadmin, monkeypatch):
+    """The completion rides in the receipt's transaction; if composing the answer fails, the
+    receipts are recorded anyway (the task stays in DISPATCHING for the agent's completion step)."""
+    import apps.tasks.answer as answer
+
+    def broken(state):
+        raise RuntimeError("the answer cannot be composed")
+
+    monkeypatch.setattr(answer, "answer_compose", broken)
+    assert outbox.outbox_dispatch_batch() == 3
+    for task in committed_three:
+        row = Task.objects.get(pk=task.pk)
+        assert row.status == reducer.DISPATCHING and row.state["receipt"] is not None
+        assert TaskEvent.objects.get(task=row, seq=row.version).type == "receipt.recorded"
+    monkeypatch.undo()
+    for task in committed_three:
+        agent_run(task_id=task.pk)  # the agent's completion step composes it
+        assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED

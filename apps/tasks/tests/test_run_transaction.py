@@ -50,8 +50,8 @@ def _append(task, lease, event_type, payload=None, **kwargs):
 
 
 def test_a_runs_events_commit_together_at_its_end_and_replay(accepted):
+    lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3},
                                  actor="worker:test", lease_generation=lease.generation, task=task)
@@ -65,34 +65,39 @@ def test_a_runs_events_commit_together_at_its_end_and_replay(accepted):
 
 
 def test_a_held_row_is_written_once_per_commit_and_read_as_it_stands(accepted):
-    """Under its claim the run appends without a CAS statement per event; a read of the task table
-    inside the run sees the row as the events left it, and the commit writes it."""
+    """After its first CAS the run holds the row and appends without a CAS statement per event; a
+    read of the task table inside the run sees the row as the events left it; the commit writes it."""
+    lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = Task.objects.get(pk=accepted.pk)
         with CaptureQueriesContext(connection) as queries:
             task = _append(task, lease, "retrieval.started")
             task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3},
                                      actor="worker:test", lease_generation=lease.generation, task=task)
+            task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 1},
+                                     actor="worker:test", lease_generation=lease.generation, task=task)
         writes = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith(("UPDATE", "WITH"))
                   and "tasks_task" in q["sql"]]
-        assert writes == [], "no task-row write per event while the run holds the row"
+        assert len(writes) == 1 and writes[0].lstrip().startswith("WITH cas"), \
+            "one CAS for the first event; none for the next ones while the run holds the row"
         # a reader in the same transaction sees the row as it stands (written before the read)
-        assert Task.objects.values_list("version", "status").get(pk=accepted.pk) == (3, reducer.RETRIEVING)
+        assert Task.objects.values_list("version", "status").get(pk=accepted.pk) == (4, reducer.RETRIEVING)
         task_release(lease=lease)
-    assert Task.objects.get(pk=accepted.pk).version == 3
-    assert list(TaskEvent.objects.filter(task_id=accepted.pk).values_list("seq", flat=True)) == [1, 2, 3]
+    row = Task.objects.get(pk=accepted.pk)
+    assert row.version == 4 and row.state["limits"]["tool_calls"]["reserved"] == 4
+    assert list(TaskEvent.objects.filter(task_id=accepted.pk).values_list("seq", flat=True)) == [1, 2, 3, 4]
+    assert task_replay(row).ok
 
 
 def test_a_checkpoint_commits_what_was_recorded_and_runs_its_block_outside_any_transaction(accepted):
+    lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         with checkpoint():
             assert not connection.in_atomic_block, "an activity runs outside any transaction"
             assert _seen_elsewhere(accepted.pk) == (2, 2), "what it consumes is durable before it starts"
             lease_row = Task.objects.values_list("lease_owner", flat=True).get(pk=accepted.pk)
-            assert lease_row == lease.owner, "the lease claim is committed with the first events"
+            assert lease_row == lease.owner, "the lease claim is committed (on its own, before the run)"
         task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3},
                                  actor="worker:test", lease_generation=lease.generation)
         assert _seen_elsewhere(accepted.pk) == (2, 2)
@@ -103,8 +108,8 @@ def test_a_checkpoint_commits_what_was_recorded_and_runs_its_block_outside_any_t
 def test_a_transaction_that_cannot_commit_loses_only_what_followed_the_last_checkpoint(accepted):
     """A statement that fails outside a savepoint leaves the transaction unable to commit, like a
     crash before the commit: the run keeps what its last checkpoint committed, nothing after."""
+    lease = task_claim(task_id=accepted.pk)
     with pytest.raises(Exception, match="division by zero"), RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         with checkpoint():
             pass
@@ -117,8 +122,8 @@ def test_a_transaction_that_cannot_commit_loses_only_what_followed_the_last_chec
 
 
 def test_an_exception_that_leaves_the_transaction_usable_keeps_what_was_recorded(accepted):
+    lease = task_claim(task_id=accepted.pk)
     with pytest.raises(RuntimeError, match="after the events"), RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         raise RuntimeError("raised after the events")
     assert _seen_elsewhere(accepted.pk) == (2, 2)
@@ -129,15 +134,15 @@ def test_a_side_effect_that_fails_after_its_event_was_written_rolls_the_commit_b
     def fails(task, event):
         raise ValueError("the side effect failed")
 
+    lease = task_claim(task_id=accepted.pk)
     with pytest.raises(ValueError), RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         _append(task, lease, "budget.reserved", {"reservation_id": "r1", "activity": "a",
                                                  "amounts": {"tool_calls": 1}, "generation": lease.generation},
                 side_effects=fails)
-    assert _seen_elsewhere(accepted.pk) == (1, 1), "the whole commit rolled back, the claim with it"
+    assert _seen_elsewhere(accepted.pk) == (1, 1), "the whole commit rolled back"
     row = Task.objects.get(pk=accepted.pk)
-    assert row.status == reducer.ACCEPTED and row.lease_owner is None and row.lease_generation == 0
+    assert row.status == reducer.ACCEPTED and row.lease_generation == lease.generation == 1
 
 
 def test_a_refusal_inside_a_run_writes_nothing_of_the_event_and_the_run_goes_on(accepted, tenant):
@@ -149,8 +154,8 @@ def test_a_refusal_inside_a_run_writes_nothing_of_the_event_and_the_run_goes_on(
         rows = TenantUsage.objects.filter(tenant=tenant).values_list("money_used", "money_reserved")
         return sum(r[0] for r in rows), sum(r[1] for r in rows)
 
+    lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         before = day_rows()
         with pytest.raises(BudgetExceeded) as refused:  # the tenant's quota: 10 units a day
@@ -171,8 +176,8 @@ def test_a_refusal_inside_a_run_writes_nothing_of_the_event_and_the_run_goes_on(
 
 
 def test_a_lost_lease_is_refused_at_the_first_write_after_a_checkpoint(accepted):
+    lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         with checkpoint():
             # the lease passes to another worker while this one reads
@@ -198,8 +203,8 @@ def test_a_checkpoint_inside_a_nested_transaction_is_refused_and_runs_are_not_ne
 def test_a_runs_ledger_moves_reach_the_tenants_day_row_once_at_its_commit(accepted, tenant):
     """Several ledger events of one commit move the tenant's day row once, by their sum, at the
     commit: until then the run holds no lock on it, so other runs of the tenant do not wait."""
+    lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         with CaptureQueriesContext(connection) as queries:
             task, first = budget_reserve(task_id=task.pk, activity="a", amounts={"money": 5}, actor="worker:test",
@@ -223,8 +228,8 @@ def test_a_run_whose_admitted_reservation_no_longer_fits_at_its_commit_rolls_bac
 
     tenant.daily_budget_units = 10
     tenant.save()
+    lease = task_claim(task_id=accepted.pk)
     with pytest.raises(TenantQuotaRace), RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         budget_reserve(task_id=task.pk, activity="a", amounts={"money": 8}, actor="worker:test",
                        lease_generation=lease.generation, task=task)  # admitted: 10 left as read
@@ -233,7 +238,7 @@ def test_a_run_whose_admitted_reservation_no_longer_fits_at_its_commit_rolls_bac
                           "tokens_reserved, updated_at) VALUES (%s, (now() at time zone 'utc')::date, 0, 5, 0, 0, "
                           "now()) ON CONFLICT (tenant_id, day) DO UPDATE SET money_reserved = 5", [tenant.pk])
     row = Task.objects.get(pk=accepted.pk)
-    assert (row.version, row.status, row.lease_owner) == (1, reducer.ACCEPTED, None)
+    assert (row.version, row.status) == (1, reducer.ACCEPTED)
     assert list(TenantUsage.objects.filter(tenant=tenant).values_list("money_reserved", flat=True)) == [5]
     assert task_replay(row).ok
 
@@ -241,8 +246,8 @@ def test_a_run_whose_admitted_reservation_no_longer_fits_at_its_commit_rolls_bac
 def test_an_event_written_inside_a_nested_transaction_of_a_run_keeps_the_row_in_step(accepted):
     """A write the run makes inside a savepoint of its own (a nested ``atomic``) is not part of what
     the run vouches for: the row is written up to date before it and read again after it."""
+    lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
-        lease = task_claim(task_id=accepted.pk)
         task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
         with transaction.atomic():
             task, _ = budget_reserve(task_id=task.pk, activity="a", amounts={"tool_calls": 1},
