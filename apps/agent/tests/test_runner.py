@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 
 from apps.accounts.models import AccessScope, Membership
@@ -94,3 +95,56 @@ def test_step_limit_ends_the_task(requester, device, kb, settings):
     task = drive(_submit(requester, device).pk)
     assert task.status == reducer.FAILED
     assert task.termination_reason.startswith("step_limit")
+
+
+# --- pools: which worker runs which step ------------------------------------------------------------
+
+def _sent(monkeypatch) -> list[tuple]:
+    import apps.core.queue as queue
+
+    sent: list[tuple] = []
+    monkeypatch.setattr(queue, "send_now", lambda name, *args: sent.append((name, *map(str, args))))
+    return sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, device, kb, refservice, model_server,
+                                                                    monkeypatch):
+    """The context reads run on the tools pool; a draft by a model outside the process does not: the
+    run stops at PROPOSING, gives the lease back and sends ``agent_step``, and the agent pool calls."""
+    from apps.agent.runner import agent_run, context_read
+    from apps.core.queue import AGENT_STEP, READ_CONTEXT
+    from apps.events.models import TaskEvent
+    from apps.tasks.replay import task_replay
+
+    sent = _sent(monkeypatch)
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high",
+                       symptom="Fuser error after warm-up, pages come out smeared with unfused toner.").task
+    assert sent == [(READ_CONTEXT, str(task.pk))], "a report starts on the tools pool"
+    context_read(task_id=task.pk)
+    t = Task.objects.get(pk=task.pk)
+    assert t.status == reducer.PROPOSING and t.lease_owner is None
+    assert not TaskEvent.objects.filter(task=t, type="model.called").exists()
+    assert sent[-1] == (AGENT_STEP, str(task.pk))
+    agent_run(task_id=task.pk)  # the agent pool makes the call
+    assert TaskEvent.objects.filter(task=t, type="model.called").exists()
+    assert task_replay(Task.objects.get(pk=task.pk), use_snapshot=False).ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_the_local_drafter_one_tools_run_reaches_the_approval_request(requester, device, kb, monkeypatch):
+    """The local drafter makes no outside call: the tools run goes on from the reads to the draft,
+    validation and the approval request, with no hand-over, in three commits."""
+    from apps.agent.runner import context_read
+    from apps.events.models import TaskEvent
+
+    sent = _sent(monkeypatch)
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high",
+                       symptom="Fuser error after warm-up, pages come out smeared with unfused toner.").task
+    context_read(task_id=task.pk)
+    t = Task.objects.get(pk=task.pk)
+    assert t.status == reducer.WAITING_APPROVAL and t.lease_owner is None
+    assert [name for name, *_ in sent] == ["read_context"], "nothing handed over"
+    assert list(TaskEvent.objects.filter(task=t).order_by("seq").values_list("type", flat=True)) == [
+        "task.accepted", "retrieval.started", "budget.reserved", "evidence.retrieved", "ticket.read", "device.read",
+        "budget.settled", "budget.reserved", "model.called", "draft.proposed", "approval.requested"]
