@@ -229,7 +229,8 @@ def test_a_stale_dispatcher_records_nothing_after_another_recorded_the_receipt(s
     from apps.actions.models import ActionAttempt
     from apps.agent.runner import agent_run
     from apps.core import tool_errors as errors
-    from apps.outbox.dispatch import _record_error, outbox_claim_batch, outbox_deliver
+    from apps.outbox.dispatch import outbox_claim_batch, outbox_deliver
+    from apps.outbox.settlement import attempt_error_record
 
     task = drive(submitted.pk)
     _approve(approver, task)
@@ -244,7 +245,8 @@ def test_a_stale_dispatcher_records_nothing_after_another_recorded_the_receipt(s
     assert outbox_deliver(message_id=row_b.pk, fencing_token=row_b.lease_generation, owner="B") == "receipt"
 
     late = errors.PreconditionFailed("HTTP 409", status=409, body={"error": "stale_fencing_token"})
-    outcome = _record_error(row_a, action, attempt_a, Task.objects.get(pk=task.pk), late, row_a.lease_generation, "A")
+    outcome = attempt_error_record(row_a, action, attempt_a, Task.objects.get(pk=task.pk), late,
+                                   row_a.lease_generation, "A")
     assert outcome == "lost_lease"
     task = drive(task.pk)
     assert task.status == reducer.COMPLETED

@@ -19,8 +19,9 @@ from apps.events.models import RefusedEvent, TaskEvent
 from apps.tasks.leases import task_claim, task_release
 from apps.tasks.models import Task
 from apps.tasks.replay import task_replay
+from apps.tasks.runs import RunTransaction
 from apps.tasks.services import task_submit
-from apps.tasks.store import RunTransaction, task_append_event
+from apps.tasks.store import task_append_event
 from tests.conftest import p
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -32,7 +32,8 @@ from apps.tasks.leases import Lease
 from apps.tasks.models import Task
 from apps.tasks.reducer import v2 as reducer_v2
 from apps.tasks.reducer.core import admission_refusal
-from apps.tasks.store import checkpoint, task_append_event
+from apps.tasks.runs import checkpoint
+from apps.tasks.store import task_append_event
 from apps.tickets.connectors import CONNECTORS, connector_for
 from apps.tickets.selectors import ticket_snapshot
 

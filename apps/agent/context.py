@@ -24,7 +24,8 @@ from apps.evidence.relevance import evidence_select
 from apps.tasks.budget import activity_timeout, budget_reserve, budget_settle
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
-from apps.tasks.store import checkpoint, task_append_event
+from apps.tasks.runs import checkpoint
+from apps.tasks.store import task_append_event
 from apps.tasks.usage import BudgetExceeded
 from apps.tickets.selectors import open_ticket_read
 
@@ -67,7 +68,7 @@ def context_step(task: Task, lease: Lease) -> bool:
     ``device.read``). Under ``reducer/3`` the reads are one activity: admitted by a reservation of
     their tool calls, given a deadline-bounded timeout, and settled at the calls made.
 
-    The reads run outside any transaction (:func:`~apps.tasks.store.checkpoint`), after the
+    The reads run outside any transaction (:func:`~apps.tasks.runs.checkpoint`), after the
     reservation is committed; their results are recorded together afterwards. Returns True when
     the task moved on (the next step may follow), False when it stopped: failed, or the ticket
     system could not be read now (what was read is recorded; the sweeper brings the task back)."""

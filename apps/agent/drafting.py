@@ -30,7 +30,8 @@ from apps.tasks.budget import activity_timeout, budget_reserve, budget_settle
 from apps.tasks.leases import Lease, task_lease_renew
 from apps.tasks.models import Task
 from apps.tasks.reducer import v3 as reducer_v3
-from apps.tasks.store import checkpoint, task_append_event
+from apps.tasks.runs import checkpoint
+from apps.tasks.store import task_append_event
 from apps.tasks.usage import BudgetExceeded
 
 log = logging.getLogger(__name__)

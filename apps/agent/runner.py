@@ -13,7 +13,7 @@ A report thus crosses Celery once before its intent when the model is local (web
 never waits in a second queue for a step that makes no outside call.
 
 **Commits.** A run takes its lease in a commit of its own, then records its events in a
-:class:`~apps.tasks.store.RunTransaction`: they commit together at the run's checkpoints — before each
+:class:`~apps.tasks.runs.RunTransaction`: they commit together at the run's checkpoints — before each
 activity that leaves the process (which runs outside any transaction) — and at its end, with the lease's
 release, instead of one commit per event (docs/architecture.md §4)."""
 
@@ -44,7 +44,8 @@ from apps.tasks.answer import completion_event
 from apps.tasks.budget import stale_reservations
 from apps.tasks.leases import Lease, task_claim, task_release
 from apps.tasks.models import Task
-from apps.tasks.store import RunTransaction, StaleWrite, run_current_task, task_append_event
+from apps.tasks.runs import RunTransaction, run_current_task
+from apps.tasks.store import StaleWrite, task_append_event
 from apps.tasks.usage import BudgetExceeded
 from config.logs import bind
 
@@ -75,7 +76,7 @@ def agent_run(*, task_id: uuid.UUID, pool: str = AGENT) -> None:
     another worker holds the lease or the task is terminal.
 
     The lease claim commits first, alone (a fencing token is never given out twice); the events
-    and the release commit at the run's checkpoints (:class:`~apps.tasks.store.RunTransaction`).
+    and the release commit at the run's checkpoints (:class:`~apps.tasks.runs.RunTransaction`).
     An exception other than the refusals the run expects ends the run with what it recorded
     committed (unless the transaction broke) and the lease given back, and is raised: the Celery
     task retries a retryable database refusal, and the sweeper brings the task back otherwise."""

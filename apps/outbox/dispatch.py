@@ -37,15 +37,16 @@ from django.utils import timezone
 
 from apps.accounts.principal import principal_current
 from apps.actions.digest import sendable
-from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.actions.models import Action, ActionAttempt, ActionStatus
 from apps.actions.registry import tool_get
 from apps.approvals.services import approval_check_binding_now, approval_invalidate
 from apps.core import tool_errors as errors
 from apps.core.failpoints import failpoint
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.settlement import (
+    action_deadline,
     append_or_record_refusal,
-    backoff_delay,
+    attempt_error_record,
     finish_not_sent,
     kick_agent,
     receipt_record,
@@ -62,7 +63,6 @@ from config.logs import bind
 log = logging.getLogger(__name__)
 
 
-MAX_ATTEMPTS = 8
 def outbox_claim_batch(*, owner: str, limit: int, now=None) -> list[OutboxMessage]:
     """Claim up to ``limit`` due rows (PENDING and available, or IN_FLIGHT with an expired lease),
     skipping rows locked by other dispatchers and rows behind an undelivered older row with the
@@ -129,7 +129,7 @@ def outbox_dispatch_batch(*, limit: int | None = None) -> int:
     never holds two rows of one ordering key, so per-ticket order holds), and the receipts are
     recorded together (:func:`~apps.outbox.settlement.receipts_record_batch`). Every other row —
     not authorized any more, a ticket system without idempotency, an error answer — takes the
-    one-row path (:func:`outbox_deliver`, :func:`_record_error`)."""
+    one-row path (:func:`outbox_deliver`, :func:`~apps.outbox.settlement.attempt_error_record`)."""
     owner = worker_identity()
     rows = outbox_claim_batch(owner=owner, limit=limit or settings.FAULTDESK["OUTBOX_BATCH"])
     if not rows:
@@ -263,7 +263,7 @@ def _deliver_together(ready: list, tasks: dict, owner: str) -> None:
              outbox_id=send.message.pk, fencing_token=send.message.lease_generation, attempt=send.attempt.number,
              step="dispatch")
         try:
-            _record_error(send.message, send.action, send.attempt, send.task, send.error,
+            attempt_error_record(send.message, send.action, send.attempt, send.task, send.error,
                           send.message.lease_generation, owner)
         except Exception:  # noqa: BLE001 - one bad row must not stop the batch; its lease expires
             log.exception("recording the outcome of outbox message %s failed", send.message.pk)
@@ -410,106 +410,7 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
             params=params, timeout=timeout,
         )
     except errors.ToolError as exc:
-        return _record_error(message, action, attempt, task, exc, fencing_token, owner)
+        return attempt_error_record(message, action, attempt, task, exc, fencing_token, owner)
     failpoint("after_send")
     receipt_record(action_id=action.pk, receipt=receipt, attempt_id=attempt.pk, actor=f"dispatcher:{owner}")
     return "receipt"
-
-
-def action_deadline(action: Action, task: Task):
-    """When sending (and re-sending) ``action`` must stop: the task's deadline, or for a
-    compensation — which runs after its task was cancelled — its own window of
-    ``TASK_DEADLINE_SECONDS`` from its intent."""
-    if action.compensates_id is None:
-        return task.deadline_at
-    return action.created_at + timedelta(seconds=settings.FAULTDESK["TASK_DEADLINE_SECONDS"])
-
-
-def _record_error(message, action, attempt, task, exc: errors.ToolError, fencing_token, owner) -> str:
-    """Record the error ``exc`` of this dispatcher's attempt: ``"unknown"`` (sent, unanswered:
-    the reconciler looks it up), ``"retry"`` (a retryable refusal: PENDING with backoff),
-    ``"failed"`` (definite, and not executed — proven first by :func:`settle_not_executed` when
-    an earlier attempt may have reached the remote), or, for a dispatcher that lost its lease,
-    ``"lost_lease"`` with only its attempt row closed."""
-    now = timezone.now()
-    actor = f"dispatcher:{owner}"
-    err = exc.as_dict()
-    unknown = isinstance(exc, errors.OutcomeUnknown) or (
-        isinstance(exc, errors.PreconditionFailed) and exc.body.get("error") == "stale_fencing_token"
-    )
-    # A retryable error means this request did nothing; a resend to a ticket system without
-    # idempotency first looks the key up (see outbox_deliver), so both kinds may retry.
-    retry_ok = exc.retryable and message.attempts < MAX_ATTEMPTS and action_deadline(action, task) > now
-    if not unknown and not retry_ok:
-        # About to record "not executed": an earlier attempt may still have created the ticket.
-        settled = settle_not_executed(message, action, fencing_token, actor, except_attempt_id=attempt.pk)
-        if settled is not None:
-            # This attempt's own answer was definite; the action's outcome was settled above.
-            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err,
-                                                               finished_at=now)
-            return settled
-    with transaction.atomic():
-        # A dispatcher whose lease on the row passed to another (or whose action already has its
-        # receipt) records nothing: the current holder owns the outcome.
-        if not still_ours(message.pk, fencing_token).exists():
-            # A definite answer (e.g. 409: an older token) means this request did nothing.
-            outcome = AttemptOutcome.FAILED if exc.executed is False else AttemptOutcome.UNKNOWN
-            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=outcome, error=err, finished_at=now)
-            return "lost_lease"
-        if Action.objects.filter(pk=action.pk, status=ActionStatus.SUCCEEDED).exists():
-            outcome = AttemptOutcome.FAILED if exc.executed is False else AttemptOutcome.UNKNOWN
-            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=outcome, error=err, finished_at=now)
-            return "already_done"
-        if unknown:
-            # Sent and unanswered — or a newer dispatcher holds this key: either way the effect may
-            # exist. Never a new logical request: the reconciler looks it up by key.
-            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.UNKNOWN, error=err,
-                                                               finished_at=now)
-            Action.objects.filter(pk=action.pk).update(status=ActionStatus.UNKNOWN, last_error=err)
-            OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.UNKNOWN, last_error=err,
-                                                               lease_owner=None, lease_expires_at=None)
-            append_or_record_refusal(task_id=task.pk, event_type="outcome.unknown", actor=actor,
-                                      payload_fn=lambda t: {"action_id": str(action.pk), "error": err})
-            return "unknown"
-        if retry_ok:
-            delay = backoff_delay(message.attempts)
-            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.RETRYABLE, error=err,
-                                                               finished_at=now)
-            OutboxMessage.objects.filter(pk=message.pk).update(
-                status=OutboxStatus.PENDING, available_at=now + timedelta(seconds=delay), last_error=err,
-                lease_owner=None, lease_expires_at=None,
-            )
-            return "retry"
-        if _is_conflict(action, exc):
-            # 412: the ticket moved on since the plan read it. Not executed (the key never wrote):
-            # the task re-reads the ticket and re-plans, under a new approval.
-            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err,
-                                                               finished_at=now)
-            Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error=err)
-            OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED, last_error=err,
-                                                               lease_owner=None, lease_expires_at=None)
-            if action.approval is not None:
-                approval_invalidate(approval=action.approval, reason="the ticket changed since the approval (412)")
-            append_or_record_refusal(task_id=task.pk, event_type="dispatch.conflict", actor=actor,
-                                      payload_fn=lambda t: {"action_id": str(action.pk),
-                                                            "expected_version": action.params.get("if_match"),
-                                                            "current_version": exc.body.get("current_version"),
-                                                            "executed": False})
-            kick_agent(task.pk)
-            return "conflict"
-        ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err, finished_at=now)
-        Action.objects.filter(pk=action.pk).update(status=ActionStatus.FAILED, last_error=err)
-        OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED, last_error=err,
-                                                           lease_owner=None, lease_expires_at=None)
-        append_or_record_refusal(task_id=task.pk, event_type="dispatch.failed", actor=actor,
-                                  payload_fn=lambda t: {"action_id": str(action.pk), "error": err["code"],
-                                                        "detail": err["detail"], "executed": False})
-    return "failed"
-
-
-def _is_conflict(action: Action, exc: errors.ToolError) -> bool:
-    """A conditional write refused because the ticket is no longer at the version it was planned on
-    (412), or no longer exists (404): either way nothing was written and the plan is stale."""
-    if not (tool_get(action.tool).conditional and isinstance(exc, errors.PreconditionFailed)):
-        return False
-    return (exc.status, exc.body.get("error")) in ((412, "version_mismatch"), (404, "not_found"))

@@ -1,8 +1,9 @@
 """Settlement of an outbox row (DESIGN.md §6, §7; spec §16.4, table 16.5): the receipt (action
 SUCCEEDED, ticket mirror, outbox DELIVERED and the task's ``receipt.recorded`` in one transaction),
 "not executed" only when it is known — no attempt can have reached the remote, or the key was
-first fenced at the remote with the row's current fencing token and nothing was found — and the
-outcome events a dispatcher or reconciler records on the task."""
+first fenced at the remote with the row's current fencing token and nothing was found — the
+outcome events a dispatcher or reconciler records on the task, and what an attempt's error answer
+leads to (:func:`attempt_error_record`: unknown, a retry with backoff, a conflict, or a failure)."""
 
 from __future__ import annotations
 
@@ -16,20 +17,17 @@ from django.db.models import Max
 from django.utils import timezone
 
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.actions.registry import tool_get
 from apps.actions.services import actions_mark_succeeded
+from apps.approvals.services import approval_invalidate
 from apps.core import tool_errors as errors
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.answer import completion_event
-from apps.tasks.store import (
-    StaleWrite,
-    refused_after_rollback,
-    task_append_event,
-    task_append_with_retry,
-    task_events_commit,
-    task_events_prepare,
-)
+from apps.tasks.batch import task_events_commit, task_events_prepare
+from apps.tasks.models import Task
+from apps.tasks.store import StaleWrite, refused_after_rollback, task_append_event, task_append_with_retry
 from apps.tasks.usage import BudgetExceeded
 from apps.tickets.connectors import Receipt, connector_for
 from apps.tickets.models import TicketMirror
@@ -331,3 +329,106 @@ def still_ours(message_id, fencing_token: int):
     """The outbox row ``message_id``, locked, while its fencing token is still ``fencing_token``
     (empty once another dispatcher claimed it)."""
     return OutboxMessage.objects.select_for_update().filter(pk=message_id, lease_generation=fencing_token)
+
+
+#: attempts of one outbox row before its action is recorded as failed
+MAX_ATTEMPTS = 8
+
+
+def action_deadline(action: Action, task: Task):
+    """When sending (and re-sending) ``action`` must stop: the task's deadline, or for a
+    compensation — which runs after its task was cancelled — its own window of
+    ``TASK_DEADLINE_SECONDS`` from its intent."""
+    if action.compensates_id is None:
+        return task.deadline_at
+    return action.created_at + timedelta(seconds=settings.FAULTDESK["TASK_DEADLINE_SECONDS"])
+
+
+def attempt_error_record(message, action, attempt, task, exc: errors.ToolError, fencing_token, owner) -> str:
+    """Record the error ``exc`` of this dispatcher's attempt: ``"unknown"`` (sent, unanswered:
+    the reconciler looks it up), ``"retry"`` (a retryable refusal: PENDING with backoff),
+    ``"failed"`` (definite, and not executed — proven first by :func:`settle_not_executed` when
+    an earlier attempt may have reached the remote), or, for a dispatcher that lost its lease,
+    ``"lost_lease"`` with only its attempt row closed."""
+    now = timezone.now()
+    actor = f"dispatcher:{owner}"
+    err = exc.as_dict()
+    unknown = isinstance(exc, errors.OutcomeUnknown) or (
+        isinstance(exc, errors.PreconditionFailed) and exc.body.get("error") == "stale_fencing_token"
+    )
+    # A retryable error means this request did nothing; a resend to a ticket system without
+    # idempotency first looks the key up (see outbox_deliver), so both kinds may retry.
+    retry_ok = exc.retryable and message.attempts < MAX_ATTEMPTS and action_deadline(action, task) > now
+    if not unknown and not retry_ok:
+        # About to record "not executed": an earlier attempt may still have created the ticket.
+        settled = settle_not_executed(message, action, fencing_token, actor, except_attempt_id=attempt.pk)
+        if settled is not None:
+            # This attempt's own answer was definite; the action's outcome was settled above.
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err,
+                                                               finished_at=now)
+            return settled
+    with transaction.atomic():
+        # A dispatcher whose lease on the row passed to another (or whose action already has its
+        # receipt) records nothing: the current holder owns the outcome.
+        if not still_ours(message.pk, fencing_token).exists():
+            # A definite answer (e.g. 409: an older token) means this request did nothing.
+            outcome = AttemptOutcome.FAILED if exc.executed is False else AttemptOutcome.UNKNOWN
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=outcome, error=err, finished_at=now)
+            return "lost_lease"
+        if Action.objects.filter(pk=action.pk, status=ActionStatus.SUCCEEDED).exists():
+            outcome = AttemptOutcome.FAILED if exc.executed is False else AttemptOutcome.UNKNOWN
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=outcome, error=err, finished_at=now)
+            return "already_done"
+        if unknown:
+            # Sent and unanswered — or a newer dispatcher holds this key: either way the effect may
+            # exist. Never a new logical request: the reconciler looks it up by key.
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.UNKNOWN, error=err,
+                                                               finished_at=now)
+            Action.objects.filter(pk=action.pk).update(status=ActionStatus.UNKNOWN, last_error=err)
+            OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.UNKNOWN, last_error=err,
+                                                               lease_owner=None, lease_expires_at=None)
+            append_or_record_refusal(task_id=task.pk, event_type="outcome.unknown", actor=actor,
+                                      payload_fn=lambda t: {"action_id": str(action.pk), "error": err})
+            return "unknown"
+        if retry_ok:
+            delay = backoff_delay(message.attempts)
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.RETRYABLE, error=err,
+                                                               finished_at=now)
+            OutboxMessage.objects.filter(pk=message.pk).update(
+                status=OutboxStatus.PENDING, available_at=now + timedelta(seconds=delay), last_error=err,
+                lease_owner=None, lease_expires_at=None,
+            )
+            return "retry"
+        if conflict_answered(action, exc):
+            # 412: the ticket moved on since the plan read it. Not executed (the key never wrote):
+            # the task re-reads the ticket and re-plans, under a new approval.
+            ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err,
+                                                               finished_at=now)
+            Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error=err)
+            OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED, last_error=err,
+                                                               lease_owner=None, lease_expires_at=None)
+            if action.approval is not None:
+                approval_invalidate(approval=action.approval, reason="the ticket changed since the approval (412)")
+            append_or_record_refusal(task_id=task.pk, event_type="dispatch.conflict", actor=actor,
+                                      payload_fn=lambda t: {"action_id": str(action.pk),
+                                                            "expected_version": action.params.get("if_match"),
+                                                            "current_version": exc.body.get("current_version"),
+                                                            "executed": False})
+            kick_agent(task.pk)
+            return "conflict"
+        ActionAttempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.FAILED, error=err, finished_at=now)
+        Action.objects.filter(pk=action.pk).update(status=ActionStatus.FAILED, last_error=err)
+        OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.FAILED, last_error=err,
+                                                           lease_owner=None, lease_expires_at=None)
+        append_or_record_refusal(task_id=task.pk, event_type="dispatch.failed", actor=actor,
+                                  payload_fn=lambda t: {"action_id": str(action.pk), "error": err["code"],
+                                                        "detail": err["detail"], "executed": False})
+    return "failed"
+
+
+def conflict_answered(action: Action, exc: errors.ToolError) -> bool:
+    """A conditional write refused because the ticket is no longer at the version it was planned on
+    (412), or no longer exists (404): either way nothing was written and the plan is stale."""
+    if not (tool_get(action.tool).conditional and isinstance(exc, errors.PreconditionFailed)):
+        return False
+    return (exc.status, exc.body.get("error")) in ((412, "version_mismatch"), (404, "not_found"))

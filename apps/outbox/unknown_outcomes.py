@@ -16,9 +16,15 @@ from django.utils import timezone
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.core import tool_errors as errors
 from apps.core.queue import OUTBOX_DISPATCH, enqueue_on_commit
-from apps.outbox.dispatch import MAX_ATTEMPTS, action_deadline
 from apps.outbox.models import OutboxMessage, OutboxStatus
-from apps.outbox.settlement import append_or_record_refusal, backoff_delay, fence, receipt_record
+from apps.outbox.settlement import (
+    MAX_ATTEMPTS,
+    action_deadline,
+    append_or_record_refusal,
+    backoff_delay,
+    fence,
+    receipt_record,
+)
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.store import StaleWrite, refused_after_rollback, task_append_with_retry

@@ -25,7 +25,8 @@ from django.utils import timezone
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.reducer import v3 as reducer_v3
-from apps.tasks.store import event_transaction, refused_after_rollback, task_append_event
+from apps.tasks.runs import event_transaction
+from apps.tasks.store import refused_after_rollback, task_append_event
 from apps.tasks.usage import BudgetExceeded
 
 

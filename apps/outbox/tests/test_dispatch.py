@@ -19,7 +19,7 @@ from apps.core import tool_errors as errors
 from apps.devices.services import device_update_state
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.outbox import dispatch as outbox
-from apps.outbox import unknown_outcomes
+from apps.outbox import settlement, unknown_outcomes
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.models import Task
@@ -365,15 +365,15 @@ def test_unknown_loop_ends_after_the_attempts_are_used(committed, monkeypatch):
         raise errors.OutcomeUnknown("sent, no answer: ReadTimeout")
 
     monkeypatch.setattr(ReferenceTicketConnector, "create_ticket", hung)
-    for _ in range(outbox.MAX_ATTEMPTS + 5):
+    for _ in range(settlement.MAX_ATTEMPTS + 5):
         outbox.outbox_dispatch_batch()
         unknown_outcomes.actions_reconcile()
-    assert ActionAttempt.objects.filter(action__task=committed).count() == outbox.MAX_ATTEMPTS
+    assert ActionAttempt.objects.filter(action__task=committed).count() == settlement.MAX_ATTEMPTS
     retries = TaskEvent.objects.filter(task=committed, type="reconciliation.retry")
-    assert retries.count() == outbox.MAX_ATTEMPTS - 1
+    assert retries.count() == settlement.MAX_ATTEMPTS - 1
     task = Task.objects.get(pk=committed.pk)
     assert task.status == reducer.FAILED
-    assert task.termination_reason == f"dispatch_failed: not sent again: {outbox.MAX_ATTEMPTS} attempts used"
+    assert task.termination_reason == f"dispatch_failed: not sent again: {settlement.MAX_ATTEMPTS} attempts used"
 
 
 def test_a_dispatcher_whose_action_got_its_receipt_elsewhere_closes_its_attempt(committed, monkeypatch):

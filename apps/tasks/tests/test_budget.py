@@ -351,7 +351,7 @@ def test_ledger_writes_lock_the_task_row_and_leave_the_tenant_row_to_other_trans
     same time deadlocked with it (PostgreSQL broke the cycle after deadlock_timeout, 1 s)."""
     from django.db import transaction
 
-    from apps.tasks.store import task_events_prepare
+    from apps.tasks.batch import task_events_prepare
 
     task = _running(requester, device)
     with transaction.atomic():

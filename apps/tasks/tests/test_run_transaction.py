@@ -6,6 +6,8 @@ gives."""
 
 from __future__ import annotations
 
+import contextlib
+
 import psycopg
 import pytest
 from django.db import connection, transaction
@@ -17,8 +19,9 @@ from apps.tasks.budget import budget_reserve
 from apps.tasks.leases import task_claim, task_release
 from apps.tasks.models import Task, TenantUsage
 from apps.tasks.replay import task_replay
+from apps.tasks.runs import RunTransaction, checkpoint
 from apps.tasks.services import task_submit
-from apps.tasks.store import RunTransaction, StaleWrite, checkpoint, task_append_event
+from apps.tasks.store import StaleWrite, task_append_event
 from apps.tasks.usage import BudgetExceeded
 from tests.conftest import p
 
@@ -49,10 +52,17 @@ def _append(task, lease, event_type, payload=None, **kwargs):
                              lease_generation=lease.generation, **kwargs)
 
 
-def test_a_runs_events_commit_together_at_its_end_and_replay(accepted):
+@contextlib.contextmanager
+def _started(accepted):
+    """A run of ``accepted``: the lease claimed (committed alone, as the runner does), then the run's
+    transaction with its first event, ``retrieval.started``. Yields ``(lease, task)``."""
     lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
-        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        yield lease, _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+
+
+def test_a_runs_events_commit_together_at_its_end_and_replay(accepted):
+    with _started(accepted) as (lease, task):
         task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 3},
                                  actor="worker:test", lease_generation=lease.generation, task=task)
         assert _seen_elsewhere(accepted.pk) == (1, 1), "nothing of the run is visible before its commit"
@@ -90,9 +100,7 @@ def test_a_held_row_is_written_once_per_commit_and_read_as_it_stands(accepted):
 
 
 def test_a_checkpoint_commits_what_was_recorded_and_runs_its_block_outside_any_transaction(accepted):
-    lease = task_claim(task_id=accepted.pk)
-    with RunTransaction():
-        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+    with _started(accepted) as (lease, task):
         with checkpoint():
             assert not connection.in_atomic_block, "an activity runs outside any transaction"
             assert _seen_elsewhere(accepted.pk) == (2, 2), "what it consumes is durable before it starts"
@@ -154,9 +162,7 @@ def test_a_refusal_inside_a_run_writes_nothing_of_the_event_and_the_run_goes_on(
         rows = TenantUsage.objects.filter(tenant=tenant).values_list("money_used", "money_reserved")
         return sum(r[0] for r in rows), sum(r[1] for r in rows)
 
-    lease = task_claim(task_id=accepted.pk)
-    with RunTransaction():
-        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+    with _started(accepted) as (lease, task):
         before = day_rows()
         with pytest.raises(BudgetExceeded) as refused:  # the tenant's quota: 10 units a day
             budget_reserve(task_id=task.pk, activity="a", amounts={"money": 50}, actor="worker:test",
@@ -176,9 +182,7 @@ def test_a_refusal_inside_a_run_writes_nothing_of_the_event_and_the_run_goes_on(
 
 
 def test_a_lost_lease_is_refused_at_the_first_write_after_a_checkpoint(accepted):
-    lease = task_claim(task_id=accepted.pk)
-    with RunTransaction():
-        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+    with _started(accepted) as (lease, task):
         with checkpoint():
             # the lease passes to another worker while this one reads
             Task.objects.filter(pk=accepted.pk).update(lease_expires_at=None, lease_owner=None)
@@ -203,9 +207,7 @@ def test_a_checkpoint_inside_a_nested_transaction_is_refused_and_runs_are_not_ne
 def test_a_runs_ledger_moves_reach_the_tenants_day_row_once_at_its_commit(accepted, tenant):
     """Several ledger events of one commit move the tenant's day row once, by their sum, at the
     commit: until then the run holds no lock on it, so other runs of the tenant do not wait."""
-    lease = task_claim(task_id=accepted.pk)
-    with RunTransaction():
-        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+    with _started(accepted) as (lease, task):
         with CaptureQueriesContext(connection) as queries:
             task, first = budget_reserve(task_id=task.pk, activity="a", amounts={"money": 5}, actor="worker:test",
                                          lease_generation=lease.generation, task=task)
@@ -246,9 +248,7 @@ def test_a_run_whose_admitted_reservation_no_longer_fits_at_its_commit_rolls_bac
 def test_an_event_written_inside_a_nested_transaction_of_a_run_keeps_the_row_in_step(accepted):
     """A write the run makes inside a savepoint of its own (a nested ``atomic``) is not part of what
     the run vouches for: the row is written up to date before it and read again after it."""
-    lease = task_claim(task_id=accepted.pk)
-    with RunTransaction():
-        task = _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+    with _started(accepted) as (lease, task):
         with transaction.atomic():
             task, _ = budget_reserve(task_id=task.pk, activity="a", amounts={"tool_calls": 1},
                                      actor="worker:test", lease_generation=lease.generation)

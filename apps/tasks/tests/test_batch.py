@@ -15,10 +15,11 @@ from django.utils import timezone
 
 from apps.events.models import TaskEvent
 from apps.tasks import reducer
+from apps.tasks.batch import task_events_commit, task_events_prepare
 from apps.tasks.models import Task, TenantUsage
 from apps.tasks.replay import task_replay
 from apps.tasks.services import task_submit
-from apps.tasks.store import StaleWrite, task_append_with_retry, task_events_commit, task_events_prepare
+from apps.tasks.store import StaleWrite, task_append_with_retry
 from apps.tasks.usage import BudgetExceeded, tenant_ledger_apply_many
 from tests.conftest import p
 from tests.factories import DeviceFactory
