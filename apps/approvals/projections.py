@@ -17,6 +17,10 @@ def pending_approvals_close(task, event, new_state: dict) -> None:
     ended = new_state["status"] in reducer.TERMINAL and task.status not in reducer.TERMINAL
     if not (cancelled or ended):
         return  # most events: nothing to close, and no query built for it
+    if not any((task.state or {}).get(k) or new_state.get(k) for k in ("approval", "compensation")):
+        # No approval was ever asked for this task: its rows are created only with the events that
+        # set ``approval`` or ``compensation`` in its state, which no later event sets back to None.
+        return
     pending = ApprovalRequest.objects.for_tenant(task.tenant_id).filter(task_id=task.pk,
                                                                          status=ApprovalStatus.PENDING)
     if cancelled:

@@ -21,7 +21,15 @@ from apps.core.failpoints import failpoint
 from apps.events.models import TaskEvent, TaskSnapshot
 from apps.tasks import reducer
 from apps.tasks.models import Task
-from apps.tasks.store import StaleWrite, projections_run, reduce_pinned, row_columns, state_digest
+from apps.tasks.store import (
+    StaleWrite,
+    events_insert_many,
+    projections_run,
+    reduce_pinned,
+    row_columns,
+    snapshots_insert_many,
+    state_digest,
+)
 from apps.tasks.usage import tenant_ledger_apply_many
 
 #: the same logger as the store's: one "event.appended" line per committed event
@@ -144,18 +152,17 @@ def task_events_commit(prepared: list[PreparedEvent]) -> list[TaskEvent]:
         cursor.execute(sql, params)
         if cursor.rowcount != len(prepared):
             raise StaleWrite(f"{len(prepared) - cursor.rowcount} of {len(prepared)} tasks moved past their version")
-    rows = [TaskEvent(task_id=p.task.pk, tenant_id=p.task.tenant_id, seq=p.task.version + 1 + i, type=event_type,
-                      payload=payload, payload_digest=sha256_json(payload), occurred_at=now, actor=p.actor,
-                      lease_generation=p.task.lease_generation)
-            for p, chain in chains for i, (event_type, payload, _) in enumerate(chain)]
-    events = TaskEvent.objects.bulk_create(rows)
+    events = [TaskEvent(id=uuid.uuid4(), task_id=p.task.pk, tenant_id=p.task.tenant_id, seq=p.task.version + 1 + i,
+                        type=event_type, payload=payload, payload_digest=sha256_json(payload), occurred_at=now,
+                        recorded_at=now, actor=p.actor, lease_generation=p.task.lease_generation)
+              for p, chain in chains for i, (event_type, payload, _) in enumerate(chain)]
+    events_insert_many(events)
     every = settings.FAULTDESK["SNAPSHOT_EVERY"]
     snapshots = [TaskSnapshot(task_id=p.task.pk, seq=p.task.version + 1 + i, state=state, digest=state_digest(state),
                               reducer_version=(p.task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION))
                  for p, chain in chains for i, (_, _, state) in enumerate(chain)
                  if every and (p.task.version + 1 + i) % every == 0]
-    if snapshots:
-        TaskSnapshot.objects.bulk_create(snapshots)
+    snapshots_insert_many(snapshots, now=now)
     # The tenant's day row moves once per tenant and day, by the batch's sum.
     tenant_ledger_apply_many([(p.task, p.task.state, p.new_state) for p in prepared])
     written = iter(events)
