@@ -4,18 +4,18 @@ test)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import threading
-from http.server import ThreadingHTTPServer
 
 import pytest
 from django.db import connection, transaction
 
 from apps.tickets.connectors import ReferenceTicketConnector
 from tools.bench.harness import WalCommits, percentile
-from tools.bench.noop_remote import NoopHandler
+from tools.bench.noop_remote import serve as noop_serve
 from tools.bench.profile import summarize
 
 
@@ -69,21 +69,45 @@ def test_wal_commits_count_writing_transactions_and_not_reads():
         assert cur.fetchone()[0] == 0
 
 
-def test_the_noop_remote_answers_the_reference_connector_as_a_created_ticket():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NoopHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+@contextlib.contextmanager
+def _noop_remote():
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(noop_serve, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        connector = ReferenceTicketConnector(base_url=f"http://127.0.0.1:{server.server_port}", api_key="k",
-                                             timeout=5)
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        async def stop():
+            server.close()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+@pytest.mark.parametrize("keep_alive", [False, True])
+def test_the_noop_remote_answers_the_reference_connector_as_a_created_ticket(keep_alive):
+    with _noop_remote() as url:
+        connector = ReferenceTicketConnector(base_url=url, api_key="k", timeout=5)
+        connector.keep_alive = keep_alive
         first = connector.create_ticket(idempotency_key="k-1", fencing_token=1, params={"title": "t"})
-        second = connector.create_ticket(idempotency_key="k-2", fencing_token=1, params={"title": "t"})
+        second = connector.create_ticket(idempotency_key="k-2", fencing_token=1, params={"title": "打印机"})
         assert first.external_id != second.external_id
         assert first.external_id.startswith("NOOP-") and first.version == 1 and not first.replayed
         assert connector.lookup_by_key(idempotency_key="k-1") is None  # it stores nothing
-    finally:
-        server.shutdown()
-        server.server_close()
+
+
+def test_the_noop_remote_refuses_what_it_does_not_serve():
+    import httpx
+
+    with _noop_remote() as url, httpx.Client(base_url=url) as client:
+        assert client.get("/healthz").json() == {"ok": True}
+        assert client.post("/elsewhere", json={"a": 1}).status_code == 404
+        assert client.delete("/tickets").status_code == 404
+        assert client.post("/tickets", json={}, headers={"Connection": "close"}).status_code == 201
 
 
 @pytest.mark.django_db
