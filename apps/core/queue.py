@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 
 from celery import current_app
+from django.conf import settings
+from django.core.cache import caches
 from django.db import transaction
 
 log = logging.getLogger(__name__)
@@ -46,3 +48,47 @@ def enqueue_on_commit(name: str, *args) -> None:
             log.exception("could not enqueue %s%s", name, tuple(str(a) for a in args))
 
     transaction.on_commit(go)
+
+
+def _waiting_key(name: str) -> str:
+    return f"faultdesk:kick-waiting:{name}"
+
+
+def kick_on_commit(name: str) -> None:
+    """After the current transaction commits, make sure a run of the argument-less Celery task
+    ``name`` — one whose every run does all the work due when it starts (the outbox dispatcher) —
+    starts after this commit: at most one such message waits at a time.
+
+    After the commit, a flag is set only if absent (``cache.add``: Redis ``SET NX`` with the TTL
+    ``FAULTDESK["KICK_COALESCE_SECONDS"]``, in the ``coordination`` cache); whoever sets it sends
+    the message, anyone else relies on the one already waiting. The run clears the flag before it
+    reads anything (:func:`kick_received`), so a commit that finds the flag set was made before that
+    run's first read and is seen by it. The flag is a hint, never the truth: with coalescing off
+    (TTL 0) or the cache failing the message is always sent, and a message the broker loses leaves
+    the flag set at most one TTL, while beat's tick runs the task anyway."""
+    ttl = settings.FAULTDESK.get("KICK_COALESCE_SECONDS", 0)
+
+    def go() -> None:
+        if ttl > 0:
+            try:
+                if not caches["coordination"].add(_waiting_key(name), 1, timeout=ttl):
+                    return  # a message is waiting and its run has not started: it sees this commit
+            except Exception:  # noqa: BLE001 - the hint is unavailable: send, as without it
+                log.warning("the coordination cache failed; sending %s uncoalesced", name, exc_info=True)
+        try:
+            send_now(name)
+        except Exception:  # noqa: BLE001 - broker down: beat's tick brings the work back
+            log.exception("could not enqueue %s", name)
+            if ttl > 0:
+                kick_received(name)  # nothing waits after all: the next commit must send
+
+    transaction.on_commit(go)
+
+
+def kick_received(name: str) -> None:
+    """Called by a run of ``name`` before its first read (see :func:`kick_on_commit`): from now
+    on a commit sends a new message. Never raises."""
+    try:
+        caches["coordination"].delete(_waiting_key(name))
+    except Exception:  # noqa: BLE001 - the flag expires on its own
+        log.warning("the coordination cache failed clearing the kick of %s", name, exc_info=True)

@@ -9,7 +9,7 @@ import logging
 
 from django.utils import timezone
 
-from apps.core.queue import OUTBOX_DISPATCH, enqueue_on_commit
+from apps.core.queue import OUTBOX_DISPATCH, kick_on_commit
 from apps.outbox.models import OutboxMessage
 
 log = logging.getLogger(__name__)
@@ -18,11 +18,12 @@ log = logging.getLogger(__name__)
 def outbox_enqueue(*, action, ordering_key: str) -> OutboxMessage:
     """Queue ``action`` (an :class:`~apps.actions.models.Action` just created) for dispatch, due
     now, in the caller's transaction (the intent's: DESIGN.md §1 step 6), and kick the dispatcher
-    once that transaction commits (beat ticks it anyway). ``ordering_key``: rows with the same key
-    are delivered one after the other (per-ticket order)."""
+    once that transaction commits (coalesced: :func:`~apps.core.queue.kick_on_commit`; beat ticks
+    it anyway). ``ordering_key``: rows with the same key are delivered one after the other
+    (per-ticket order)."""
     message = OutboxMessage.objects.create(tenant_id=action.tenant_id, action=action, ordering_key=ordering_key,
                                            available_at=timezone.now())
-    enqueue_on_commit(OUTBOX_DISPATCH)
+    kick_on_commit(OUTBOX_DISPATCH)
     return message
 
 

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 def dispatch_pending() -> int:
     from apps.outbox.dispatch import outbox_drain
 
+    queue.kick_received(queue.OUTBOX_DISPATCH)  # before the first claim: a later commit kicks again
     return outbox_drain()
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.core import tool_errors as errors
-from apps.core.queue import OUTBOX_DISPATCH, enqueue_on_commit
+from apps.core.queue import OUTBOX_DISPATCH, kick_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.settlement import (
     MAX_ATTEMPTS,
@@ -118,7 +118,7 @@ def _requeue_same_key(action: Action, message: OutboxMessage, *, delay: float) -
                                payload={"action_id": str(action.pk), "reason": "not found by key"}, reason=reason,
                                actor="reconciler")
         return
-    enqueue_on_commit(OUTBOX_DISPATCH)
+    kick_on_commit(OUTBOX_DISPATCH)
 
 
 class ActionChanged(Exception):

@@ -212,6 +212,29 @@ SPECTACULAR_SETTINGS = {
 # --- Celery (DESIGN.md §2): Redis is a hint to run, PostgreSQL is the truth -------------------
 CELERY_BROKER_URL = env("REDIS_URL", default=embedded.redis_url())
 CELERY_TASK_IGNORE_RESULT = True
+
+
+def coordination_cache(broker_url: str) -> dict:
+    """The ``CACHES`` entry of the hints processes share (apps/core/queue.py: a dispatcher kick
+    already waiting): the broker's Redis when the broker is Redis (``redis://``, ``rediss://``, or
+    kombu's ``redis+socket://PATH?virtual_host=N``), else a cache of each process's own — a hint
+    is never the truth, so sharing it only saves messages."""
+    from urllib.parse import parse_qs, urlsplit
+
+    if broker_url.startswith(("redis://", "rediss://")):
+        return {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": broker_url}
+    if broker_url.startswith("redis+socket://"):
+        parts = urlsplit(broker_url)
+        db = (parse_qs(parts.query).get("virtual_host") or ["0"])[0]
+        return {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": f"unix://{parts.path}?db={db}"}
+    return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "coordination"}
+
+
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "coordination": coordination_cache(CELERY_BROKER_URL),
+}
 # Workers log through Django's LOGGING (structured JSON), not Celery's own plain-text root handler.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_RESULT_BACKEND = None
@@ -275,6 +298,9 @@ FAULTDESK = {
     # one dispatcher kick claims batch after batch while they come back full, for at most this
     # long (shorter than the lease, so a failed batch's rows are not claimed again by the same loop)
     "OUTBOX_DRAIN_SECONDS": env.float("FAULTDESK_OUTBOX_DRAIN_SECONDS", default=10.0),
+    # a dispatcher kick sent while another still waits is dropped (apps/core/queue.py); the flag
+    # saying one waits expires after this long, so a lost kick delays nothing past beat's tick
+    "KICK_COALESCE_SECONDS": env.float("FAULTDESK_KICK_COALESCE_SECONDS", default=5.0),
     # requests of one batch in flight at once (threads of the dispatcher process)
     "OUTBOX_SEND_CONCURRENCY": env.int("FAULTDESK_OUTBOX_SEND_CONCURRENCY", default=8),
     # Retrieval's full-text leg on a second connection, at the same time as the vector leg

@@ -29,6 +29,7 @@ DATABASES["default"]["ATOMIC_REQUESTS"] = False
 if _database_url:
     DATABASES["default"] = timeout_options(DATABASES["default"], **DATABASE_TIMEOUTS)  # noqa: F405
 CELERY_BROKER_URL = env("REDIS_URL", default="")
+CACHES = {**CACHES, "coordination": coordination_cache(CELERY_BROKER_URL)}  # noqa: F405
 
 FAULTDESK = {  # noqa: F405 - no development secret survives: each is read again, without a default
     **FAULTDESK,  # noqa: F405

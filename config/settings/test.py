@@ -31,7 +31,10 @@ DATABASES["default"] = timeout_options(  # noqa: F405
 
 # In-process tests never talk to a broker; end-to-end tests give their worker processes a real one.
 CELERY_BROKER_URL = "memory://"
+CACHES = {**CACHES, "coordination": coordination_cache(CELERY_BROKER_URL)}  # noqa: F405
 # Retries in tests need no wall-clock wait: backoff is tested through backoff_delay directly.
 # Metrics are computed at every scrape: a test reads them right after changing rows.
 FAULTDESK = {**FAULTDESK, "SNAPSHOT_EVERY": 4, "RETRY_BACKOFF_BASE_SECONDS": 0.0,  # noqa: F405
-             "METRICS_CACHE_SECONDS": 0}
+             "METRICS_CACHE_SECONDS": 0,
+             # in-process tests see every kick (tests of the coalescing turn it on)
+             "KICK_COALESCE_SECONDS": 0}

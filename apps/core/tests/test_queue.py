@@ -63,3 +63,125 @@ def test_each_name_is_a_registered_task_routed_to_its_queue():
     for name, queue_name in expected.items():
         assert name in current_app.tasks, name
         assert current_app.amqp.router.route({}, name)["queue"].name == queue_name, name
+
+
+# --- coalesced kicks: at most one dispatcher message waits at a time ------------------------------
+
+@pytest.fixture
+def coalescing(settings):
+    from django.core.cache import caches
+
+    settings.FAULTDESK = {**settings.FAULTDESK, "KICK_COALESCE_SECONDS": 30}
+    caches["coordination"].clear()
+    yield caches["coordination"]
+    caches["coordination"].clear()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_commits_while_a_kick_waits_send_nothing_more_until_its_run_starts(sent, coalescing):
+    for _ in range(3):
+        with transaction.atomic():
+            queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    assert sent == [("dispatch_pending", [])]  # one message for three commits: its run sees all three
+    queue.kick_received(queue.OUTBOX_DISPATCH)  # the run started: what commits now needs a new one
+    with transaction.atomic():
+        queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    assert sent == [("dispatch_pending", []), ("dispatch_pending", [])]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_transaction_neither_sends_nor_holds_the_flag(sent, coalescing):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+        raise RuntimeError("rolled back")
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    assert sent == [("dispatch_pending", [])]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kick_the_broker_refused_does_not_silence_the_next_commit(monkeypatch, coalescing, caplog):
+    calls = []
+
+    def flaky(name, args=(), **kw):
+        calls.append(name)
+        if len(calls) == 1:
+            raise ConnectionError("broker down")
+
+    monkeypatch.setattr(current_app, "send_task", flaky)
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)  # refused: logged, and no flag left behind
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    assert calls == ["dispatch_pending", "dispatch_pending"]
+    assert "could not enqueue dispatch_pending" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_cache_means_every_commit_sends(sent, coalescing, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ConnectionError("cache down")
+
+    monkeypatch.setattr(coalescing, "add", broken)
+    monkeypatch.setattr(coalescing, "delete", broken)
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    queue.kick_received(queue.OUTBOX_DISPATCH)  # never raises
+    assert sent == [("dispatch_pending", []), ("dispatch_pending", [])]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_flag_of_a_lost_kick_expires(sent, coalescing, settings):
+    import time
+
+    settings.FAULTDESK = {**settings.FAULTDESK, "KICK_COALESCE_SECONDS": 1}
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)  # say the broker lost it: its run never clears the flag
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    assert len(sent) == 1
+    time.sleep(1.1)
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    assert len(sent) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dispatcher_clears_the_flag_before_its_first_claim(sent, coalescing, monkeypatch):
+    import apps.outbox.dispatch
+    from apps.outbox.tasks import dispatch_pending
+
+    queue.kick_on_commit(queue.OUTBOX_DISPATCH)
+    seen = []
+
+    def drain():
+        seen.append(coalescing.get("faultdesk:kick-waiting:dispatch_pending"))
+        return 0
+
+    monkeypatch.setattr(apps.outbox.dispatch, "outbox_drain", drain)
+    dispatch_pending()
+    assert seen == [None]
+
+
+@pytest.mark.parametrize("broker,backend,location", [
+    ("redis+socket:///srv/var/run/redis.sock?virtual_host=3", "redis.RedisCache", "unix:///srv/var/run/redis.sock?db=3"),
+    ("redis://cache.internal:6379/2", "redis.RedisCache", "redis://cache.internal:6379/2"),
+    ("amqp://guest@localhost//", "locmem.LocMemCache", "coordination"),
+    ("memory://", "locmem.LocMemCache", "coordination"),
+])
+def test_the_coordination_cache_follows_the_broker(broker, backend, location):
+    from config.settings.base import coordination_cache
+
+    conf = coordination_cache(broker)
+    assert conf == {"BACKEND": f"django.core.cache.backends.{backend}", "LOCATION": location}
+
+
+def test_the_coordination_cache_reaches_the_embedded_redis_over_its_socket():
+    from django.core.cache.backends.redis import RedisCache
+
+    from config import embedded
+    from config.settings.base import coordination_cache
+
+    embedded.ensure_redis()
+    conf = coordination_cache(embedded.redis_url(9))
+    cache = RedisCache(conf["LOCATION"], {})
+    cache.delete("faultdesk:kick-waiting:probe")
+    assert cache.add("faultdesk:kick-waiting:probe", 1, timeout=5) is True
+    assert cache.add("faultdesk:kick-waiting:probe", 1, timeout=5) is False  # SET NX: taken
+    cache.delete("faultdesk:kick-waiting:probe")
+    assert cache.add("faultdesk:kick-waiting:probe", 1, timeout=5) is True
+    cache.delete("faultdesk:kick-waiting:probe")
