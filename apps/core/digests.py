@@ -35,24 +35,22 @@ def _with_float_marks(value, floats: list):
             raise _Uncommon
         return value
     if kind is dict:
-        copied = None
-        for key, item in value.items():
+        for key in value:
             if type(key) is not str or "\x00" in key or (not key.isascii() and max(key) > "\uffff"):
                 raise _Uncommon
-            marked = _with_float_marks(item, floats)
-            if marked is not item:
-                if copied is None:
-                    copied = dict(value)
-                copied[key] = marked
-        return value if copied is None else copied
-    if kind is list or kind is tuple:
+        items = value.items()
+    elif kind is list or kind is tuple:
+        items = enumerate(value)
+    else:
+        items = None
+    if items is not None:
         copied = None
-        for i, item in enumerate(value):
+        for key, item in items:
             marked = _with_float_marks(item, floats)
             if marked is not item:
                 if copied is None:
-                    copied = list(value)
-                copied[i] = marked
+                    copied = dict(value) if kind is dict else list(value)
+                copied[key] = marked
         return value if copied is None else copied
     if kind is int:
         if not _INT_MIN <= value <= _INT_MAX:
