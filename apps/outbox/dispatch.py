@@ -104,24 +104,45 @@ def outbox_drain(*, limit: int | None = None, max_seconds: float | None = None) 
 
     Every batch is claimed, re-authorized, fenced and settled exactly as a batch alone; the loop
     only saves a Celery hand-off per batch. It stops at the first batch that is not full (what is
-    left is not due, behind an older row of its ordering key, or leased by another dispatcher), and
-    at the time cap, which is at most half a lease: rows claimed by a batch that failed are not
-    claimed again by the same loop."""
+    left is not due, behind an older row of its ordering key, or leased by another dispatcher) —
+    unless a row of that batch has a due successor of its ordering key, which its delivery may have
+    unblocked (no commit kicks for it) — and at the time cap, which is at most half a lease: rows
+    claimed by a batch that failed are not claimed again by the same loop, so each round claims
+    rows it has not held, or nothing and stops."""
     limit = limit or settings.FAULTDESK["OUTBOX_BATCH"]
     cap = settings.FAULTDESK["OUTBOX_DRAIN_SECONDS"] if max_seconds is None else max_seconds
     cap = min(cap, settings.FAULTDESK["OUTBOX_LEASE_SECONDS"] / 2)
     stop = time.monotonic() + cap
-    total = 0
+    total, seen = 0, set()
     while True:
-        claimed = outbox_dispatch_batch(limit=limit)
-        total += claimed
-        if claimed < limit or time.monotonic() >= stop:
+        rows = _dispatch_batch(limit=limit)
+        total += len(rows)
+        seen.update(row.pk for row in rows)
+        if time.monotonic() >= stop:
+            return total
+        if len(rows) < limit and not _successors_due({row.ordering_key for row in rows}, seen):
             return total
 
 
+def _successors_due(keys: set[str], seen: set) -> bool:
+    """Whether a due PENDING row this drain has not processed (``seen``) shares an ordering key
+    with ``keys`` (rows just processed): it was behind one of them and may be claimable now, and
+    no commit kicks the dispatcher for it."""
+    if not keys:
+        return False
+    return (OutboxMessage.objects.filter(ordering_key__in=keys, status=OutboxStatus.PENDING,
+                                         available_at__lte=timezone.now())
+            .exclude(pk__in=seen).exists())
+
+
 def outbox_dispatch_batch(*, limit: int | None = None) -> int:
-    """Claim and deliver one batch (DESIGN.md §6; docs/architecture.md, "Batched delivery"). Returns how many rows were
-    processed.
+    """One batch (see :func:`_dispatch_batch`). Returns how many rows were processed."""
+    return len(_dispatch_batch(limit=limit))
+
+
+def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
+    """Claim and deliver one batch (DESIGN.md §6; docs/architecture.md, "Batched delivery").
+    Returns the rows claimed.
 
     The rows that pass re-authorization at once (:func:`preflight` says ``"send"``) go together:
     their attempt rows are committed in one transaction before any request leaves, the requests
@@ -133,7 +154,7 @@ def outbox_dispatch_batch(*, limit: int | None = None) -> int:
     owner = worker_identity()
     rows = outbox_claim_batch(owner=owner, limit=limit or settings.FAULTDESK["OUTBOX_BATCH"])
     if not rows:
-        return 0
+        return []
     tokens = {row.pk: row.lease_generation for row in rows}
     messages = list(OutboxMessage.objects.select_related("action", "action__approval")
                     .filter(pk__in=list(tokens)).order_by("created_at"))
@@ -166,7 +187,7 @@ def outbox_dispatch_batch(*, limit: int | None = None) -> int:
             log.exception("delivering outbox message %s failed", message.pk)
     if ready:
         _deliver_together(ready, tasks, owner)
-    return len(rows)
+    return rows
 
 
 @dataclass

@@ -217,8 +217,10 @@ CELERY_TASK_IGNORE_RESULT = True
 def coordination_cache(broker_url: str) -> dict:
     """The ``CACHES`` entry of the hints processes share (apps/core/queue.py: a dispatcher kick
     already waiting): the broker's Redis when the broker is Redis (``redis://``, ``rediss://``, or
-    kombu's ``redis+socket://PATH?virtual_host=N``), else a cache of each process's own — a hint
-    is never the truth, so sharing it only saves messages."""
+    kombu's ``redis+socket://PATH?virtual_host=N``). With any other broker there is no shared
+    store, and a cache of each process's own would be wrong (the flag one process sets is cleared
+    in another), so it is Django's dummy cache, whose ``add`` always succeeds: every commit sends.
+    Never ``clear()`` this cache: on Redis that flushes the broker's database."""
     from urllib.parse import parse_qs, urlsplit
 
     if broker_url.startswith(("redis://", "rediss://")):
@@ -228,7 +230,7 @@ def coordination_cache(broker_url: str) -> dict:
         db = (parse_qs(parts.query).get("virtual_host") or ["0"])[0]
         return {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                 "LOCATION": f"unix://{parts.path}?db={db}"}
-    return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "coordination"}
+    return {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}
 
 
 CACHES = {

@@ -199,6 +199,43 @@ def test_one_drain_claims_batch_after_batch_until_one_comes_back_short(committed
     assert outbox.outbox_drain(limit=1) == 0
 
 
+def test_one_drain_delivers_a_row_then_the_successor_its_delivery_unblocked(committed_three, refadmin):
+    """A row behind an older one of its ordering key gets no kick of its own (its intent's kick was
+    coalesced into the run that delivered the older row), so the drain that delivered the older row
+    goes on to claim it, in order."""
+    older, newer, other = OutboxMessage.objects.order_by("created_at")
+    OutboxMessage.objects.filter(pk=newer.pk).update(ordering_key=older.ordering_key)
+    assert outbox.outbox_drain() == 3  # a short batch of two, then the successor alone
+    assert OutboxMessage.objects.filter(status=OutboxStatus.DELIVERED).count() == 3
+    older.refresh_from_db()
+    assert older.delivered_at < ActionAttempt.objects.get(action_id=newer.action_id).started_at
+    _assert_one_ticket_per_key(committed_three, refadmin)
+
+
+def test_a_successor_still_blocked_ends_the_drain_without_a_second_attempt(committed_three, refadmin, monkeypatch):
+    """The older row's send fails retryably (back to PENDING with backoff): its successor stays
+    blocked, the drain stops after one empty claim, and the older row got exactly one attempt."""
+    from apps.core import tool_errors as errors
+    from apps.tickets.connectors import ReferenceTicketConnector
+
+    older, newer, other = OutboxMessage.objects.order_by("created_at")
+    OutboxMessage.objects.filter(pk=newer.pk).update(ordering_key=older.ordering_key)
+    real, refused_key = ReferenceTicketConnector.execute, older.action.idempotency_key
+
+    def refuse_older(self, **kwargs):  # runs on a sender thread: no database here
+        if kwargs["idempotency_key"] == refused_key:
+            raise errors.TemporarilyUnavailable("busy")
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(ReferenceTicketConnector, "execute", refuse_older)
+    monkeypatch.setattr("apps.outbox.settlement.backoff_delay", lambda attempt, rng=None: 60.0)
+    assert outbox.outbox_drain() == 2
+    older.refresh_from_db()
+    newer.refresh_from_db()
+    assert older.status == OutboxStatus.PENDING and older.attempts == 1
+    assert newer.status == OutboxStatus.PENDING and newer.attempts == 0
+
+
 def test_a_drain_stops_at_its_time_cap_and_leaves_the_rest_pending(committed_three, refadmin):
     assert outbox.outbox_drain(limit=1, max_seconds=0) == 1
     assert OutboxMessage.objects.filter(status=OutboxStatus.DELIVERED).count() == 1
