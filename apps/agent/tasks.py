@@ -58,7 +58,9 @@ def read_context(self, task_id: str) -> None:
 @shared_task(name=queue.SWEEP_LEASES)
 def sweep_leases() -> int:
     """Beat: re-queue work that is runnable but idle — a lease that expired (its worker died) or
-    a runnable task nobody has touched for a while (a lost broker message). Returns the count."""
+    a runnable task nobody has touched for a while (a lost broker message, or one still queued
+    behind a backlog: so each task is re-queued at most once per ``SWEEPER_REQUEUE_SECONDS``).
+    Returns the count of tasks found plus reservations settled."""
     from django.conf import settings
 
     from apps.agent.sweeper import tasks_needing_work, tasks_with_orphaned_reservations
@@ -67,9 +69,12 @@ def sweep_leases() -> int:
     now = timezone.now()
     idle = timedelta(seconds=settings.FAULTDESK["SWEEPER_IDLE_SECONDS"])
     ids = tasks_needing_work(now=now, idle=idle)
+    # at most half a lease: a worker that died on a re-queued task waits at most that long more
+    every = min(settings.FAULTDESK.get("SWEEPER_REQUEUE_SECONDS", 0), settings.FAULTDESK["LEASE_SECONDS"] / 2)
     for status, task_id in ids:
         # the context reads run on the tools pool, and ACCEPTED's next step is to start them
-        queue.send_now(queue.READ_CONTEXT if status in ("ACCEPTED", "RETRIEVING") else queue.AGENT_STEP, task_id)
+        name = queue.READ_CONTEXT if status in ("ACCEPTED", "RETRIEVING") else queue.AGENT_STEP
+        queue.send_at_most_every(name, task_id, seconds=every)
     settled = 0
     for task_id in tasks_with_orphaned_reservations(now=now):
         try:

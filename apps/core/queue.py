@@ -92,3 +92,20 @@ def kick_received(name: str) -> None:
         caches["coordination"].delete(_waiting_key(name))
     except Exception:  # noqa: BLE001 - the flag expires on its own
         log.warning("the coordination cache failed clearing the kick of %s", name, exc_info=True)
+
+
+def send_at_most_every(name: str, task_id, *, seconds: float) -> bool:
+    """Send the Celery task ``name`` for ``task_id`` now, unless it was sent through here for the
+    same task within the last ``seconds`` (a flag with that TTL in the ``coordination`` cache) —
+    the lease sweeper's re-queue: a task waiting behind a backlog looks idle on every tick, and one
+    message per tick for it only lengthens the backlog. Returns whether it was sent. With the cache
+    failing, or no shared cache (non-Redis broker: the dummy cache), it always sends. Raises what
+    the broker raises."""
+    if seconds > 0:
+        try:
+            if not caches["coordination"].add(f"faultdesk:requeued:{name}:{task_id}", 1, timeout=seconds):
+                return False
+        except Exception:  # noqa: BLE001 - the hint is unavailable: send, as without it
+            log.warning("the coordination cache failed; re-queueing %s uncoalesced", task_id, exc_info=True)
+    send_now(name, task_id)
+    return True

@@ -334,6 +334,10 @@ FAULTDESK = {
     "MAX_COMPENSATION_REPLANS": env.int("FAULTDESK_MAX_COMPENSATION_REPLANS", default=3),
     # The lease sweeper re-queues runnable tasks idle (no lease, no progress) for this long.
     "SWEEPER_IDLE_SECONDS": env.int("FAULTDESK_SWEEPER_IDLE_SECONDS", default=10),
+    # the sweeper re-queues one idle task at most once in this long (a task that waits behind a
+    # backlog looks idle; re-queueing it every tick only lengthens the backlog); capped at half
+    # the lease, so a worker that died on a re-queued task is replaced soon after its lease expires
+    "SWEEPER_REQUEUE_SECONDS": env.float("FAULTDESK_SWEEPER_REQUEUE_SECONDS", default=30.0),
     # Model layer (DESIGN.md §10): the local deterministic drafter needs no network.
     "MODEL_PROVIDER": env("FAULTDESK_MODEL_PROVIDER", default="local"),
     # openai_compatible: any chat-completions endpoint with JSON-schema structured output. The key

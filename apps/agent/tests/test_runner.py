@@ -148,3 +148,31 @@ def test_with_the_local_drafter_one_tools_run_reaches_the_approval_request(reque
     assert list(TaskEvent.objects.filter(task=t).order_by("seq").values_list("type", flat=True)) == [
         "task.accepted", "retrieval.started", "budget.reserved", "evidence.retrieved", "ticket.read", "device.read",
         "budget.settled", "budget.reserved", "model.called", "draft.proposed", "approval.requested"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweeper_re_queues_an_idle_task_once_per_window_not_every_tick(requester, device, kb, settings,
+                                                                            monkeypatch):
+    """A task waiting behind a backlog looks idle on every tick; one message per tick for it would
+    only lengthen the backlog. The window is capped at half a lease."""
+    from celery import current_app
+
+    from apps.agent.tasks import sweep_leases
+
+    settings.CACHES = {**settings.CACHES, "coordination": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "sweeper-test"}}
+    settings.FAULTDESK = {**settings.FAULTDESK, "SWEEPER_IDLE_SECONDS": 0, "SWEEPER_REQUEUE_SECONDS": 30,
+                          "LEASE_SECONDS": 2}
+    sent = []
+    monkeypatch.setattr(current_app, "send_task", lambda name, args=(), **kw: sent.append((name, list(args))))
+    task = _submit(requester, device)
+    Task.objects.filter(pk=task.pk).update(updated_at=timezone.now() - timedelta(minutes=5))
+    sent.clear()
+    for _ in range(3):
+        sweep_leases()
+    assert sent == [("read_context", [str(task.pk)])]  # ACCEPTED: its next step is the context reads
+    import time
+
+    time.sleep(1.1)  # the window is min(30 s, half the 2 s lease)
+    sweep_leases()
+    assert sent == [("read_context", [str(task.pk)])] * 2

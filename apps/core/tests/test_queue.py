@@ -201,3 +201,30 @@ def test_the_coordination_cache_reaches_the_embedded_redis_over_its_socket():
     cache.delete("faultdesk:kick-waiting:probe")
     assert cache.add("faultdesk:kick-waiting:probe", 1, timeout=5) is True
     cache.delete("faultdesk:kick-waiting:probe")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_re_queue_is_sent_at_most_once_per_window_per_task(sent, coalescing, settings):
+    import time
+
+    assert queue.send_at_most_every(queue.AGENT_STEP, "task-1", seconds=1) is True
+    assert queue.send_at_most_every(queue.AGENT_STEP, "task-1", seconds=1) is False  # still queued, maybe
+    assert queue.send_at_most_every(queue.AGENT_STEP, "task-2", seconds=1) is True  # another task
+    assert queue.send_at_most_every(queue.READ_CONTEXT, "task-1", seconds=1) is True  # another step
+    time.sleep(1.1)
+    assert queue.send_at_most_every(queue.AGENT_STEP, "task-1", seconds=1) is True  # lost after all: again
+    assert sent == [("agent_step", ["task-1"]), ("agent_step", ["task-2"]), ("read_context", ["task-1"]),
+                    ("agent_step", ["task-1"])]
+    assert queue.send_at_most_every(queue.AGENT_STEP, "task-1", seconds=0) is True  # no window: always
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_re_queue_with_the_cache_failing_is_sent(sent, coalescing, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ConnectionError("cache down")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(coalescing, "add", broken)
+        assert queue.send_at_most_every(queue.AGENT_STEP, "task-1", seconds=30) is True
+        assert queue.send_at_most_every(queue.AGENT_STEP, "task-1", seconds=30) is True
+    assert len(sent) == 2
