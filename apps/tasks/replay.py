@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import rfc8785
+
 from apps.core.digests import sha256_json
 from apps.events.models import TaskEvent, TaskSnapshot
 from apps.tasks import reducer
@@ -52,6 +54,16 @@ def _row_state(task) -> dict:
     }
 
 
+def _digest(value) -> str | None:
+    """:func:`sha256_json` of ``value`` as read back from the database, or None when it has no
+    canonical form any more: jsonb keeps numbers as numerics, so a float of 2**53 or more written
+    by an event comes back as an integer beyond JCS's range."""
+    try:
+        return sha256_json(value)
+    except rfc8785.CanonicalizationError:
+        return None
+
+
 def task_replay(task, *, use_snapshot: bool = True) -> ReplayResult:
     """Replay ``task`` and compare with its row. Never writes. See :class:`ReplayResult`."""
     pinned = (task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION)
@@ -61,7 +73,7 @@ def task_replay(task, *, use_snapshot: bool = True) -> ReplayResult:
     state, start_seq, snap_seq = reducer.initial_state(), 0, None
     if use_snapshot:
         snap = TaskSnapshot.objects.filter(task_id=task.pk).order_by("-seq").first()
-        if snap is not None and sha256_json(snap.state) == snap.digest and snap.reducer_version == pinned:
+        if snap is not None and _digest(snap.state) == snap.digest and snap.reducer_version == pinned:
             state, start_seq, snap_seq = snap.state, snap.seq, snap.seq
     events = list(TaskEvent.objects.filter(task_id=task.pk, seq__gt=start_seq).order_by("seq"))
     expected_seq = start_seq
@@ -70,7 +82,12 @@ def task_replay(task, *, use_snapshot: bool = True) -> ReplayResult:
         if e.seq != expected_seq:
             return ReplayResult(str(task.pk), False, len(events), snap_seq, e.seq,
                                 f"gap in the event log: expected seq {expected_seq}, found {e.seq}")
-        if sha256_json(e.payload) != e.payload_digest:
+        digest = _digest(e.payload)
+        if digest is None:
+            return ReplayResult(str(task.pk), False, len(events), snap_seq, e.seq,
+                                "payload no longer has a canonical form (e.g. a float of 2**53 or more that jsonb "
+                                "stored as an integer JSON cannot carry)")
+        if digest != e.payload_digest:
             return ReplayResult(str(task.pk), False, len(events), snap_seq, e.seq, "payload digest mismatch")
         try:
             state = reduce(state, e.type, e.payload)

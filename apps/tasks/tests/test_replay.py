@@ -102,3 +102,19 @@ def test_replay_remote_fails_clearly_when_the_ticket_system_is_down(completed_ta
     settings.FAULTDESK = {**settings.FAULTDESK, "REFSERVICE_URL": "http://127.0.0.1:9"}
     with pytest.raises(CommandError, match="the ticket system could not be asked"):
         call_command("replay", "--all", "--remote", stdout=StringIO())
+
+
+@pytest.mark.allow_divergence
+def test_a_payload_jsonb_turned_into_an_integer_beyond_2_53_is_reported_not_raised(waiting_task):
+    """jsonb stores numbers as numerics: a float 1e16 written by an event (digested as JCS's
+    "10000000000000000") reads back as the integer 10**16, which JCS cannot carry. Replay names the
+    event instead of crashing."""
+    from apps.events.models import TaskEvent
+    from apps.tasks.replay import task_replay
+
+    event = TaskEvent.objects.filter(task=waiting_task).order_by("seq").last()
+    TaskEvent.objects.filter(pk=event.pk).update(payload={**event.payload, "reading": 1e16})
+    assert TaskEvent.objects.get(pk=event.pk).payload["reading"] == 10**16  # what jsonb gives back
+    result = task_replay(Task.objects.get(pk=waiting_task.pk), use_snapshot=False)
+    assert not result.ok and result.divergent_seq == event.seq
+    assert "no longer has a canonical form" in result.detail
