@@ -14,11 +14,12 @@ from apps.tasks.models import Task
 RUNNABLE = (reducer.ACCEPTED, reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING)
 
 
-def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 200) -> list[tuple[str, str]]:
-    """``[(status, task_id)]`` of tasks to re-queue: runnable statuses, tasks waiting for an
-    approval that was decided (state says APPROVED), DISPATCHING tasks whose receipt is recorded
-    (the answer is still to be composed), waiting tasks past their deadline (so the controller
-    records the explicit ``deadline_exceeded`` decision), and the compensations of ``reducer/2``."""
+def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> list[tuple[str, str]]:
+    """``[(status, task_id)]`` of tasks to re-queue, the longest untouched first, at most
+    ``limit``: runnable statuses, tasks waiting for an approval that was decided (state says
+    APPROVED), DISPATCHING tasks whose receipt is recorded (the answer is still to be composed),
+    waiting tasks past their deadline (so the controller records the explicit
+    ``deadline_exceeded`` decision), and the compensations of ``reducer/2``."""
     expired = Q(lease_owner__isnull=False, lease_expires_at__lt=now)
     idle_free = Q(lease_owner__isnull=True, updated_at__lt=now - idle)
     runnable = (
@@ -31,7 +32,8 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 200) -> l
         | compensation_due_q()
         | (Q(status=reducer.COMPENSATING) & ~Q(state__compensation__status="DISPATCHING"))
     )
-    rows = Task.objects.filter(runnable).filter(expired | idle_free).values_list("status", "id")[:limit]
+    rows = (Task.objects.filter(runnable).filter(expired | idle_free).order_by("updated_at")
+            .values_list("status", "id")[:limit])
     return [(s, str(i)) for s, i in rows]
 
 

@@ -55,6 +55,10 @@ def read_context(self, task_id: str) -> None:
     _retrying_database_refusals(self, lambda: context_read(task_id=uuid.UUID(task_id)))
 
 
+#: messages one sweep sends at most (the rest wait for the next tick, 5 s later)
+SWEEP_SENDS_PER_TICK = 200
+
+
 @shared_task(name=queue.SWEEP_LEASES)
 def sweep_leases() -> int:
     """Beat: re-queue work that is runnable but idle — a lease that expired (its worker died) or
@@ -71,10 +75,14 @@ def sweep_leases() -> int:
     ids = tasks_needing_work(now=now, idle=idle)
     # at most half a lease: a worker that died on a re-queued task waits at most that long more
     every = min(settings.FAULTDESK.get("SWEEPER_REQUEUE_SECONDS", 0), settings.FAULTDESK["LEASE_SECONDS"] / 2)
+    sent = 0
     for status, task_id in ids:
         # the context reads run on the tools pool, and ACCEPTED's next step is to start them
         name = queue.READ_CONTEXT if status in ("ACCEPTED", "RETRIEVING") else queue.AGENT_STEP
-        queue.send_at_most_every(name, task_id, seconds=every)
+        # the tasks re-queued within the window are passed over, so a tick reaches past them
+        sent += queue.send_at_most_every(name, task_id, seconds=every)
+        if sent >= SWEEP_SENDS_PER_TICK:
+            break
     settled = 0
     for task_id in tasks_with_orphaned_reservations(now=now):
         try:

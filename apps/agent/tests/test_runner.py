@@ -176,3 +176,29 @@ def test_the_sweeper_re_queues_an_idle_task_once_per_window_not_every_tick(reque
     time.sleep(1.1)  # the window is min(30 s, half the 2 s lease)
     sweep_leases()
     assert sent == [("read_context", [str(task.pk)])] * 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_reaches_past_the_tasks_it_re_queued_recently(requester, device, kb, settings, monkeypatch):
+    """One tick sends at most a fixed number of messages, oldest first; the next tick passes over
+    those (still inside their window) and reaches the rest instead of finding the same ones."""
+    from celery import current_app
+
+    import apps.agent.tasks as agent_tasks
+
+    settings.CACHES = {**settings.CACHES, "coordination": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "sweeper-reach-test"}}
+    settings.FAULTDESK = {**settings.FAULTDESK, "SWEEPER_IDLE_SECONDS": 0, "SWEEPER_REQUEUE_SECONDS": 30}
+    monkeypatch.setattr(agent_tasks, "SWEEP_SENDS_PER_TICK", 2)
+    sent = []
+    monkeypatch.setattr(current_app, "send_task", lambda name, args=(), **kw: sent.append(args[0]))
+    tasks = [_submit(requester, device, symptom=f"Fuser error after warm-up, tray {i}.") for i in range(3)]
+    for age, task in zip((30, 20, 10), tasks, strict=True):  # the first submitted is the longest untouched
+        Task.objects.filter(pk=task.pk).update(updated_at=timezone.now() - timedelta(minutes=age))
+    sent.clear()
+    agent_tasks.sweep_leases()
+    assert sent == [str(tasks[0].pk), str(tasks[1].pk)]
+    agent_tasks.sweep_leases()
+    assert sent[2:] == [str(tasks[2].pk)]
+    agent_tasks.sweep_leases()
+    assert len(sent) == 3
