@@ -204,3 +204,26 @@ def test_sql_statements_counts_other_sessions_statements_and_not_its_own():
     finally:
         other.close()
         watcher.close()
+
+
+def test_a_report_whose_kept_alive_connection_was_closed_is_resent_with_the_same_key():
+    """gunicorn closes a session's idle kept-alive connection after 2 s; the next POST on it fails
+    before any response. The load generator resends with the same Idempotency-Key (at most one
+    task), instead of stopping the bench."""
+    import httpx
+
+    from tools.bench.e2e import submit_all
+
+    class Client:
+        def __init__(self):
+            self.keys = []
+
+        def post(self, path, json, headers):
+            self.keys.append(headers["Idempotency-Key"])
+            if len(self.keys) == 1:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            return httpx.Response(201, json={"id": f"task-{json['device_id']}"})
+
+    client = Client()
+    assert submit_all("http://web", "requester", [7, 8], 2, prefix="p", clients=[client]) == ["task-7", "task-8"]
+    assert client.keys == ["p-0", "p-0", "p-1"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 
+import httpx
 import psycopg
 
 from config import embedded
@@ -56,12 +57,20 @@ def submit_all(base: str, username: str, devices: list[int], n: int, *, prefix: 
     def one(i: int) -> str:
         client = clients[i % threads]
         body = {"device_id": devices[i], "symptom": SYMPTOMS[i % len(SYMPTOMS)], "urgency": "high"}
+        why = ""
         for _attempt in range(5):
-            resp = client.post("/api/tasks/", json=body, headers={"Idempotency-Key": f"{prefix}-{i}"})
+            try:
+                resp = client.post("/api/tasks/", json=body, headers={"Idempotency-Key": f"{prefix}-{i}"})
+            except httpx.TransportError as exc:
+                # A kept-alive connection the web server closed while the session sat idle (gunicorn
+                # drops idle ones after 2 s): resent with the same Idempotency-Key, so at most one task.
+                why = repr(exc)
+                continue
             if resp.status_code in (200, 201):
                 return resp.json()["id"]
+            why = f"HTTP {resp.status_code} {resp.text[:300]}"
             time.sleep(0.5)
-        raise SystemExit(f"report {prefix}-{i} refused: HTTP {resp.status_code} {resp.text[:300]}")
+        raise SystemExit(f"report {prefix}-{i} refused: {why}")
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
         ids = list(pool.map(one, range(n)))
