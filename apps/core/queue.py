@@ -54,6 +54,19 @@ def _waiting_key(name: str) -> str:
     return f"faultdesk:kick-waiting:{name}"
 
 
+def _flag_taken(key: str, ttl: float) -> bool:
+    """Set the hint ``key`` for ``ttl`` seconds if it is absent (``cache.add``: Redis ``SET NX``)
+    and say whether this caller set it. True without a TTL or when the cache fails: a hint that
+    is unavailable never holds a message back."""
+    if ttl <= 0:
+        return True
+    try:
+        return caches["coordination"].add(key, 1, timeout=ttl)
+    except Exception:  # noqa: BLE001 - the hint is unavailable: send, as without it
+        log.warning("the coordination cache failed; sending without the hint %s", key, exc_info=True)
+        return True
+
+
 def kick_on_commit(name: str) -> None:
     """After the current transaction commits, make sure a run of the argument-less Celery task
     ``name`` — one whose every run does all the work due when it starts (the outbox dispatcher) —
@@ -69,12 +82,8 @@ def kick_on_commit(name: str) -> None:
     ttl = settings.FAULTDESK.get("KICK_COALESCE_SECONDS", 0)
 
     def go() -> None:
-        if ttl > 0:
-            try:
-                if not caches["coordination"].add(_waiting_key(name), 1, timeout=ttl):
-                    return  # a message is waiting and its run has not started: it sees this commit
-            except Exception:  # noqa: BLE001 - the hint is unavailable: send, as without it
-                log.warning("the coordination cache failed; sending %s uncoalesced", name, exc_info=True)
+        if not _flag_taken(_waiting_key(name), ttl):
+            return  # a message is waiting and its run has not started: it sees this commit
         try:
             send_now(name)
         except Exception:  # noqa: BLE001 - broker down: beat's tick brings the work back
@@ -101,11 +110,7 @@ def send_at_most_every(name: str, task_id, *, seconds: float) -> bool:
     message per tick for it only lengthens the backlog. Returns whether it was sent. With the cache
     failing, or no shared cache (non-Redis broker: the dummy cache), it always sends. Raises what
     the broker raises."""
-    if seconds > 0:
-        try:
-            if not caches["coordination"].add(f"faultdesk:requeued:{name}:{task_id}", 1, timeout=seconds):
-                return False
-        except Exception:  # noqa: BLE001 - the hint is unavailable: send, as without it
-            log.warning("the coordination cache failed; re-queueing %s uncoalesced", task_id, exc_info=True)
+    if not _flag_taken(f"faultdesk:requeued:{name}:{task_id}", seconds):
+        return False
     send_now(name, task_id)
     return True
