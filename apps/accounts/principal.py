@@ -60,33 +60,57 @@ def principal_from_membership(membership: Membership) -> Principal:
     )
 
 
+#: A principal's membership, tenant and user in one statement. Written as SQL: principals are
+#: resolved on every request and re-read at every moment of use (a run re-checks the requester two
+#: or three times), and the ORM's three-table ``select_related`` cost about ten times this statement's
+#: own CPU (docs/performance.md, "Hot reads in SQL").
+_PRINCIPAL_SQL = """
+SELECT m.user_id, u.{username}, m.tenant_id, t.slug, m.role, m.scopes
+FROM {membership} m JOIN {tenant} t ON t.id = m.tenant_id JOIN {user} u ON u.id = m.user_id
+WHERE m.user_id = %s AND m.is_active AND u.is_active {tenant_filter}
+ORDER BY m.id LIMIT 1
+"""
+
+
+def _principal_row(user_id: int, tenant_id: int | None) -> Principal | None:
+    """The principal of ``user_id``'s active membership (in ``tenant_id``, or its first one by id),
+    or None when there is none or the account is deactivated."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from apps.accounts.models import Tenant
+
+    user_model = get_user_model()
+    sql = _PRINCIPAL_SQL.format(username=user_model.USERNAME_FIELD, membership=Membership._meta.db_table,
+                                tenant=Tenant._meta.db_table, user=user_model._meta.db_table,
+                                tenant_filter="AND m.tenant_id = %s" if tenant_id is not None else "")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [user_id] if tenant_id is None else [user_id, tenant_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    user_id, username, tenant_id, slug, role, scopes = row
+    return Principal(user_id=user_id, username=username, tenant_id=tenant_id, tenant_slug=slug, role=role,
+                     scopes=tuple(scopes))
+
+
 def principal_for_user(user) -> Principal:
     """Resolve the principal of an authenticated ``user`` (its first active membership).
 
     Raises :class:`NoMembership` when the user belongs to no tenant, or the account is
     deactivated.
     """
-    membership = (
-        Membership.objects.select_related("tenant", "user")
-        .filter(user_id=user.pk, is_active=True, user__is_active=True)
-        .order_by("id")
-        .first()
-    )
-    if membership is None:
+    principal = _principal_row(user.pk, None)
+    if principal is None:
         raise NoMembership(f"user {user.pk} has no active membership")
     from config.logs import bind
 
-    bind(tenant_id=membership.tenant_id, user_id=user.pk)  # every later log line names tenant and user
-    return principal_from_membership(membership)
+    bind(tenant_id=principal.tenant_id, user_id=user.pk)  # every later log line names tenant and user
+    return principal
 
 
 def principal_current(*, user_id: int, tenant_id: int) -> Principal | None:
     """Re-read a principal's *current* role and scopes (for re-checks at the moment of use,
     e.g. the approver's role at dispatch time, DESIGN.md §7). None when the membership is gone
     or inactive, or the user's account itself is deactivated (``User.is_active``)."""
-    membership = (
-        Membership.objects.select_related("tenant", "user")
-        .filter(user_id=user_id, tenant_id=tenant_id, is_active=True, user__is_active=True)
-        .first()
-    )
-    return principal_from_membership(membership) if membership else None
+    return _principal_row(user_id, tenant_id)
