@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,13 @@ def _unscoped_reads(path: Path) -> list[str]:
                 and node.value.attr == "objects" and isinstance(node.value.value, ast.Name) \
                 and node.value.value.id in TENANT_MODELS and node.attr not in ("visible_to", "for_tenant", "none"):
             found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value.value.id}.objects.{node.attr}")
+        # Rows read by SQL written once (apps.core.sql) name their tenant as for_tenant does.
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("row", "rows") \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "sql" and node.args \
+                and isinstance(node.args[0], ast.Name) and node.args[0].id in TENANT_MODELS \
+                and not any(k.arg == "tenant_id" for k in node.keywords):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} sql.{node.func.attr}({node.args[0].id}) "
+                         "without tenant_id")
     return found
 
 
@@ -285,6 +293,15 @@ ALLOWED_REREADS = {
     # Re-reads by primary key of an action already fetched through visible_to (row lock).
     "apps/outbox/reconciliation.py": 2,
 }
+
+
+def test_the_scan_finds_an_unscoped_sql_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    module = tmp_path / "selectors.py"
+    module.write_text("def f(i, t):\n    a = sql.row(Device, 't0.id = %s', [i])\n"
+                      "    b = sql.rows(Device, 't0.id = %s', [i], tenant_id=t)\n    return Device.objects.get(pk=i)\n")
+    assert _unscoped_reads(module) == ["selectors.py:2 sql.row(Device) without tenant_id",
+                                       "selectors.py:4 Device.objects.get"]
 
 
 def test_principal_facing_code_reads_tenant_rows_only_through_the_scoping_methods():

@@ -1,0 +1,135 @@
+"""Model rows read by SQL written once (docs/performance.md, "Hot reads in SQL").
+
+On the 2-core machines faultdesk is measured on, building a query through the ORM — a queryset
+cloned per filter, the ``WHERE`` tree resolved, joins set up for ``select_related``, the SQL
+compiled — costs 0.5–1 ms of CPU per statement, about ten times what the statement itself costs
+the process. A report runs about forty statements; the hottest few are written here once per
+shape and only their parameters change per call. What comes back is the same model instances the
+ORM would build (``Model.from_db``, with the fields' database converters applied, so a JSON
+column is a ``dict`` and a timestamp an aware ``datetime``), with the related rows of
+``related`` cached on them exactly as ``select_related`` caches them.
+
+Only for reads of fixed shape on hot paths; everything else stays the ORM's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from django.db import connection
+from django.db.models import Model
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One model of a statement: its alias, the fields read and where its columns start in a row."""
+
+    model: type[Model]
+    alias: str
+    fields: tuple
+    start: int
+    path: tuple[str, ...]  # the relation path from the base model (() for the base)
+    nullable: bool
+    pk_index: int  # where the primary key is among ``fields`` (None there: no related row)
+
+
+@cache
+def _shape(model: type[Model], related: tuple[str, ...], defer: frozenset[str]) -> tuple[str, str, tuple]:
+    """``(select list, FROM … JOIN …, parts)`` for ``model`` with the relation paths ``related``
+    (``"device"``, ``"document_version__document"``); ``defer`` names fields not read
+    (``"embedding"`` on the base model, ``"document_version__content"`` on a related one)."""
+    qn = connection.ops.quote_name
+    parts: list[_Part] = []
+    joins: list[str] = [f"{qn(model._meta.db_table)} t0"]
+    columns: list[str] = []
+    aliases = {(): ("t0", model, False)}
+
+    def add(m, alias, path, nullable):
+        prefix = "__".join(path)
+        fields = tuple(f for f in m._meta.concrete_fields
+                       if (f"{prefix}__{f.name}" if prefix else f.name) not in defer)
+        pk_index = next(i for i, f in enumerate(fields) if f.primary_key)
+        parts.append(_Part(m, alias, fields, len(columns), path, nullable, pk_index))
+        columns.extend(f"{alias}.{qn(f.column)}" for f in fields)
+
+    add(model, "t0", (), False)
+    for dotted in related:
+        path = tuple(dotted.split("__"))
+        for depth in range(1, len(path) + 1):
+            sub = path[:depth]
+            if sub in aliases:
+                continue
+            parent_alias, parent_model, parent_nullable = aliases[sub[:-1]]
+            field = parent_model._meta.get_field(sub[-1])
+            target = field.related_model
+            alias = f"t{len(aliases)}"
+            nullable = parent_nullable or field.null
+            kind = "LEFT JOIN" if nullable else "JOIN"
+            joins.append(f"{kind} {qn(target._meta.db_table)} {alias} ON {alias}.{qn(target._meta.pk.column)} = "
+                         f"{parent_alias}.{qn(field.column)}")
+            aliases[sub] = (alias, target, nullable)
+            add(target, alias, sub, nullable)
+    return ", ".join(columns), " ".join(joins), tuple(parts)
+
+
+@cache
+def _converters(part: _Part) -> tuple:
+    """``((index, column, converters), …)``: the database converters Django's compiler applies to
+    each of ``part``'s columns that has any, and ``part``'s attribute names."""
+    out = []
+    for i, field in enumerate(part.fields):
+        col = field.get_col(part.alias)
+        convs = tuple(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+        if convs:
+            out.append((i, col, convs))
+    return tuple(out), [f.attname for f in part.fields]
+
+
+def _instance(part: _Part, row) -> Model | None:
+    values = list(row[part.start:part.start + len(part.fields)])
+    if part.nullable and values[part.pk_index] is None:
+        return None
+    converters, attnames = _converters(part)
+    for i, col, convs in converters:
+        for convert in convs:
+            values[i] = convert(values[i], col, connection)
+    return part.model.from_db(connection.alias, attnames, values)
+
+
+def rows(model: type[Model], where: str, params, *, tenant_id: int | None = None, related: tuple[str, ...] = (),
+         defer: frozenset[str] = frozenset(), tail: str = "") -> list[Model]:
+    """Instances of ``model`` from ``SELECT … FROM model t0 [JOIN related t1 …] WHERE {where}
+    {tail}``, ``params`` bound to the ``%s`` of ``where`` and ``tail`` (``tail``: ``ORDER BY``,
+    ``LIMIT``, ``FOR UPDATE OF t0``). The base table's alias is ``t0``; refer to its columns as
+    ``t0.column``. ``tenant_id`` adds ``AND t0.tenant_id = tenant_id`` — what
+    ``for_tenant(tenant_id)`` adds — and is required in the modules that serve people
+    (``tests/test_tenant_isolation.py``). ``related`` are ``select_related`` paths (foreign keys,
+    ``__`` for deeper ones; a nullable one is a ``LEFT JOIN`` and caches None), ``defer`` fields left
+    unread (deferred on the instances, loaded on first access as the ORM's ``defer`` does). Raises
+    what the database raises."""
+    select, source, parts = _shape(model, tuple(related), frozenset(defer))
+    if tenant_id is not None:
+        where, params = f"({where}) AND t0.tenant_id = %s", [*params, tenant_id]
+    with connection.cursor() as cursor:
+        # The select list and the joins come from the models; ``where`` and ``tail`` are the
+        # caller's literals, with every value bound as a parameter.
+        cursor.execute(f"SELECT {select} FROM {source} WHERE {where} {tail}", params)  # noqa: S608
+        fetched = cursor.fetchall()
+    out = []
+    for row in fetched:
+        made = {(): _instance(parts[0], row)}
+        for part in parts[1:]:
+            parent = made.get(part.path[:-1])
+            obj = _instance(part, row) if parent is not None else None
+            made[part.path] = obj
+            if parent is not None:
+                parent._meta.get_field(part.path[-1]).set_cached_value(parent, obj)
+        out.append(made[()])
+    return out
+
+
+def row(model: type[Model], where: str, params, **kwargs) -> Model | None:
+    """The first of :func:`rows` (add ``LIMIT 1`` in ``tail`` where many could match), or None."""
+    found = rows(model, where, params, **kwargs)
+    return found[0] if found else None
