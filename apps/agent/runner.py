@@ -37,6 +37,7 @@ from apps.agent.common import (
 from apps.agent.compensation import compensate, compensation_due, compensation_request, created_ticket
 from apps.agent.context import context_step
 from apps.agent.drafting import propose
+from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.llm.providers import runs_in_process
 from apps.tasks import reducer
@@ -107,11 +108,11 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
     or None. The refusals a run expects end it here, recorded: a lost lease or CAS
     (``StaleWrite``), an event δ refused (``IllegalTransition``)."""
     try:
-        first = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
+        first = _read_with_related(task_id)
         bind(tenant_id=first.tenant_id, task_id=first.pk, lease_generation=lease.generation, step=f"run:{pool}")
         if has_ledger(first) and stale_reservations(first, lease.generation):
             release_stale(first, lease)
-            first = Task.objects.select_related("device", "tenant", "requester").get(pk=task_id)
+            first = _read_with_related(task_id)
         for i in range(MAX_STEPS_PER_RUN):
             task = (run_current_task(task_id, lease.generation) or _reread(task_id)) if i else first
             task.tenant, task.requester, task.device = first.tenant, first.requester, first.device
@@ -136,6 +137,15 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
         # Already recorded as a refused event; the task stays as it was.
         log.warning("run on %s for %s: %s", pool, task_id, exc)
     return None
+
+
+def _read_with_related(task_id: uuid.UUID) -> Task:
+    """The task row with its device, tenant and requester (one statement, :mod:`apps.core.sql`).
+    Raises ``Task.DoesNotExist``."""
+    task = sql.row(Task, "t0.id = %s", [task_id], related=("device", "tenant", "requester"))
+    if task is None:
+        raise Task.DoesNotExist(f"task {task_id}")
+    return task
 
 
 def _reread(task_id: uuid.UUID) -> Task:

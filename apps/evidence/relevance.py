@@ -36,6 +36,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.core import sql
 from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.governance import evidence_standing, is_chinese
 from apps.evidence.models import Chunk, Document
@@ -377,6 +378,11 @@ def _one_locale_each(docs: dict[int, _Doc], preferred: str) -> dict[int, _Doc]:
     return out
 
 
+#: what a cited chunk's read leaves out: the vectors, and the whole document text and metadata
+_CITED_DEFER = frozenset({"embedding", "search_vector", "document_version__content",
+                          "document_version__document__metadata"})
+
+
 def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, now: datetime, vague: bool,
                alert: str | None, decisive: bool) -> list[EvidenceRef]:
     """The cited chunks: the primary document's code line, its best-matching steps, its safety
@@ -384,9 +390,8 @@ def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, n
     no other document fits it, else :data:`PER_DOCUMENT`), then the best chunk of each other
     document that also passes ``threshold`` within :data:`SECONDARY_MARGIN`, up to ``k``."""
     wanted = [*primary.chunks, *(max(d.chunks, key=d.chunks.get) for d in ranked if d is not primary and d.chunks)]
-    chunks = {c.pk: c for c in Chunk.objects.select_related("document_version__document")
-              .defer("embedding", "search_vector", "document_version__content",
-                     "document_version__document__metadata").filter(pk__in=wanted)}
+    chunks = {c.pk: c for c in sql.rows(Chunk, "t0.id = ANY(%s)", [wanted], related=("document_version__document",),
+                                        defer=_CITED_DEFER)}
     own = sorted(primary.chunks, key=lambda cid: (chunks[cid].ordinal, cid))
     by_role: dict[str, list[int]] = {}
     for cid in own:

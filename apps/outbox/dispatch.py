@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db import connection, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from apps.accounts.principal import principal_current
@@ -40,6 +40,7 @@ from apps.actions.digest import sendable
 from apps.actions.models import Action, ActionAttempt, ActionStatus
 from apps.actions.registry import tool_get
 from apps.approvals.services import approval_check_binding_now, approval_invalidate
+from apps.core import sql
 from apps.core import tool_errors as errors
 from apps.core.failpoints import failpoint
 from apps.outbox.models import OutboxMessage, OutboxStatus
@@ -63,38 +64,42 @@ from config.logs import bind
 log = logging.getLogger(__name__)
 
 
+#: The claim in one statement: due rows not behind an undelivered older row of their ordering key,
+#: oldest first, skipping rows other dispatchers hold, leased to ``owner`` with the next fencing token.
+_CLAIM_SQL = """
+WITH due AS (
+    SELECT o.id FROM {outbox} o
+    WHERE ((o.status = %(pending)s AND o.available_at <= %(now)s)
+           OR (o.status = %(in_flight)s AND o.lease_expires_at < %(now)s))
+      AND NOT EXISTS (SELECT 1 FROM {outbox} u WHERE u.ordering_key = o.ordering_key
+                      AND u.created_at < o.created_at AND u.status = ANY(%(open)s))
+    ORDER BY o.created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+UPDATE {outbox} m SET status = %(in_flight)s, lease_owner = %(owner)s, lease_expires_at = %(until)s,
+    lease_generation = m.lease_generation + 1
+FROM due WHERE m.id = due.id
+RETURNING m.id
+"""
+
+
 def outbox_claim_batch(*, owner: str, limit: int, now=None) -> list[OutboxMessage]:
     """Claim up to ``limit`` due rows (PENDING and available, or IN_FLIGHT with an expired lease),
     skipping rows locked by other dispatchers and rows behind an undelivered older row with the
-    same ordering key. Each claimed row gets a new fencing token."""
+    same ordering key. Each claimed row gets a new fencing token (its ``lease_generation``, one
+    more than before). Returns the rows as claimed, oldest first, each with its action and the
+    action's approval read with it."""
     now = now or timezone.now()
     lease = timedelta(seconds=settings.FAULTDESK["OUTBOX_LEASE_SECONDS"])
-    older_open = OutboxMessage.objects.filter(
-        ordering_key=OuterRef("ordering_key"),
-        created_at__lt=OuterRef("created_at"),
-        status__in=[OutboxStatus.PENDING, OutboxStatus.IN_FLIGHT, OutboxStatus.UNKNOWN],
-    )
-    due = Q(status=OutboxStatus.PENDING, available_at__lte=now) | Q(
-        status=OutboxStatus.IN_FLIGHT, lease_expires_at__lt=now
-    )
-    with transaction.atomic():
-        rows = list(
-            OutboxMessage.objects.select_for_update(skip_locked=True)
-            .filter(due)
-            .filter(~Exists(older_open))
-            .order_by("created_at")[:limit]
-        )
-        if rows:
-            # One statement for the batch; the rows are locked, so each token is its old one + 1.
-            OutboxMessage.objects.filter(pk__in=[row.pk for row in rows]).update(
-                status=OutboxStatus.IN_FLIGHT, lease_owner=owner, lease_expires_at=now + lease,
-                lease_generation=F("lease_generation") + 1)
-        for row in rows:
-            row.status = OutboxStatus.IN_FLIGHT
-            row.lease_owner = owner
-            row.lease_expires_at = now + lease
-            row.lease_generation += 1
-    return rows
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL.format(outbox=OutboxMessage._meta.db_table), {
+            "pending": OutboxStatus.PENDING.value, "in_flight": OutboxStatus.IN_FLIGHT.value, "now": now,
+            "open": [OutboxStatus.PENDING.value, OutboxStatus.IN_FLIGHT.value, OutboxStatus.UNKNOWN.value],
+            "limit": limit, "owner": owner, "until": now + lease})
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return []
+        # Read while the claim's locks are held: each row's token is the one this claim gave it.
+        return sql.rows(OutboxMessage, "t0.id = ANY(%s)", [ids], related=("action", "action__approval"),
+                        tail="ORDER BY t0.created_at")
 
 
 def outbox_drain(*, limit: int | None = None, max_seconds: float | None = None) -> int:
@@ -156,9 +161,9 @@ def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
     if not rows:
         return []
     tokens = {row.pk: row.lease_generation for row in rows}
-    messages = list(OutboxMessage.objects.select_related("action", "action__approval")
-                    .filter(pk__in=list(tokens)).order_by("created_at"))
-    tasks = Task.objects.select_related("tenant").in_bulk({m.action.task_id for m in messages})
+    messages = rows
+    tasks = {t.pk: t for t in sql.rows(Task, "t0.id = ANY(%s)", [list({m.action.task_id for m in messages})],
+                                       related=("tenant",))}
     principals: dict[tuple, object] = {}
 
     def requester_of(user_id, tenant_id):

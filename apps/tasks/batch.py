@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.core import sql
 from apps.core.digests import sha256_json
 from apps.core.failpoints import failpoint
 from apps.events.models import TaskEvent, TaskSnapshot
@@ -84,8 +85,9 @@ def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], di
     ids = [r[0] for r in requests]
     if len(set(ids)) != len(ids):
         raise ValueError("one event per task in a batch")
-    locked = Task.objects.select_for_update(of=("self",)).select_related("tenant")  # the tenant is read, not locked
-    tasks = {t.pk: t for t in locked.filter(pk__in=ids).order_by("pk")}
+    # FOR UPDATE OF the tasks only: the tenant is read, not locked.
+    tasks = {t.pk: t for t in sql.rows(Task, "t0.id = ANY(%s)", [ids], related=("tenant",),
+                                       tail="ORDER BY t0.id FOR UPDATE OF t0")}
     prepared, refused = [], []
     for task_id, event_type, payload_fn, actor in requests:
         task = tasks.get(task_id)
@@ -145,11 +147,11 @@ def task_events_commit(prepared: list[PreparedEvent]) -> list[TaskEvent]:
     for (p, c), (_, chain) in zip(columns, chains, strict=True):
         params += [str(p.task.pk), p.task.version, len(chain), c["status"], json.dumps(c["state"]),
                    c["termination_reason"], c["budget_total"], c["budget_used"], c["budget_reserved"]]
-    sql = _CAS_MANY_SQL.format(table=Task._meta.db_table, rows=", ".join([_CAS_ROW] * len(prepared)))
+    statement = _CAS_MANY_SQL.format(table=Task._meta.db_table, rows=", ".join([_CAS_ROW] * len(prepared)))
     if not transaction.get_connection().in_atomic_block:
         raise transaction.TransactionManagementError("task_events_commit needs the caller's transaction")
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(statement, params)
         if cursor.rowcount != len(prepared):
             raise StaleWrite(f"{len(prepared) - cursor.rowcount} of {len(prepared)} tasks moved past their version")
     events = [TaskEvent(id=uuid.uuid4(), task_id=p.task.pk, tenant_id=p.task.tenant_id, seq=p.task.version + 1 + i,

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.core import sql
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.reducer import v3 as reducer_v3
@@ -43,7 +44,10 @@ def _locked(task_id: uuid.UUID) -> Task:
     """The task row, locked (``FOR UPDATE OF`` the task only: its tenant is read, not locked — a lock
     on the tenant row would serialize every ledger write of the tenant and block the foreign-key
     checks of its other transactions at commit)."""
-    return Task.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=task_id)
+    task = sql.row(Task, "t0.id = %s", [task_id], related=("tenant",), tail="FOR UPDATE OF t0")
+    if task is None:
+        raise Task.DoesNotExist(f"task {task_id}")
+    return task
 
 
 def _append(task: Task, event_type: str, payload: dict, actor: str, lease_generation: int | None) -> Task:
