@@ -8,7 +8,7 @@ import uuid
 
 from django.db import connection
 
-from apps.actions.models import Action, ActionStatus
+from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 
 
 def action_create(*, action_id: uuid.UUID, tenant_id: int, task_id: uuid.UUID, tool, connector: str, params: dict,
@@ -54,3 +54,65 @@ def actions_mark_succeeded(actions: list[Action], *, now) -> None:
         cursor.execute(sql, params)
     for action in actions:
         action.updated_at = now
+
+
+_ATTEMPTS_START_SQL = """
+INSERT INTO {attempt} (action_id, number, fencing_token, outcome, error, started_at, finished_at, worker)
+SELECT v.action_id, COALESCE((SELECT max(a.number) FROM {attempt} a WHERE a.action_id = v.action_id), 0) + 1,
+       v.token, %(outcome)s, NULL, %(now)s, NULL, %(worker)s
+FROM unnest(%(actions)s::uuid[], %(tokens)s::int[]) AS v(action_id, token)
+RETURNING id, action_id, number
+"""
+
+
+def attempts_start(actions: list[tuple[Action, int]], *, worker: str, now) -> dict:
+    """Write one ``IN_FLIGHT`` attempt row for each ``(action, fencing_token)`` — numbered after the
+    action's existing attempts — in one statement, before the requests leave (DESIGN.md §6: a crash
+    mid-call leaves an attempt as evidence). The caller holds the actions' outbox rows locked at
+    their fencing tokens, so no other attempt of these actions is being written. One action at most
+    once. Returns ``{action_id: ActionAttempt}`` (as written). Raises ``ValueError`` for an action
+    named twice (writing nothing), ``IntegrityError`` when a number is taken after all."""
+    if not actions:
+        return {}
+    ids = [action.pk for action, _ in actions]
+    if len(set(ids)) != len(ids):
+        raise ValueError("one attempt per action")
+    by_id = {action.pk: (action, token) for action, token in actions}
+    with connection.cursor() as cursor:
+        cursor.execute(_ATTEMPTS_START_SQL.format(attempt=ActionAttempt._meta.db_table), {
+            "outcome": AttemptOutcome.IN_FLIGHT.value, "now": now, "worker": worker,
+            "actions": [str(i) for i in ids], "tokens": [token for _, token in actions]})
+        written = cursor.fetchall()
+    out = {}
+    for attempt_id, action_id, number in written:
+        action, token = by_id[action_id]
+        attempt = ActionAttempt(id=attempt_id, action=action, number=number, fencing_token=token, started_at=now,
+                                worker=worker)
+        attempt._state.adding, attempt._state.db = False, connection.alias
+        out[action_id] = attempt
+    return out
+
+
+_ATTEMPTS_RECEIPT_SQL = """
+UPDATE {attempt} SET finished_at = %(now)s,
+    outcome = CASE WHEN id = ANY(%(mine)s) THEN %(receipt)s ELSE %(unknown)s END,
+    error = CASE WHEN id = ANY(%(mine)s) THEN error ELSE %(orphaned)s::jsonb END
+WHERE id = ANY(%(mine)s) OR (action_id = ANY(%(actions)s::uuid[]) AND outcome = %(in_flight)s)
+"""
+
+#: what an attempt whose dispatcher never reported says once its action has a receipt
+ORPHANED_ATTEMPT = {"detail": "no report from its dispatcher; the action has its receipt"}
+
+
+def attempts_close_with_receipt(*, action_ids: list, attempt_ids: list, now) -> None:
+    """The attempts of actions that now have their receipt, in one statement: ``attempt_ids``
+    (the ones that brought a receipt) end ``RECEIPT``; any other attempt of ``action_ids`` still
+    ``IN_FLIGHT`` — its dispatcher died or stalls, and it may be the one that created the ticket —
+    ends ``UNKNOWN`` with :data:`ORPHANED_ATTEMPT` as its error. Call in the receipt's transaction."""
+    if not action_ids and not attempt_ids:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_ATTEMPTS_RECEIPT_SQL.format(attempt=ActionAttempt._meta.db_table), {
+            "now": now, "mine": list(attempt_ids), "actions": [str(i) for i in action_ids],
+            "receipt": AttemptOutcome.RECEIPT.value, "unknown": AttemptOutcome.UNKNOWN.value,
+            "in_flight": AttemptOutcome.IN_FLIGHT.value, "orphaned": json.dumps(ORPHANED_ATTEMPT)})

@@ -32,13 +32,13 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q
 from django.utils import timezone
 
 from apps.accounts.principal import principal_current
 from apps.actions.digest import sendable
 from apps.actions.models import Action, ActionAttempt, ActionStatus
 from apps.actions.registry import tool_get
+from apps.actions.services import attempts_start
 from apps.approvals.services import approval_check_binding_now, approval_invalidate
 from apps.core import sql
 from apps.core import tool_errors as errors
@@ -209,31 +209,38 @@ class _Send:
     error: errors.ToolError | None = None
 
 
+_HOLD_SQL = """
+SELECT o.id FROM {outbox} o JOIN unnest(%(ids)s::uuid[], %(tokens)s::int[]) AS h(id, token)
+    ON o.id = h.id AND o.lease_generation = h.token
+FOR UPDATE OF o
+"""
+_ATTEMPTS_SQL = """
+UPDATE {outbox} o SET attempts = v.number FROM unnest(%(ids)s::uuid[], %(numbers)s::int[]) AS v(id, number)
+WHERE o.id = v.id
+"""
+
+
 def _attempts_open(sends: list[_Send], owner: str) -> list[_Send]:
     """Step 3 for a batch: in one transaction, lock the rows still held at their fencing tokens,
     write one attempt row per such row and count it on the row. Returns the sends that may go
     out (a row another dispatcher re-claimed is dropped: the new holder owns it)."""
     if not sends:
         return []
-    fence = Q()
-    for send in sends:
-        fence |= Q(pk=send.message.pk, lease_generation=send.message.lease_generation)
-    with transaction.atomic():
-        held = set(OutboxMessage.objects.select_for_update().filter(fence).values_list("pk", flat=True))
+    table = OutboxMessage._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_HOLD_SQL.format(outbox=table), {
+            "ids": [str(s.message.pk) for s in sends], "tokens": [s.message.lease_generation for s in sends]})
+        held = {row[0] for row in cursor.fetchall()}
         kept = [send for send in sends if send.message.pk in held]
         if not kept:
             return []
-        counts = dict(ActionAttempt.objects.filter(action_id__in=[s.action.pk for s in kept])
-                      .values("action_id").annotate(n=Count("id")).values_list("action_id", "n"))
-        started = timezone.now()
+        attempts = attempts_start([(send.action, send.message.lease_generation) for send in kept], worker=owner,
+                                  now=timezone.now())
         for send in kept:
-            number = counts.get(send.action.pk, 0) + 1
-            send.attempt = ActionAttempt(action=send.action, number=number,
-                                         fencing_token=send.message.lease_generation, started_at=started,
-                                         worker=owner)
-            send.message.attempts = number
-        ActionAttempt.objects.bulk_create([send.attempt for send in kept])
-        OutboxMessage.objects.bulk_update([send.message for send in kept], ["attempts"])
+            send.attempt = attempts[send.action.pk]
+            send.message.attempts = send.attempt.number
+        cursor.execute(_ATTEMPTS_SQL.format(outbox=table), {
+            "ids": [str(s.message.pk) for s in kept], "numbers": [s.attempt.number for s in kept]})
     return kept
 
 

@@ -12,14 +12,15 @@ import random
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.actions.registry import tool_get
-from apps.actions.services import actions_mark_succeeded
+from apps.actions.services import actions_mark_succeeded, attempts_close_with_receipt
 from apps.approvals.services import approval_invalidate
+from apps.core import sql
 from apps.core import tool_errors as errors
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
@@ -31,6 +32,7 @@ from apps.tasks.store import StaleWrite, refused_after_rollback, task_append_eve
 from apps.tasks.usage import BudgetExceeded
 from apps.tickets.connectors import Receipt, connector_for
 from apps.tickets.models import TicketMirror
+from apps.tickets.services import mirrors_record_created
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +165,10 @@ def _receipt_record(*, action_id, receipt: Receipt, attempt_id=None, actor: str,
         action = Action.objects.select_for_update().get(pk=action_id)
         if action.status == ActionStatus.SUCCEEDED:
             return
-        if attempt_id is not None:
-            ActionAttempt.objects.filter(pk=attempt_id).update(outcome=AttemptOutcome.RECEIPT, finished_at=now)
         # Attempts whose dispatcher never reported (died or stalls): one of them may be the one
         # that created the ticket, none is still "in flight" for the record.
-        ActionAttempt.objects.filter(action_id=action_id, outcome=AttemptOutcome.IN_FLIGHT).exclude(
-            pk=attempt_id).update(outcome=AttemptOutcome.UNKNOWN, finished_at=now,
-                                  error={"detail": "no report from its dispatcher; the action has its receipt"})
+        attempts_close_with_receipt(action_ids=[action_id], attempt_ids=[attempt_id] if attempt_id is not None else [],
+                                    now=now)
         action.status = ActionStatus.SUCCEEDED
         action.receipt = receipt.as_dict()
         action.external_id = receipt.external_id
@@ -256,14 +255,20 @@ def receipts_record_batch(items: list[tuple], *, actor: str) -> None:
             log.exception("recording the receipt of action %s failed", action_id)
 
 
+_DELIVERED_SQL = """
+UPDATE {outbox} SET status = %s, delivered_at = %s, lease_owner = NULL, lease_expires_at = NULL
+WHERE action_id = ANY(%s::uuid[])
+"""
+
+
 def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
     """The transaction of :func:`receipts_record_batch`. Returns the items it left out."""
     now = timezone.now()
     alone = [item for item in items if item[2].kind != "ticket"]
     items = [item for item in items if item[2].kind == "ticket"]
     with transaction.atomic():
-        actions = {a.pk: a for a in Action.objects.select_for_update().filter(pk__in=[i[0] for i in items])
-                   .order_by("pk")}
+        actions = {a.pk: a for a in sql.rows(Action, "t0.id = ANY(%s)", [[i[0] for i in items]],
+                                             tail="ORDER BY t0.id FOR UPDATE")}
         items = [item for item in items if actions[item[0]].status != ActionStatus.SUCCEEDED]
         if not items:
             return alone
@@ -282,10 +287,7 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
             return alone
         ids = [action_id for action_id, _, _ in items]
         attempt_ids = [attempt_id for _, attempt_id, _ in items if attempt_id is not None]
-        ActionAttempt.objects.filter(pk__in=attempt_ids).update(outcome=AttemptOutcome.RECEIPT, finished_at=now)
-        ActionAttempt.objects.filter(action_id__in=ids, outcome=AttemptOutcome.IN_FLIGHT).exclude(
-            pk__in=attempt_ids).update(outcome=AttemptOutcome.UNKNOWN, finished_at=now,
-                                       error={"detail": "no report from its dispatcher; the action has its receipt"})
+        attempts_close_with_receipt(action_ids=ids, attempt_ids=attempt_ids, now=now)
         changed = []
         for action_id, _, receipt in items:
             action = actions[action_id]
@@ -296,15 +298,10 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
             action.updated_at = now
             changed.append(action)
         actions_mark_succeeded(changed, now=now)
-        TicketMirror.objects.bulk_create(
-            [TicketMirror(action=actions[action_id], tenant_id=actions[action_id].tenant_id,
-                          connector=receipt.connector, external_id=receipt.external_id,
-                          external_version=receipt.version, status=receipt.status, data=receipt.body)
-             for action_id, _, receipt in items],
-            update_conflicts=True, unique_fields=["action"],
-            update_fields=["tenant", "connector", "external_id", "external_version", "status", "data", "updated_at"])
-        OutboxMessage.objects.filter(action_id__in=ids).update(status=OutboxStatus.DELIVERED, delivered_at=now,
-                                                               lease_owner=None, lease_expires_at=None)
+        mirrors_record_created([(actions[action_id], receipt) for action_id, _, receipt in items], now=now)
+        with connection.cursor() as cursor:
+            cursor.execute(_DELIVERED_SQL.format(outbox=OutboxMessage._meta.db_table),
+                           [OutboxStatus.DELIVERED.value, now, [str(i) for i in ids]])
         keep = {actions[action_id].task_id for action_id in ids}
         task_events_commit([p for p in prepared if p.task.pk in keep])
         for p in prepared:
