@@ -19,6 +19,7 @@ from apps.agent.common import (
     requester_gone,
 )
 from apps.approvals.models import ApprovalRequest
+from apps.core import sql
 from apps.outbox.services import outbox_enqueue
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
@@ -95,7 +96,7 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
     action_id = uuid.uuid4()
     key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
                           digest=digest, intent_seq=task.version + 1)
-    reused = Action.objects.for_tenant(task.tenant_id).filter(idempotency_key=key).first()
+    reused = sql.row(Action, "t0.idempotency_key = %s", [key], tenant_id=task.tenant_id)  # (tenant, key) is unique
     if reused is not None:
         # One key, one logical action: a key already bound to other parameters (or to another
         # action) is refused before any action or outbox row is written.

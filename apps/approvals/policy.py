@@ -9,6 +9,7 @@ from datetime import timedelta
 from apps.actions.registry import TOOLS
 from apps.approvals.models import ApprovalPolicy
 from apps.approvals.rules import DEFAULT_RULES, ROLES, policy_rule
+from apps.core import sql
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class PolicyDecision:
 def policy_current(*, tenant_id: int) -> ApprovalPolicy:
     """The tenant's active policy with the highest version; creates version 1 with
     :data:`DEFAULT_RULES` when the tenant has none."""
-    policy = ApprovalPolicy.objects.filter(tenant_id=tenant_id, active=True).order_by("-version").first()
+    policy = sql.row(ApprovalPolicy, "t0.active", [], tenant_id=tenant_id, tail="ORDER BY t0.version DESC LIMIT 1")
     if policy is None:
         policy, _ = ApprovalPolicy.objects.get_or_create(
             tenant_id=tenant_id, version=1, defaults={"rules": DEFAULT_RULES, "active": True}

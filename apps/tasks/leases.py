@@ -83,13 +83,18 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
     return Lease(task_id=task.pk, owner=owner, generation=task.lease_generation)
 
 
+_RENEW_SQL = "UPDATE {task} SET lease_owner = %s, lease_expires_at = %s WHERE id = %s AND lease_generation = %s"
+
+
 def task_lease_renew(*, lease: Lease, seconds: int | None = None) -> None:
     """Extend a lease we still hold (same fencing token) by ``seconds`` (default
     ``LEASE_SECONDS``) from now, before a long activity. Raises :class:`StaleWrite` when the lease
     passed to another worker."""
     seconds = seconds or settings.FAULTDESK["LEASE_SECONDS"]
-    renewed = Task.objects.filter(pk=lease.task_id, lease_generation=lease.generation).update(
-        lease_owner=lease.owner, lease_expires_at=timezone.now() + timedelta(seconds=seconds))
+    with connection.cursor() as cursor:
+        cursor.execute(_RENEW_SQL.format(task=Task._meta.db_table),
+                       [lease.owner, timezone.now() + timedelta(seconds=seconds), lease.task_id, lease.generation])
+        renewed = cursor.rowcount
     if not renewed:
         raise StaleWrite(f"task {lease.task_id}: lease {lease.generation} passed on; not renewed")
 

@@ -9,11 +9,12 @@ from datetime import timedelta
 
 import structlog
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.accounts.principal import Principal
 from apps.actions.registry import TOOLS
+from apps.core import sql
 from apps.core.digests import sha256_json
 from apps.core.errors import Conflict, Forbidden, NotFound, QuotaExceeded, Unprocessable
 from apps.core.queue import READ_CONTEXT, enqueue_on_commit
@@ -89,8 +90,8 @@ def task_submit(
     digest = sha256_json({"user": principal.user_id, **body})
 
     if request_key is not None:  # a key is the requester's own: another's same key is another request
-        existing = Task.objects.visible_to(principal).filter(requester_id=principal.user_id,
-                                                             request_key=request_key).first()
+        existing = sql.row(Task, "t0.requester_id = %s AND t0.request_key = %s", [principal.user_id, request_key],
+                           tenant_id=principal.tenant_id)  # one at most: (requester, key) is unique
         if existing is not None:
             return _same_key(existing, digest)
 
@@ -138,6 +139,9 @@ def task_submit(
     return SubmitResult(task=task, created=True)
 
 
+_ACTIVE_SQL = "SELECT count(*) FROM {task} WHERE tenant_id = %s AND status = ANY(%s)"
+
+
 def _tenant_admits(tenant_id: int) -> None:
     """Per-tenant admission of a new request: the tenant's row is locked, so
     concurrent submits of one tenant are counted one after the other. Raises
@@ -151,9 +155,13 @@ def _tenant_admits(tenant_id: int) -> None:
     conf = settings.FAULTDESK
     # NO KEY UPDATE: submits of one tenant still queue here, but the foreign-key checks (KEY SHARE)
     # of the tenant's other transactions — every event, action and outbox row — do not wait for it.
-    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant_id)
+    tenant = sql.row(Tenant, "t0.id = %s", [tenant_id], tail="FOR NO KEY UPDATE")
+    if tenant is None:
+        raise Tenant.DoesNotExist(f"tenant {tenant_id}")
     quota = tenant.quota()
-    active = Task.objects.for_tenant(tenant_id).filter(status__in=reducer.NON_TERMINAL).count()
+    with connection.cursor() as cursor:
+        cursor.execute(_ACTIVE_SQL.format(task=Task._meta.db_table), [tenant_id, list(reducer.NON_TERMINAL)])
+        active = cursor.fetchone()[0]
     if active >= quota["active_tasks"]:
         noun = "request" if active == 1 else "requests"
         raise QuotaExceeded(f"this tenant already has {active} open {noun} (limit {quota['active_tasks']}); "

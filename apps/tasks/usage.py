@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from django.db import connection
 from django.utils import timezone
 
+from apps.core import sql
 from apps.tasks.models import Task, TenantUsage
 
 
@@ -93,14 +94,14 @@ def _day_row_move(task: Task, tenant_id: int, day: datetime.date, deltas: dict[s
     params = {"tenant": tenant_id, "day": day, "now": timezone.now(),
               "mu": deltas["money"][0], "mr": deltas["money"][1], "tu": deltas["tokens"][0], "tr": deltas["tokens"][1],
               "mg": sum(deltas["money"]), "tg": sum(deltas["tokens"]), "mq": quota["money"], "tq": quota["tokens"]}
-    sql = _MOVE_SQL.format(table=TenantUsage._meta.db_table)
+    statement = _MOVE_SQL.format(table=TenantUsage._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(statement, params)
         if cursor.rowcount == 1:
             return
     TenantUsage.objects.bulk_create([TenantUsage(tenant_id=tenant_id, day=day)], ignore_conflicts=True)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(statement, params)
         if cursor.rowcount == 1:
             return
     row = tenant_day_read(tenant_id, day)
@@ -190,7 +191,7 @@ class TenantQuotaRace(RuntimeError):
 def tenant_usage_today(tenant) -> dict:
     """``{"day", "money": {"limit", "used", "reserved"}, "tokens": {...}}`` for ``tenant`` today."""
     day = timezone.now().astimezone(UTC).date()
-    row = TenantUsage.objects.for_tenant(tenant.pk).filter(day=day).first()
+    row = sql.row(TenantUsage, "t0.day = %s", [day], tenant_id=tenant.pk)
     quota = tenant.quota()
     return {"day": day.isoformat(), **{dim: {"limit": quota[dim], "used": getattr(row, f"{dim}_used", 0),
                                              "reserved": getattr(row, f"{dim}_reserved", 0)}

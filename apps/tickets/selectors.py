@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from django.db.models import Q
-
+from apps.core import sql
 from apps.tickets.connectors import CONNECTORS, connector_for
 from apps.tickets.models import TicketMirror
 
 #: ticket statuses in which a new report for the device belongs on the ticket as a comment
 OPEN_STATUSES = ("open", "in_progress")
+
+
+#: the device's mirrored tickets that are open, of a task not being taken back — unless its
+#: compensation kept the ticket open (rejected, or resolved as not needed)
+_ACTION = TicketMirror._meta.get_field("action").related_model
+_OPEN_MIRROR_WHERE = """
+t0.connector = %s AND t0.status = ANY(%s)
+AND EXISTS (SELECT 1 FROM {action} a JOIN {task} t ON t.id = a.task_id
+            WHERE a.id = t0.action_id AND t.device_id = %s
+              AND (t.status NOT IN ('CANCELLED', 'COMPENSATING', 'WAITING_COMPENSATION')
+                   OR t.state -> 'compensation' ->> 'status' IN ('REJECTED', 'RESOLVED')))
+""".format(action=_ACTION._meta.db_table,  # noqa: S608 - table names from the models
+           task=_ACTION._meta.get_field("task").related_model._meta.db_table)
 
 
 def open_ticket_read(*, tenant_id: int, device_id: int, connector: str,
@@ -25,11 +37,8 @@ def open_ticket_read(*, tenant_id: int, device_id: int, connector: str,
         return None
     # A ticket whose request was cancelled may be about to be closed (its compensation): it takes a
     # comment only once that compensation kept it open (rejected, or resolved as not needed).
-    kept_open = Q(action__task__state__compensation__status__in=["REJECTED", "RESOLVED"])
-    mirror = (TicketMirror.objects.for_tenant(tenant_id).filter(connector=connector, action__task__device_id=device_id,
-                                          status__in=OPEN_STATUSES)
-              .filter(~Q(action__task__status__in=["CANCELLED", "COMPENSATING", "WAITING_COMPENSATION"]) | kept_open)
-              .order_by("-updated_at").first())
+    mirror = sql.row(TicketMirror, _OPEN_MIRROR_WHERE, [connector, list(OPEN_STATUSES), device_id],
+                     tenant_id=tenant_id, tail="ORDER BY t0.updated_at DESC LIMIT 1")
     if mirror is None:
         return None
     ticket = connector_for("ticket.comment", connector).get_ticket(external_id=mirror.external_id, timeout=timeout)
