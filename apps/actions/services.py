@@ -9,6 +9,7 @@ import uuid
 from django.db import connection
 
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.core import sql
 
 
 def action_create(*, action_id: uuid.UUID, tenant_id: int, task_id: uuid.UUID, tool, connector: str, params: dict,
@@ -19,11 +20,11 @@ def action_create(*, action_id: uuid.UUID, tenant_id: int, task_id: uuid.UUID, t
     Call inside the intent's transaction. ``params_digest`` is h(a) of ``params``; ``approval`` the
     granted :class:`~apps.approvals.models.ApprovalRequest` it follows, if any; ``compensates`` the
     action whose effect this one takes back. Raises ``IntegrityError`` for a key already bound."""
-    return Action.objects.create(
+    return sql.insert(Action(
         id=action_id, tenant_id=tenant_id, task_id=task_id, tool=tool.name, tool_version=tool.version,
         connector=connector, params=params, params_digest=params_digest, idempotency_key=idempotency_key,
         approval=approval, object_version=object_version, reservation=tool.cost_units, compensates=compensates,
-    )
+    ))
 
 
 _SUCCEEDED_MANY_SQL = """

@@ -129,15 +129,22 @@ def outbox_drain(*, limit: int | None = None, max_seconds: float | None = None) 
             return total
 
 
+_SUCCESSORS_SQL = """
+SELECT EXISTS (SELECT 1 FROM {outbox} WHERE ordering_key = ANY(%s) AND status = %s AND available_at <= %s
+               AND NOT (id = ANY(%s::uuid[])))
+"""
+
+
 def _successors_due(keys: set[str], seen: set) -> bool:
     """Whether a due PENDING row this drain has not processed (``seen``) shares an ordering key
     with ``keys`` (rows just processed): it was behind one of them and may be claimable now, and
     no commit kicks the dispatcher for it."""
     if not keys:
         return False
-    return (OutboxMessage.objects.filter(ordering_key__in=keys, status=OutboxStatus.PENDING,
-                                         available_at__lte=timezone.now())
-            .exclude(pk__in=seen).exists())
+    with connection.cursor() as cursor:
+        cursor.execute(_SUCCESSORS_SQL.format(outbox=OutboxMessage._meta.db_table),
+                       [list(keys), OutboxStatus.PENDING.value, timezone.now(), [str(pk) for pk in seen]])
+        return cursor.fetchone()[0]
 
 
 def outbox_dispatch_batch(*, limit: int | None = None) -> int:

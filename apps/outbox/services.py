@@ -9,6 +9,7 @@ import logging
 
 from django.utils import timezone
 
+from apps.core import sql
 from apps.core.queue import OUTBOX_DISPATCH, kick_on_commit
 from apps.outbox.models import OutboxMessage
 
@@ -21,8 +22,8 @@ def outbox_enqueue(*, action, ordering_key: str) -> OutboxMessage:
     once that transaction commits (coalesced: :func:`~apps.core.queue.kick_on_commit`; beat ticks
     it anyway). ``ordering_key``: rows with the same key are delivered one after the other
     (per-ticket order)."""
-    message = OutboxMessage.objects.create(tenant_id=action.tenant_id, action=action, ordering_key=ordering_key,
-                                           available_at=timezone.now())
+    message = sql.insert(OutboxMessage(tenant_id=action.tenant_id, action=action, ordering_key=ordering_key,
+                                       available_at=timezone.now()))
     kick_on_commit(OUTBOX_DISPATCH)
     return message
 

@@ -100,7 +100,7 @@ def task_submit(
     try:
         with transaction.atomic():
             _tenant_admits(principal.tenant_id)
-            task = Task.objects.create(
+            task = sql.insert(Task(
                 tenant_id=principal.tenant_id,
                 requester_id=principal.user_id,
                 device=device,
@@ -114,7 +114,7 @@ def task_submit(
                 request_digest=digest,
                 version=0,
                 state=reducer.initial_state(),
-            )
+            ))
             task_append_event(
                 task=task,
                 event_type="task.accepted",

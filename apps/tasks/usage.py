@@ -112,12 +112,17 @@ def _day_row_move(task: Task, tenant_id: int, day: datetime.date, deltas: dict[s
     raise BudgetExceeded("money", deltas["money"][0] + deltas["money"][1], 0, scope="tenant")
 
 
+_DAY_SQL = ("SELECT money_used + money_reserved, tokens_used + tokens_reserved FROM {table} "
+            "WHERE tenant_id = %s AND day = %s")
+
+
 def tenant_day_read(tenant_id: int, day: datetime.date) -> dict[str, int]:
     """``{"money", "tokens"}``: used + reserved on the tenant's ``day`` row as it stands (0 without
     a row)."""
-    row = TenantUsage.objects.for_tenant(tenant_id).filter(day=day).values(
-        "money_used", "money_reserved", "tokens_used", "tokens_reserved").first() or {}
-    return {dim: row.get(f"{dim}_used", 0) + row.get(f"{dim}_reserved", 0) for dim in ("money", "tokens")}
+    with connection.cursor() as cursor:
+        cursor.execute(_DAY_SQL.format(table=TenantUsage._meta.db_table), [tenant_id, day])
+        row = cursor.fetchone() or (0, 0)
+    return {"money": row[0], "tokens": row[1]}
 
 
 class TenantLedgerBuffer:

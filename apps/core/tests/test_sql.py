@@ -94,3 +94,24 @@ def test_several_rows_keep_the_order_asked_for(requester, device):
     tasks = [task_submit(principal=p(requester), device_id=device.pk, symptom=f"fault {i}").task for i in range(3)]
     found = sql.rows(Task, "t0.id = ANY(%s)", [[t.pk for t in tasks]], tail="ORDER BY t0.created_at DESC")
     assert [t.pk for t in found] == [t.pk for t in reversed(tasks)]
+
+
+def test_insert_writes_what_create_writes(device):
+    from django.db import IntegrityError, transaction
+
+    from apps.accounts.models import Tenant
+
+    ours = sql.insert(Device(tenant_id=device.tenant_id, asset_tag="PRN-7001", name="打印机 7001", kind="printer",
+                             site="HQ", state="fault", alert_code="X-1", metrics={"temp_c": 142.5, "页数": 10}))
+    theirs = Device.objects.create(tenant_id=device.tenant_id, asset_tag="PRN-7002", name="打印机 7001",
+                                   kind="printer", site="HQ", state="fault", alert_code="X-1",
+                                   metrics={"temp_c": 142.5, "页数": 10})
+    assert isinstance(ours.pk, int) and ours.pk != theirs.pk and ours._state.adding is False
+    fresh = Device.objects.get(pk=ours.pk)
+    skip = {"id", "asset_tag", "updated_at"}
+    assert {k: v for k, v in _fields(fresh).items() if k not in skip} == \
+        {k: v for k, v in _fields(Device.objects.get(pk=theirs.pk)).items() if k not in skip}
+    tenant = sql.insert(Tenant(slug="initech", name="Initech"))
+    assert Tenant.objects.get(pk=tenant.pk).created_at is not None  # auto_now_add, set by pre_save
+    with pytest.raises(IntegrityError), transaction.atomic():
+        sql.insert(Device(tenant_id=device.tenant_id, asset_tag="PRN-7001", name="dup", kind="printer", site="HQ"))
