@@ -17,13 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Model
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Part:
-    """One model of a statement: its alias, the fields read and where its columns start in a row."""
+    """One model of a statement: its alias, the fields read, where its columns start in a row, and
+    what turns them into an instance (worked out once per statement shape)."""
 
     model: type[Model]
     alias: str
@@ -32,6 +33,9 @@ class _Part:
     path: tuple[str, ...]  # the relation path from the base model (() for the base)
     nullable: bool
     pk_index: int  # where the primary key is among ``fields`` (None there: no related row)
+    attnames: list[str]
+    converters: tuple  # ((index, column, converters), …) for the columns that have any
+    relation: object  # the field of the parent that caches this part's instance (None for the base)
 
 
 @cache
@@ -50,7 +54,15 @@ def _shape(model: type[Model], related: tuple[str, ...], defer: frozenset[str]) 
         fields = tuple(f for f in m._meta.concrete_fields
                        if (f"{prefix}__{f.name}" if prefix else f.name) not in defer)
         pk_index = next(i for i, f in enumerate(fields) if f.primary_key)
-        parts.append(_Part(m, alias, fields, len(columns), path, nullable, pk_index))
+        converters = []
+        for i, f in enumerate(fields):
+            col = f.get_col(alias)
+            convs = tuple(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+            if convs:
+                converters.append((i, col, convs))
+        relation = aliases[path[:-1]][1]._meta.get_field(path[-1]) if path else None
+        parts.append(_Part(m, alias, fields, len(columns), path, nullable, pk_index, [f.attname for f in fields],
+                           tuple(converters), relation))
         columns.extend(f"{alias}.{qn(f.column)}" for f in fields)
 
     add(model, "t0", (), False)
@@ -73,28 +85,14 @@ def _shape(model: type[Model], related: tuple[str, ...], defer: frozenset[str]) 
     return ", ".join(columns), " ".join(joins), tuple(parts)
 
 
-@cache
-def _converters(part: _Part) -> tuple:
-    """``((index, column, converters), …)``: the database converters Django's compiler applies to
-    each of ``part``'s columns that has any, and ``part``'s attribute names."""
-    out = []
-    for i, field in enumerate(part.fields):
-        col = field.get_col(part.alias)
-        convs = tuple(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
-        if convs:
-            out.append((i, col, convs))
-    return tuple(out), [f.attname for f in part.fields]
-
-
-def _instance(part: _Part, row) -> Model | None:
+def _instance(part: _Part, row, conn) -> Model | None:
     values = list(row[part.start:part.start + len(part.fields)])
     if part.nullable and values[part.pk_index] is None:
         return None
-    converters, attnames = _converters(part)
-    for i, col, convs in converters:
+    for i, col, convs in part.converters:
         for convert in convs:
-            values[i] = convert(values[i], col, connection)
-    return part.model.from_db(connection.alias, attnames, values)
+            values[i] = convert(values[i], col, conn)
+    return part.model.from_db(conn.alias, part.attnames, values)
 
 
 def rows(model: type[Model], where: str, params, *, tenant_id: int | None = None, related: tuple[str, ...] = (),
@@ -111,21 +109,24 @@ def rows(model: type[Model], where: str, params, *, tenant_id: int | None = None
     select, source, parts = _shape(model, tuple(related), frozenset(defer))
     if tenant_id is not None:
         where, params = f"({where}) AND t0.tenant_id = %s", [*params, tenant_id]
-    with connection.cursor() as cursor:
+    conn = connections[DEFAULT_DB_ALIAS]
+    with conn.cursor() as cursor:
         # The select list and the joins come from the models; ``where`` and ``tail`` are the
         # caller's literals, with every value bound as a parameter.
         cursor.execute(f"SELECT {select} FROM {source} WHERE {where} {tail}", params)  # noqa: S608
         fetched = cursor.fetchall()
+    base, joined = parts[0], parts[1:]
     out = []
-    for row in fetched:
-        made = {(): _instance(parts[0], row)}
-        for part in parts[1:]:
+    for values in fetched:
+        obj = _instance(base, values, conn)
+        made = {(): obj}
+        for part in joined:
             parent = made.get(part.path[:-1])
-            obj = _instance(part, row) if parent is not None else None
-            made[part.path] = obj
+            related_obj = _instance(part, values, conn) if parent is not None else None
+            made[part.path] = related_obj
             if parent is not None:
-                parent._meta.get_field(part.path[-1]).set_cached_value(parent, obj)
-        out.append(made[()])
+                part.relation.set_cached_value(parent, related_obj)
+        out.append(obj)
     return out
 
 
