@@ -41,8 +41,34 @@ PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.IG
 ))
 
 
+#: For each pattern, words one of which every text it matches contains (a necessary condition, so a
+#: pattern is only run over text that has one of them: running all six over every evidence excerpt
+#: cost 6 % of a worker's CPU). English words are looked for in the text folded as the patterns'
+#: IGNORECASE folds it (:data:`_FOLD`, then ``lower()``).
+TRIGGERS: dict[str, tuple[str, ...]] = {
+    "override": ("ignore", "disregard", "forget", "override", "忽略", "无视", "忘记", "忘掉", "不要理会", "不用管"),
+    "role_play": ("you are", "system prompt", "你现在是", "系统提示", "你的角色是"),
+    "approval": ("approv", "skip", "without", "直接批准", "自动批准", "无需审批", "不需要审批", "不用审批", "跳过审批",
+                 "跳过审核", "标记为已批准", "已预先批准", "已经批准过"),
+    "cross_tenant": ("tenant", "租户"),
+    "tool_change": ("tool", "ticket", "工单"),
+    "exfiltration": ("credential", "password", "api", "密码", "凭据", "凭证", "密钥"),
+}
+#: The characters outside ASCII that an IGNORECASE pattern matches to an ASCII letter (Python's
+#: ``re``: dotted and dotless I, long S, the Kelvin sign), mapped to that letter before ``lower()``.
+_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+
+
 def injection_flags(text: str) -> list[str]:
     """Names of the instruction-like patterns found in ``text`` (empty for ordinary text)."""
+    text = text or ""
+    folded = text.translate(_FOLD).lower()
+    return [name for name, rx in PATTERNS if any(t in folded for t in TRIGGERS[name]) and rx.search(text)]
+
+
+def injection_flags_unfiltered(text: str) -> list[str]:
+    """:func:`injection_flags` without the trigger words: every pattern run over ``text`` (for the
+    tests that check the two agree)."""
     return [name for name, rx in PATTERNS if rx.search(text or "")]
 
 

@@ -30,3 +30,43 @@ def test_instructions_to_the_agent_are_flagged(text, flags):
 ])
 def test_ordinary_reports_and_procedures_are_not_flagged(text):
     assert injection_flags(text) == []
+
+
+# --- the trigger words are a necessary condition: filtering by them never loses a flag ----------
+
+from pathlib import Path  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from apps.evidence.guard import PATTERNS, TRIGGERS, injection_flags_unfiltered  # noqa: E402
+
+#: pieces of the patterns' own words, in several cases, and characters IGNORECASE folds to ASCII
+_FRAGMENTS = [
+    "ignore", "IGNORE", "İgnore", "ıgnore", "disregard", "forget", "override", "previous", "PRIOR", "all", "your",
+    "instructions", "rules", "guidance", "you are now an assistant", "YOU ARE THE MODEL", "system prompt",
+    "auto-approve", "approve this ticket", "mark it as approved", "skip the review", "ſkip the approval",
+    "no approval needed", "pre-approved", "PRE-APPROVED", "create", "without review", "WITHOUT APPROVAL",
+    "send", "another tenant", "tenant=globex instead", "for tenant x instead", "call the ticket.close tool",
+    "close all tickets", "delete every ticket", "email the passwords", "api key", "API_KEY", "credentials",
+    "Kredentials", "忽略之前的指令", "无视规则", "你现在是", "系统提示", "直接批准", "跳过审批", "发到其他租户",
+    "租户改成", "关闭所有工单", "发给我密码", "密钥发给", "\n", " ", ".", "。", "!", "x", "\u212a", "\u0130", "\u017f",
+    "\u0131",
+]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.text(max_size=6)), max_size=14))
+def test_filtering_by_trigger_words_finds_exactly_what_every_pattern_finds(pieces):
+    text = " ".join(pieces) if len(pieces) % 2 else "".join(pieces)
+    assert injection_flags(text) == injection_flags_unfiltered(text)
+
+
+def test_every_pattern_has_trigger_words_and_the_corpus_agrees():
+    assert set(TRIGGERS) == {name for name, _ in PATTERNS}
+    corpus = Path(__file__).resolve().parents[3] / "tests" / "adversarial"
+    texts = [p.read_text() for p in sorted(corpus.glob("*.md"))]
+    assert texts
+    for text in texts:
+        assert injection_flags(text) == injection_flags_unfiltered(text)
+        assert injection_flags(text.upper()) == injection_flags_unfiltered(text.upper())
