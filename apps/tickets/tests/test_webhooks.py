@@ -166,7 +166,12 @@ def test_the_service_signs_and_retries_and_faultdesk_applies_the_delivery(client
             "ticket.status_changed", ticket["id"], 3, "resolved", "open")
         assert headers["X-Refservice-Event-Id"] == event["event_id"]
         assert verify(SECRET, body, headers["X-Refservice-Signature"]) == (True, "")
-        [stored] = api.get("/_admin/webhooks").json()["results"]
+        # The receiver has the body before the service has recorded the answer to it: wait for that.
+        while True:
+            [stored] = api.get("/_admin/webhooks").json()["results"]
+            if stored["delivered_at"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert stored["attempts"] == 2 and stored["delivered_at"] and stored["last_status"] == "2xx"
     finally:
         service.shutdown()
