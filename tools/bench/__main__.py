@@ -66,8 +66,14 @@ def main(argv=None) -> int:
                         help="retrieval corpus sizes, comma-separated, growing (default 10000,100000)")
     parser.add_argument("--profile", action="store_true",
                         help="py-spy samples the workers in the first end-to-end run and the outbox drain")
+    parser.add_argument("--profile-wall", action="store_true",
+                        help="--profile, sampling every thread whether it runs or waits (shares of wall time)")
     parser.add_argument("--quick", action="store_true", help="shorter runs, for trying the bench out")
     args = parser.parse_args(argv)
+    if args.profile_wall:
+        from tools.bench import profile as profiling
+
+        args.profile, profiling.WALL = True, True
     phases = args.only or list(PHASES)
     started = time.monotonic()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -20,15 +20,22 @@ from tools.bench.harness import BIN
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
 
 
+#: ``--profile-wall``: sample every thread whether it runs or waits (py-spy ``--idle``), so the shares
+#: are of wall time — where a worker process waits (a commit's WAL flush, a statement's round trip,
+#: the ticket system's answer) as well as where it computes. Set by ``python -m tools.bench``.
+WALL = False
+
+
 class Sampler:
     """``py-spy record`` on process ``pid`` and its children, writing collapsed stacks of the
-    threads that hold the GIL to ``out`` at ``rate`` samples/s until :meth:`stop`."""
+    threads that hold the GIL (with :data:`WALL`: of every thread, running or waiting) to ``out`` at
+    ``rate`` samples/s until :meth:`stop`."""
 
     def __init__(self, pid: int, out: Path, *, rate: int = 200):
         self.out = out
         self.proc = subprocess.Popen(  # noqa: S603
             [str(BIN / "py-spy"), "record", "--pid", str(pid), "--subprocesses", "--format", "raw", "--rate",
-             str(rate), "--nonblocking", "--gil", "--output", str(out)],
+             str(rate), "--nonblocking", "--idle" if WALL else "--gil", "--output", str(out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
