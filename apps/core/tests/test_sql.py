@@ -115,3 +115,9 @@ def test_insert_writes_what_create_writes(device):
     assert Tenant.objects.get(pk=tenant.pk).created_at is not None  # auto_now_add, set by pre_save
     with pytest.raises(IntegrityError), transaction.atomic():
         sql.insert(Device(tenant_id=device.tenant_id, asset_tag="PRN-7001", name="dup", kind="printer", site="HQ"))
+
+
+def test_a_tail_with_parameters_is_refused(device):
+    # The tenant's parameter follows where's: a placeholder in the tail would take the wrong value.
+    with pytest.raises(ValueError):
+        sql.rows(Device, "t0.id = %s", [device.pk, 1], tenant_id=device.tenant_id, tail="LIMIT %s")
