@@ -73,8 +73,8 @@ ORDER BY m.id LIMIT 1
 
 
 def _principal_row(user_id: int, tenant_id: int | None) -> Principal | None:
-    """The principal of ``user_id``'s active membership (in ``tenant_id``, or its first one by id),
-    or None when there is none or the account is deactivated."""
+    """The principal of ``user_id``'s active membership (in ``tenant_id``; with None, its first one
+    by id — for signing in only), or None when there is none or the account is deactivated."""
     from django.contrib.auth import get_user_model
     from django.db import connection
 
@@ -112,5 +112,8 @@ def principal_for_user(user) -> Principal:
 def principal_current(*, user_id: int, tenant_id: int) -> Principal | None:
     """Re-read a principal's *current* role and scopes (for re-checks at the moment of use,
     e.g. the approver's role at dispatch time, DESIGN.md §7). None when the membership is gone
-    or inactive, or the user's account itself is deactivated (``User.is_active``)."""
+    or inactive, or the user's account itself is deactivated (``User.is_active``) — and for a
+    tenant id of None (no tenant: no membership), never a membership of some other tenant."""
+    if tenant_id is None:
+        return None
     return _principal_row(user_id, tenant_id)

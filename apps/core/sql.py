@@ -95,21 +95,34 @@ def _instance(part: _Part, row, conn) -> Model | None:
     return part.model.from_db(conn.alias, part.attnames, values)
 
 
-def rows(model: type[Model], where: str, params, *, tenant_id: int | None = None, related: tuple[str, ...] = (),
+#: ``rows``'s default ``tenant_id``: no tenant scope (a trusted re-read, e.g. by a worker holding a task)
+UNSCOPED = object()
+
+
+def rows(model: type[Model], where: str, params, *, tenant_id=UNSCOPED, related: tuple[str, ...] = (),
          defer: frozenset[str] = frozenset(), tail: str = "") -> list[Model]:
     """Instances of ``model`` from ``SELECT … FROM model t0 [JOIN related t1 …] WHERE {where}
-    {tail}``, ``params`` bound to the ``%s`` of ``where`` (``tail``: ``ORDER BY``, ``LIMIT 1``,
-    ``FOR UPDATE OF t0`` — literal, no parameters: ``ValueError`` otherwise). The base table's
-    alias is ``t0``; refer to its columns as ``t0.column``. ``tenant_id`` adds ``AND t0.tenant_id =
-    tenant_id`` — what ``for_tenant(tenant_id)`` adds — and is required in the modules that serve
-    people (``tests/test_tenant_isolation.py``). ``related`` are ``select_related`` paths (foreign keys,
-    ``__`` for deeper ones; a nullable one is a ``LEFT JOIN`` and caches None), ``defer`` fields left
-    unread (deferred on the instances, loaded on first access as the ORM's ``defer`` does). Raises
-    what the database raises."""
+    {tail}``, ``params`` bound to the ``%s`` of ``where``. The base table's alias is ``t0``; refer
+    to its columns as ``t0.column``.
+
+    * ``tail``: ``ORDER BY``, ``LIMIT 1``, ``FOR UPDATE OF t0`` — literal, no parameters
+      (``ValueError`` otherwise).
+    * ``tenant_id`` adds ``AND t0.tenant_id = tenant_id`` — what ``for_tenant(tenant_id)`` adds, and
+      like it raises ``ValueError`` for a tenant id of None (a forgotten scope fails loudly instead
+      of reading every tenant's rows). Required in the modules that serve people
+      (``tests/test_tenant_isolation.py``); left out, the read is unscoped on purpose.
+    * ``related``: ``select_related`` paths (foreign keys, ``__`` for deeper ones; a nullable one is
+      a ``LEFT JOIN`` and caches None).
+    * ``defer``: fields left unread (deferred on the instances, loaded on first access as the ORM's
+      ``defer`` does).
+
+    Raises what the database raises."""
     if "%" in tail:
         raise ValueError("sql.rows: tail takes no parameters (bind values in where)")
     select, source, parts = _shape(model, tuple(related), frozenset(defer))
-    if tenant_id is not None:
+    if tenant_id is None:
+        raise ValueError(f"{model.__name__}: a tenant id is required to scope the query")
+    if tenant_id is not UNSCOPED:
         where, params = f"({where}) AND t0.tenant_id = %s", [*params, tenant_id]
     conn = connections[DEFAULT_DB_ALIAS]
     with conn.cursor() as cursor:

@@ -72,3 +72,7 @@ def test_a_user_without_any_membership_has_no_principal(db):
     with pytest.raises(NoMembership):
         principal_for_user(user)
     assert principal_current(user_id=user.pk, tenant_id=1) is None
+
+
+def test_no_tenant_is_no_principal_not_some_other_tenants(member):
+    assert principal_current(user_id=member.user_id, tenant_id=None) is None

@@ -121,3 +121,12 @@ def test_a_tail_with_parameters_is_refused(device):
     # The tenant's parameter follows where's: a placeholder in the tail would take the wrong value.
     with pytest.raises(ValueError):
         sql.rows(Device, "t0.id = %s", [device.pk, 1], tenant_id=device.tenant_id, tail="LIMIT %s")
+
+
+def test_a_tenant_id_of_none_fails_loudly_as_for_tenant_does(device):
+    with pytest.raises(ValueError):
+        Device.objects.for_tenant(None)
+    with pytest.raises(ValueError):
+        sql.rows(Device, "t0.id = %s", [device.pk], tenant_id=None)
+    # Without the keyword the read is unscoped on purpose (a worker's re-read of a row it holds).
+    assert sql.row(Device, "t0.id = %s", [device.pk]).pk == device.pk
