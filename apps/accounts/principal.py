@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from apps.accounts.models import Membership, Role
+from apps.core import sql
 
 
 class NoMembership(PermissionError):
@@ -60,38 +61,18 @@ def principal_from_membership(membership: Membership) -> Principal:
     )
 
 
-#: A principal's membership, tenant and user in one statement. Written as SQL: principals are
-#: resolved on every request and re-read at every moment of use (a run re-checks the requester two
-#: or three times), and the ORM's three-table ``select_related`` cost about ten times this statement's
-#: own CPU (docs/performance.md, "Hot reads in SQL").
-_PRINCIPAL_SQL = """
-SELECT m.user_id, u.{username}, m.tenant_id, t.slug, m.role, m.scopes
-FROM {membership} m JOIN {tenant} t ON t.id = m.tenant_id JOIN {user} u ON u.id = m.user_id
-WHERE m.user_id = %s AND m.is_active AND u.is_active {tenant_filter}
-ORDER BY m.id LIMIT 1
-"""
-
-
 def _principal_row(user_id: int, tenant_id: int | None) -> Principal | None:
     """The principal of ``user_id``'s active membership (in ``tenant_id``; with None, its first one
-    by id — for signing in only), or None when there is none or the account is deactivated."""
-    from django.contrib.auth import get_user_model
-    from django.db import connection
-
-    from apps.accounts.models import Tenant
-
-    user_model = get_user_model()
-    sql = _PRINCIPAL_SQL.format(username=user_model.USERNAME_FIELD, membership=Membership._meta.db_table,
-                                tenant=Tenant._meta.db_table, user=user_model._meta.db_table,
-                                tenant_filter="AND m.tenant_id = %s" if tenant_id is not None else "")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [user_id] if tenant_id is None else [user_id, tenant_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    user_id, username, tenant_id, slug, role, scopes = row
-    return Principal(user_id=user_id, username=username, tenant_id=tenant_id, tenant_slug=slug, role=role,
-                     scopes=tuple(scopes))
+    by id — for signing in only), or None when there is none or the account is deactivated. One
+    statement written once (:mod:`apps.core.sql`): principals are resolved on every request and
+    re-checked at every moment of use, and the ORM's ``select_related`` of the membership, tenant
+    and user cost about ten times the statement itself (docs/performance.md, "Hot reads in SQL")."""
+    # t1 is the tenant, t2 the user (the order of ``related``).
+    where, params = "t0.user_id = %s AND t0.is_active AND t2.is_active", [user_id]
+    if tenant_id is not None:
+        where, params = where + " AND t0.tenant_id = %s", [user_id, tenant_id]
+    membership = sql.row(Membership, where, params, related=("tenant", "user"), tail="ORDER BY t0.id LIMIT 1")
+    return principal_from_membership(membership) if membership is not None else None
 
 
 def principal_for_user(user) -> Principal:

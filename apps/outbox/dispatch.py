@@ -167,9 +167,8 @@ def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
     rows = outbox_claim_batch(owner=owner, limit=limit or settings.FAULTDESK["OUTBOX_BATCH"])
     if not rows:
         return []
-    tokens = {row.pk: row.lease_generation for row in rows}
-    messages = rows
-    tasks = {t.pk: t for t in sql.rows(Task, "t0.id = ANY(%s)", [list({m.action.task_id for m in messages})],
+    # Each row holds the fencing token this claim gave it (read under the claim's locks).
+    tasks = {t.pk: t for t in sql.rows(Task, "t0.id = ANY(%s)", [list({m.action.task_id for m in rows})],
                                        related=("tenant",))}
     principals: dict[tuple, object] = {}
 
@@ -181,10 +180,9 @@ def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
 
     now = timezone.now()
     ready, one_by_one = [], []
-    for message in messages:
+    for message in rows:
         # A row whose lease passed on since the claim (it went past its lease while this batch
         # waited) is fenced out below, when its attempt row is written.
-        message.lease_generation = tokens[message.pk]
         try:
             check = preflight(message, message.action, tasks[message.action.task_id], now=now,
                               requester_of=requester_of)
@@ -194,7 +192,7 @@ def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
         (ready if check.kind == "send" else one_by_one).append((message, check))
     for message, _ in one_by_one:
         try:
-            outbox_deliver(message_id=message.pk, fencing_token=tokens[message.pk], owner=owner)
+            outbox_deliver(message_id=message.pk, fencing_token=message.lease_generation, owner=owner)
         except Exception:  # noqa: BLE001 - one bad row must not stop the batch; its lease expires
             log.exception("delivering outbox message %s failed", message.pk)
     if ready:
