@@ -228,6 +228,19 @@ def created_then_cancelled(task_id, *, canceller, refadmin, reason: str = "fixed
     return task
 
 
+def settle_receipts() -> int:
+    """The agent worker's half of the dispatcher's batched receipts, in-process: what the
+    ``settle_receipts`` message the dispatcher's commit sends asks for
+    (:func:`apps.outbox.settlement.receipts_settle`), for every task whose action's row holds a
+    receipt the task has not recorded. Returns how many tasks recorded one."""
+    from apps.actions.models import Action, ActionStatus
+    from apps.outbox.settlement import receipts_settle
+
+    ids = Action.objects.filter(status=ActionStatus.SUCCEEDED, compensates__isnull=True,
+                                task__state__receipt=None).values_list("task_id", flat=True)
+    return receipts_settle(list(ids))
+
+
 def drive(task_id, *, rounds: int = 30):
     """Run agent, tools, outbox and reconciler steps in-process until the task stops moving.
     Returns the task as it then stands."""
@@ -241,6 +254,7 @@ def drive(task_id, *, rounds: int = 30):
         agent_run(task_id=task_id)
         context_read(task_id=task_id)
         outbox_dispatch_batch()
+        settle_receipts()
         actions_reconcile()
         task = Task.objects.get(pk=task_id)
         if task.version == last:

@@ -21,7 +21,7 @@ from apps.outbox.models import OutboxMessage
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
-from tests.conftest import drive, p
+from tests.conftest import drive, p, settle_receipts
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
@@ -86,6 +86,7 @@ def test_cancel_during_an_in_flight_dispatch_keeps_the_late_receipt_and_shows_th
     assert page.status_code in (200, 302)
     assert Task.objects.get(pk=task.pk).status == reducer.CANCELLED
     sender.join(30)
+    assert settle_receipts() == 1  # the agent worker's half of the dispatcher's receipt
 
     task = Task.objects.get(pk=task.pk)
     action.refresh_from_db()

@@ -32,7 +32,7 @@ from apps.tasks.services import task_cancel, task_submit
 from apps.tasks.store import task_append_event
 from apps.tickets.connectors import ReferenceTicketConnector
 from apps.tickets.models import TicketMirror
-from tests.conftest import created_then_cancelled, drive, p
+from tests.conftest import created_then_cancelled, drive, p, settle_receipts
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
@@ -431,6 +431,7 @@ def test_a_cancelled_requests_ticket_that_carries_another_report_stays_open(requ
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(settlement, "completion_event", lambda state: None)
         outbox_dispatch_batch()  # A's ticket exists (receipt); A's agent has not composed the answer yet
+        settle_receipts()
     b = drive(_submit(requester, device, "Paper jams at the fuser exit on every duplex job from tray 2.").pk)
     assert Task.objects.get(pk=a.pk).status == reducer.DISPATCHING
     _decide(approver, b)

@@ -87,8 +87,8 @@ def _assert_completed_once(stack, task_id) -> Task:
         "before_commit:draft.proposed",  # the model answered, the answer is not recorded
         "after_commit:intent.committed",  # intent + outbox row committed
         "after_send",  # the remote created the ticket, the worker died before recording it
-        # the receipt and the completion are one commit: a death between them loses both, and the
-        # re-sent request (same key) gets the stored ticket back
+        # the receipt is durable on the action's row; the task's receipt and completion are one
+        # commit after it: a death there loses both, and the next worker settles them from the row
         "before_commit:task.completed",
     ],
 )
@@ -101,9 +101,14 @@ def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp
     assert stack.wait_exit("doomed", 30) == -9  # SIGKILL
     stack.start_worker("survivor")
     task = _assert_completed_once(stack, task_id)
-    if point in ("after_send", "before_commit:task.completed"):
+    if point == "after_send":
         # The re-sent request carried the same key; the service answered with the stored ticket.
         assert task.state["receipt"]["replayed"] is True
+    if point == "before_commit:task.completed":
+        # The receipt was recorded on the action's row before the death: nothing was sent again.
+        assert task.state["receipt"]["replayed"] is False
+        key = task.state["action"]["idempotency_key"]
+        assert ref_client(stack).get("/_admin/effects", params={"idempotency_key": key}).json()["requests"] == 1
 
 
 def _stalled_then_taken_over(stack, tmp_path, point: str, seconds: int) -> Task:

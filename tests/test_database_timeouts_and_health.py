@@ -26,6 +26,7 @@ from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks.models import Task
 from config.database import retryable, timeout_options
+from tests.conftest import settle_receipts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,9 +68,10 @@ def test_retryable_refusals_are_recognised_and_others_are_not():
 def test_a_stuck_session_holding_the_task_row_is_ended_and_the_receipt_is_recorded(committed, refadmin):
     stuck = _other_session(idle_in_transaction_ms=1000)
     stuck.execute("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [committed.pk])  # then idles
-    outbox_dispatch_batch()  # the receipt needs the task row: it waits until the server ends ``stuck``
+    outbox_dispatch_batch()  # the receipt on the outbox's rows: the task row is not needed for it
     action = Action.objects.get(task=committed)
     assert action.status == ActionStatus.SUCCEEDED and refadmin.effects(action.idempotency_key) == 1
+    assert settle_receipts() == 1  # the task's half needs its row: it waits until the server ends ``stuck``
     assert Task.objects.get(pk=committed.pk).state["receipt"]["external_id"] == action.external_id
     with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
         stuck.execute("SELECT 1")  # the server ended it
@@ -83,21 +85,22 @@ def test_a_lock_wait_past_lock_timeout_is_refused_and_retried_without_a_second_t
     with connection.cursor() as cur:
         cur.execute("SET lock_timeout = '300ms'")
     try:
-        outbox_dispatch_batch()  # sent; recording the receipt is refused by lock_timeout
+        outbox_dispatch_batch()  # sent, and the receipt recorded on the outbox's rows
         action = Action.objects.get(task=committed)
         assert refadmin.effects(action.idempotency_key) == 1
-        assert action.status == ActionStatus.INTENDED
+        assert action.status == ActionStatus.SUCCEEDED
+        assert OutboxMessage.objects.get(action=action).status == OutboxStatus.DELIVERED
+        # settling it on the task is refused by lock_timeout, together and then alone: logged, nothing written
+        assert settle_receipts() == 0
         assert Task.objects.get(pk=committed.pk).state.get("receipt") is None
-        assert OutboxMessage.objects.get(action=action).status == OutboxStatus.IN_FLIGHT
     finally:
         holder.rollback()
         holder.close()
         with connection.cursor() as cur:
             cur.execute("SET lock_timeout = '10s'")
-    OutboxMessage.objects.filter(action=action).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    outbox_dispatch_batch()  # the retry: the same key, the stored response, the receipt
-    action.refresh_from_db()
-    assert action.status == ActionStatus.SUCCEEDED and refadmin.effects(action.idempotency_key) == 1
+    assert settle_receipts() == 1  # the retry (the sweeper's agent step, or the next message)
+    assert Task.objects.get(pk=committed.pk).state["receipt"]["external_id"] == action.external_id
+    assert refadmin.effects(action.idempotency_key) == 1 and refadmin.requests(action.idempotency_key) == 1
     assert len(refadmin.tickets()) == 1
 
 

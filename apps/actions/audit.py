@@ -4,8 +4,9 @@ system itself (DESIGN.md §12 invariants 2 and 7; spec §16.3 "replay").
 Replay proves the task row equals its event log. This proves the rest of the record agrees:
 
 * the action in the task's state is the newest action row of the task, with the matching status
-  (``FAILED`` in the state is ``FAILED`` or ``NOT_SENT`` on the row) and, once recorded, the
-  receipt's ticket id;
+  (``FAILED`` in the state is ``FAILED`` or ``NOT_SENT`` on the row; a ``SUCCEEDED`` row whose
+  receipt the task has not recorded yet agrees with an action still in flight: the outbox records
+  a batch's receipts on its rows first) and, once recorded, the receipt's ticket id;
 * every earlier action of the task is settled (never ``INTENDED`` or ``UNKNOWN`` behind a newer
   one) and none of them succeeded — a task has at most one effect; when the state holds no action
   (an approval invalidated before sending sends the task back to re-plan), every action row is
@@ -57,6 +58,14 @@ def task_actions_audit(task, *, remote: bool = False) -> list[str]:
     return problems
 
 
+def _settling(row: Action, current: dict, receipt: dict | None) -> bool:
+    """A receipt the outbox recorded on the action's row that the task has not recorded yet: the
+    row is SUCCEEDED, the state still says the action is in flight and holds no receipt. The
+    dispatcher's batch records receipts on its rows and the tasks after its commit (a message, or
+    the sweeper's agent step), so this is a state on its way, not a disagreement."""
+    return row.status == ActionStatus.SUCCEEDED and current["status"] in ("INTENDED", "UNKNOWN") and receipt is None
+
+
 def _group_audit(actions: list[Action], current: dict | None, receipt: dict | None, what: str) -> list[str]:
     problems: list[str] = []
     if current is None:
@@ -70,7 +79,7 @@ def _group_audit(actions: list[Action], current: dict | None, receipt: dict | No
         newest = actions[-1] if actions else None
         if newest is None or str(newest.pk) != current["id"]:
             problems.append(f"the state's {what}action {current['id']} is not the task's newest {what}action row")
-        elif newest.status not in _AGREES.get(current["status"], set()):
+        elif newest.status not in _AGREES.get(current["status"], set()) and not _settling(newest, current, receipt):
             problems.append(f"{what}action {newest.pk}: state says {current['status']}, row says {newest.status}")
         if receipt is not None and newest is not None and newest.external_id != receipt["external_id"]:
             problems.append(f"{what}receipt {receipt['external_id']} but the action row holds "

@@ -40,6 +40,7 @@ from apps.agent.drafting import propose
 from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.llm.providers import runs_in_process
+from apps.outbox.settlement import receipt_unsettled
 from apps.tasks import reducer
 from apps.tasks.answer import completion_event
 from apps.tasks.budget import stale_reservations
@@ -161,10 +162,25 @@ def retrieval_start(task: Task, lease: Lease) -> bool:
     return True
 
 
+def receipt_settle(task: Task, lease: Lease) -> bool:
+    """Record ``receipt.recorded`` when the current action's row holds a receipt the task has not
+    recorded (the dispatcher's batch records receipts on its rows and settles the tasks after its
+    commit; this is the step for a task whose settlement did not happen: a lost message, a failed
+    batch). True when it recorded one."""
+    payload = receipt_unsettled(task)
+    if payload is None:
+        return False
+    task_append_event(task=task, event_type="receipt.recorded", actor=actor_of(lease),
+                      lease_generation=lease.generation, payload=payload)
+    return True
+
+
 def completion_on_receipt(task: Task, lease: Lease) -> bool:
     """DISPATCHING: once the receipt is recorded, complete the task with its answer; until then
-    the outbox acts. (The outbox completes it in the receipt's own transaction; this step is for a
-    receipt recorded without it.)"""
+    the outbox acts. (The outbox completes it when it settles the receipt; this step is for a
+    receipt recorded without it, or recorded on the action's row and not yet on the task.)"""
+    if receipt_settle(task, lease):
+        return True
     event = completion_event(task.state)
     if event is None:
         return False
@@ -174,7 +190,10 @@ def completion_on_receipt(task: Task, lease: Lease) -> bool:
 
 
 def compensation_if_due(task: Task, lease: Lease) -> bool:
-    """CANCELLED: ask for the compensation of a ticket created anyway, when one is due."""
+    """CANCELLED: record a receipt its action's row holds and the task does not (the ticket was
+    created anyway), then ask for the compensation of that ticket, when one is due."""
+    if receipt_settle(task, lease):
+        return True
     if not compensation_due(task):
         return False
     return compensation_request(task, lease, ticket=created_ticket(task.state["receipt"]))

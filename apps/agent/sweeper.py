@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
+from apps.actions.models import Action, ActionStatus
 from apps.tasks import reducer
 from apps.tasks.leases import compensation_due_q
 from apps.tasks.models import Task
@@ -18,6 +19,8 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> 
     """``[(status, task_id)]`` of tasks to re-queue, the longest untouched first, at most
     ``limit``: runnable statuses, tasks waiting for an approval that was decided (state says
     APPROVED), DISPATCHING tasks whose receipt is recorded (the answer is still to be composed),
+    DISPATCHING and CANCELLED tasks whose action's row holds a receipt the task has not recorded
+    (the dispatcher's settlement message was lost or failed),
     waiting tasks past their deadline (so the controller records the explicit
     ``deadline_exceeded`` decision), and the compensations of ``reducer/2``."""
     expired = Q(lease_owner__isnull=False, lease_expires_at__lt=now)
@@ -26,6 +29,9 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> 
         Q(status__in=RUNNABLE)
         | Q(status=reducer.WAITING_APPROVAL, state__approval__status="APPROVED")
         | (Q(status=reducer.DISPATCHING) & ~Q(state__receipt=None))
+        | (Q(status__in=[reducer.DISPATCHING, reducer.CANCELLED], state__receipt=None)
+           & Exists(Action.objects.filter(task_id=OuterRef("pk"), status=ActionStatus.SUCCEEDED,
+                                          compensates__isnull=True)))
         | Q(status__in=[reducer.WAITING_INPUT, reducer.WAITING_APPROVAL], deadline_at__lt=now)
         # reducer/2: a cancelled task whose ticket was created anyway, not yet compensated, and a
         # compensation that is re-planning or waits on its approval (granted, or about to expire)

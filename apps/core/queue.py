@@ -20,6 +20,8 @@ AGENT_STEP = "agent_step"
 READ_CONTEXT = "read_context"
 #: the outbox dispatcher (queue ``outbox``): no arguments
 OUTBOX_DISPATCH = "dispatch_pending"
+#: the tasks' half of a batch of receipts the dispatcher recorded (queue ``agent``): ``(task_id, …)``
+RECEIPTS_SETTLE = "settle_receipts"
 #: the reconciler of unknown outcomes (queue ``outbox``, beat): no arguments
 OUTBOX_RECONCILE = "reconcile_unknown"
 #: the lease sweeper (queue ``agent``, beat): no arguments

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from datetime import timedelta
 
 from django.conf import settings
@@ -22,7 +23,7 @@ from apps.actions.services import actions_mark_succeeded, attempts_close_with_re
 from apps.approvals.services import approval_invalidate
 from apps.core import sql
 from apps.core import tool_errors as errors
-from apps.core.queue import AGENT_STEP, enqueue_on_commit
+from apps.core.queue import AGENT_STEP, RECEIPTS_SETTLE, enqueue_on_commit
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.answer import completion_event
@@ -230,21 +231,27 @@ def _completion(task, state: dict) -> tuple[str, dict] | None:
 
 
 def receipts_record_batch(items: list[tuple], *, actor: str) -> None:
-    """Record several receipts (``[(action_id, attempt_id, receipt)]``, one per action) as
-    :func:`receipt_record` records one, in one transaction: per action SUCCEEDED with its receipt,
-    its attempt closed, the ticket mirror, the outbox row DELIVERED and the task's
-    ``receipt.recorded``, followed by its ``task.completed`` when the receipt completes the task —
-    all of them or none. An action already SUCCEEDED changes nothing.
-    A receipt that is not a new ticket (a comment, an update), or whose event δ refuses, is
-    left out and recorded after the batch by :func:`receipt_record`; when the batch itself fails
-    (a lost CAS, the tenant's quota, a lock timeout) it rolls back whole and each receipt is
-    recorded alone. A receipt that cannot be recorded alone either is logged, not raised: its
-    attempt stays in flight and the row's lease expires, so the next claim resends it."""
+    """Record several receipts (``[(action_id, attempt_id, receipt)]``, one per action) on the
+    outbox's own rows, in one transaction: per action SUCCEEDED with its receipt, its attempt
+    closed, the ticket mirror and the outbox row DELIVERED — all of them or none. An action already
+    SUCCEEDED changes nothing. The tasks learn their receipts after the commit: one
+    ``settle_receipts`` message for the batch (:func:`receipts_settle`, on the ``agent`` queue)
+    appends each task's ``receipt.recorded`` and the ``task.completed`` it leads to (DESIGN.md §6,
+    table 16.5 "receipt recorded, before the answer": the receipt is durable, the answer is built
+    from it; the lease sweeper re-queues a task whose message was lost).
+
+    A receipt that is not a new ticket (a comment, an update), a compensation's, or one whose task
+    would not take it now (not DISPATCHING or CANCELLED, another action, a receipt already there)
+    is left out and recorded after the batch by :func:`receipt_record`, with its event in the same
+    transaction (and δ's refusal recorded); when the batch itself fails (a lock timeout) it rolls
+    back whole and each receipt is recorded alone. A receipt that cannot be recorded alone either is
+    logged, not raised: its attempt stays in flight and the row's lease expires, so the next claim
+    resends it."""
     if not items:
         return
     try:
         alone = _receipts_record_together(items, actor)
-    except (reducer.IllegalTransition, StaleWrite, BudgetExceeded, DatabaseError) as exc:
+    except DatabaseError as exc:
         log.warning("recording %d receipts together failed (%r); recording them one by one", len(items), exc)
         alone = items
     for action_id, attempt_id, receipt in alone:
@@ -260,6 +267,17 @@ UPDATE {outbox} SET status = %s, delivered_at = %s, lease_owner = NULL, lease_ex
 WHERE action_id = ANY(%s::uuid[])
 """
 
+#: the tasks that take a receipt for ``action`` now, read without their state's JSON: DISPATCHING or
+#: CANCELLED (δ's statuses for it, WAITING_RECONCILIATION aside: the reconciler records those),
+#: ``action`` their current action, and no receipt yet
+_TAKING_SQL = """
+SELECT t.id FROM {task} t JOIN unnest(%s::uuid[], %s::uuid[]) AS v(task_id, action_id) ON t.id = v.task_id
+WHERE t.status = ANY(%s) AND t.state -> 'action' ->> 'id' = v.action_id::text
+  AND coalesce(t.state -> 'receipt', 'null'::jsonb) = 'null'::jsonb
+"""
+#: the task statuses whose receipts the batch records on the rows alone (see :data:`_TAKING_SQL`)
+_SETTLED_LATER = [reducer.DISPATCHING, reducer.CANCELLED]
+
 
 def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
     """The transaction of :func:`receipts_record_batch`. Returns the items it left out."""
@@ -270,19 +288,17 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
         actions = {a.pk: a for a in sql.rows(Action, "t0.id = ANY(%s)", [[i[0] for i in items]],
                                              tail="ORDER BY t0.id FOR UPDATE")}
         items = [item for item in items if actions[item[0]].status != ActionStatus.SUCCEEDED]
-        if not items:
-            return alone
-
-        def payload_for(action, receipt):
-            return lambda task: {"action_id": str(action.pk), "receipt": receipt.as_dict(),
-                                 "cost": action.reservation, "recorded_at": now.isoformat()}
-
-        prepared, refused = task_events_prepare([
-            (actions[action_id].task_id, "receipt.recorded", payload_for(actions[action_id], receipt), actor)
-            for action_id, _, receipt in items], then=_completion)
-        refused_tasks = {task_id for task_id, *_ in refused}
-        alone += [item for item in items if actions[item[0]].task_id in refused_tasks]
-        items = [item for item in items if actions[item[0]].task_id not in refused_tasks]
+        mains = [actions[i[0]] for i in items if actions[i[0]].compensates_id is None]
+        taking = set()
+        if mains:
+            with connection.cursor() as cursor:
+                cursor.execute(_TAKING_SQL.format(task=Task._meta.db_table),
+                               [[str(a.task_id) for a in mains], [str(a.pk) for a in mains], _SETTLED_LATER])
+                taking = {row[0] for row in cursor.fetchall()}
+        alone += [item for item in items if actions[item[0]].compensates_id is not None
+                  or actions[item[0]].task_id not in taking]
+        items = [item for item in items if actions[item[0]].compensates_id is None
+                 and actions[item[0]].task_id in taking]
         if not items:
             return alone
         ids = [action_id for action_id, _, _ in items]
@@ -302,12 +318,103 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
         with connection.cursor() as cursor:
             cursor.execute(_DELIVERED_SQL.format(outbox=OutboxMessage._meta.db_table),
                            [OutboxStatus.DELIVERED.value, now, [str(i) for i in ids]])
-        keep = {actions[action_id].task_id for action_id in ids}
-        task_events_commit([p for p in prepared if p.task.pk in keep])
-        for p in prepared:
-            if p.task.pk in keep and not p.follow:  # not completed with its receipt: the agent acts
-                kick_agent(p.task.pk)
+        enqueue_on_commit(RECEIPTS_SETTLE, *sorted(str(actions[i].task_id) for i in ids))
     return alone
+
+
+def receipt_event_payload(action: Action) -> dict:
+    """The ``receipt.recorded`` payload of ``action``'s receipt as recorded on its row (the batch
+    records it there first): its id, the receipt, the cost (its reservation) and when it was
+    recorded."""
+    return {"action_id": str(action.pk), "receipt": action.receipt, "cost": action.reservation,
+            "recorded_at": action.updated_at.isoformat()}
+
+
+def receipt_unsettled(task: Task) -> dict | None:
+    """The ``receipt.recorded`` payload for ``task``'s current action when its row holds a receipt
+    the task has not recorded yet (a batch recorded it on the rows, and the task's settlement is
+    still to come: :func:`receipts_settle`, or the runner's step), else None. One read of the
+    action row, none when the state already holds a receipt or no action."""
+    state = task.state or {}
+    current = state.get("action")
+    if state.get("receipt") is not None or not current:
+        return None
+    action = sql.row(Action, "t0.id = %s AND t0.status = %s AND t0.compensates_id IS NULL",
+                     [current["id"], ActionStatus.SUCCEEDED.value], tenant_id=task.tenant_id)
+    return receipt_event_payload(action) if action is not None else None
+
+
+def receipts_settle(task_ids: list, *, actor: str = "outbox:settle") -> int:
+    """Append, to each task of ``task_ids`` whose current action's row holds a receipt it has not
+    recorded, ``receipt.recorded`` (settling its budget reservation) and the ``task.completed`` it
+    leads to (the answer composed from the recorded state), in one transaction for all of them —
+    the second half of :func:`receipts_record_batch`. A task that holds its receipt already is
+    passed over, so a repeated message changes nothing. A task not completed by its receipt (a
+    cancelled one: its compensation may be due) gets an agent run. When the batch fails (a lost CAS:
+    a task moved meanwhile; the tenant's quota; a lock timeout) each task is settled alone with
+    CAS retries, and a receipt δ refuses is recorded as refused. Returns how many tasks recorded
+    a receipt."""
+    ids = [uuid.UUID(str(t)) for t in task_ids]
+    if not ids:
+        return 0
+    try:
+        return _receipts_settle_together(ids, actor)
+    except (StaleWrite, BudgetExceeded, DatabaseError) as exc:
+        log.warning("settling %d receipts together failed (%r); settling them one by one", len(ids), exc)
+    settled = 0
+    for task_id in ids:
+        try:
+            settled += receipt_settle_one(task_id, actor=actor)
+        except Exception:  # noqa: BLE001 - one task must not stop the rest; the sweeper re-queues it
+            log.exception("settling the receipt of task %s failed", task_id)
+    return settled
+
+
+def _receipts_settle_together(ids: list[uuid.UUID], actor: str) -> int:
+    with transaction.atomic():
+        actions = {a.task_id: a for a in sql.rows(
+            Action, "t0.task_id = ANY(%s) AND t0.status = %s AND t0.compensates_id IS NULL",
+            [ids, ActionStatus.SUCCEEDED.value])}
+
+        def payload_for(action):
+            def payload(task):
+                current = (task.state or {}).get("action") or {}
+                if task.state.get("receipt") is not None and current.get("id") == str(action.pk):
+                    return None  # settled already (a repeated message, or the runner's step)
+                return receipt_event_payload(action)
+            return payload
+
+        prepared, refused = task_events_prepare(
+            [(task_id, "receipt.recorded", payload_for(actions[task_id]), actor) for task_id in ids
+             if task_id in actions], then=_completion)
+        task_events_commit(prepared)
+        for p in prepared:
+            if not p.follow:  # not completed with its receipt (a cancelled task): the agent acts
+                kick_agent(p.task.pk)
+    for task_id, event_type, payload, reason in refused:
+        if payload is not None:
+            refused_after_rollback(task_id=task_id, event_type=event_type, payload=payload, reason=reason, actor=actor)
+            log.error("receipt for task %s refused: %s", task_id, reason)
+    return len(prepared)
+
+
+def receipt_settle_one(task_id, *, actor: str) -> int:
+    """:func:`receipts_settle` for one task, with CAS retries: 1 when it recorded the receipt,
+    0 when there was none to record (or δ refused it: recorded as refused)."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task_id)  # so no other writer settles it meanwhile
+        payload = receipt_unsettled(task)
+        if payload is None:
+            return 0
+        try:
+            task = task_append_with_retry(task_id=task_id, event_type="receipt.recorded", actor=actor,
+                                          payload_fn=lambda t: payload)
+        except reducer.IllegalTransition as exc:
+            log.error("receipt for task %s refused: %s", task_id, exc.reason)
+            return 0
+        if not _completed_with_receipt(task, actor):
+            kick_agent(task_id)
+    return 1
 
 
 BACKOFF_BASE_SECONDS = 1.0

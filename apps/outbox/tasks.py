@@ -1,6 +1,7 @@
 """Celery tasks of the outbox: the dispatcher (kicked on commit by
-:func:`apps.outbox.services.outbox_enqueue`, ticked by beat) and the reconciler (beat). Thin: they
-call the outbox's services. Addressed by name (:mod:`apps.core.queue`)."""
+:func:`apps.outbox.services.outbox_enqueue`, ticked by beat), the tasks' half of its batched
+receipts (sent by the dispatcher's commit) and the reconciler (beat). Thin: they call the outbox's
+services. Addressed by name (:mod:`apps.core.queue`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ def dispatch_pending() -> int:
 
     queue.kick_received(queue.OUTBOX_DISPATCH)  # before the first claim: a later commit kicks again
     return outbox_drain()
+
+
+@shared_task(name=queue.RECEIPTS_SETTLE)
+def settle_receipts(*task_ids: str) -> int:
+    """The tasks' half of a batch of receipts (:func:`apps.outbox.settlement.receipts_settle`), on
+    the ``agent`` queue. A task it could not settle (it logs why) is re-queued by the lease sweeper,
+    whose agent step settles it (:func:`apps.agent.runner.completion_on_receipt`)."""
+    from apps.outbox.settlement import receipts_settle
+
+    return receipts_settle(list(task_ids))
 
 
 @shared_task(name=queue.OUTBOX_RECONCILE)

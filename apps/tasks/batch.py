@@ -72,13 +72,15 @@ def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], di
 
     Inside the caller's transaction: locks the tasks (``SELECT … FOR UPDATE``, in id order, so two
     batches never deadlock), builds each payload from the freshly read task and applies δ in
-    memory. ``then``, when given, is asked after each event for one more event of that task,
-    appended right after it in the same commit (δ applied to it too; one that δ refuses is left
-    out, and the first event stands without it). Writes nothing. Returns ``(prepared, refused)``:
-    ``refused`` lists ``(task_id, event_type, payload, reason)`` for the events δ refuses (and
-    ``payload`` None, reason "no such task", for a task that does not exist); the caller leaves
-    them out of the batch and records them (:func:`task_append_with_retry` does). Raises
-    ``ValueError`` when a task is named twice, ``TransactionManagementError`` outside a
+    memory; a ``payload_fn`` that returns None says the task needs no event after all (it was
+    settled meanwhile), and the task is left out. ``then``, when given, is asked after each event
+    for one more event of that task, appended right after it in the same commit (δ applied to it
+    too; one that δ refuses is left out, and the first event stands without it). Writes nothing.
+    Returns ``(prepared, refused)``: ``refused`` lists ``(task_id, event_type, payload, reason)``
+    for the events δ refuses (and ``payload`` None, reason "no such task", for a task that does
+    not exist); the caller leaves them out of the batch and records them
+    (:func:`task_append_with_retry` does). Raises ``ValueError`` when a task is named twice,
+    ``TransactionManagementError`` outside a
     transaction."""
     if not transaction.get_connection().in_atomic_block:
         raise transaction.TransactionManagementError("task_events_prepare needs the caller's transaction")
@@ -95,6 +97,8 @@ def task_events_prepare(requests: list[tuple[uuid.UUID, str, Callable[[Task], di
             refused.append((task_id, event_type, None, "no such task"))
             continue
         payload = payload_fn(task)
+        if payload is None:
+            continue
         try:
             new_state = reduce_pinned(task, event_type, payload)
         except reducer.IllegalTransition as exc:

@@ -251,6 +251,7 @@ CELERY_TASK_ROUTES = {
     "sweep_leases": {"queue": "agent"},
     "dispatch_pending": {"queue": "outbox"},
     "reconcile_unknown": {"queue": "outbox"},
+    "settle_receipts": {"queue": "agent"},
     "expire_approvals": {"queue": "agent"},
     "refresh_term_statistics": {"queue": "tools"},
 }

@@ -19,7 +19,7 @@ from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.replay import task_replay
 from apps.tasks.services import task_submit
-from tests.conftest import p
+from tests.conftest import p, settle_receipts
 from tests.factories import DeviceFactory
 
 SYMPTOMS = [
@@ -60,6 +60,7 @@ def _expire_leases():
 
 
 def _assert_one_ticket_per_key(tasks, refadmin):
+    settle_receipts()  # the agent worker's half: the message the dispatcher's commit sent
     actions = list(Action.objects.filter(task__in=tasks, tool="ticket.create"))
     assert len(actions) == 3
     for action in actions:
@@ -79,6 +80,9 @@ def test_a_batch_sends_each_row_once_and_records_its_receipts_together(committed
     before = {t.pk: t.version for t in committed_three}
     with django_assert_max_num_queries(40):  # one row alone took about 25 statements
         assert outbox.outbox_dispatch_batch() == 3
+    # The dispatcher's commit holds the receipts on the rows; the tasks have not moved yet.
+    assert Action.objects.filter(status=ActionStatus.SUCCEEDED).count() == 3
+    assert {t.pk: t.version for t in Task.objects.filter(pk__in=before)} == before
     actions = _assert_one_ticket_per_key(committed_three, refadmin)
     for action in actions:
         [attempt] = ActionAttempt.objects.filter(action=action)
@@ -243,8 +247,9 @@ def test_a_drain_stops_at_its_time_cap_and_leaves_the_rest_pending(committed_thr
 
 
 def test_an_answer_that_cannot_be_composed_never_costs_a_receipt_its_commit(committed_three, refadmin, monkeypatch):
-    """The completion rides in the receipt's transaction; if composing the answer fails, the
-    receipts are recorded anyway (the task stays in DISPATCHING for the agent's completion step)."""
+    """The completion rides in the transaction that settles the receipt on the task; if composing
+    the answer fails, the receipts are recorded anyway (the task stays in DISPATCHING for the
+    agent's completion step)."""
     import apps.tasks.answer as answer
 
     def broken(state):
@@ -252,6 +257,7 @@ def test_an_answer_that_cannot_be_composed_never_costs_a_receipt_its_commit(comm
 
     monkeypatch.setattr(answer, "answer_compose", broken)
     assert outbox.outbox_dispatch_batch() == 3
+    assert settle_receipts() == 3
     for task in committed_three:
         row = Task.objects.get(pk=task.pk)
         assert row.status == reducer.DISPATCHING and row.state["receipt"] is not None
@@ -260,3 +266,93 @@ def test_an_answer_that_cannot_be_composed_never_costs_a_receipt_its_commit(comm
     for task in committed_three:
         agent_run(task_id=task.pk)  # the agent's completion step composes it
         assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED
+
+
+# --- the two halves of a batch's receipts: the outbox's rows, then the tasks -----------------------
+
+def test_the_dispatchers_commit_sends_one_settlement_message_naming_the_batchs_tasks(
+        committed_three, refadmin, monkeypatch, django_capture_on_commit_callbacks):
+    from apps.core import queue
+
+    sent = []
+    monkeypatch.setattr(queue, "send_now", lambda name, *args: sent.append((name, args)))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert outbox.outbox_dispatch_batch() == 3
+    [settle] = [(name, args) for name, args in sent if name == queue.RECEIPTS_SETTLE]
+    assert sorted(settle[1]) == sorted(str(t.pk) for t in committed_three)
+    # the message runs the tasks' half
+    from apps.outbox.tasks import settle_receipts as settle_task
+
+    assert settle_task(*settle[1]) == 3
+    assert all(Task.objects.get(pk=t.pk).status == reducer.COMPLETED for t in committed_three)
+
+
+def test_a_repeated_settlement_message_changes_nothing(committed_three, refadmin):
+    from apps.events.models import RefusedEvent
+    from apps.outbox.settlement import receipts_settle
+
+    outbox.outbox_dispatch_batch()
+    ids = [t.pk for t in committed_three]
+    assert receipts_settle(ids) == 3
+    versions = {t.pk: t.version for t in Task.objects.filter(pk__in=ids)}
+    assert receipts_settle(ids) == 0
+    assert {t.pk: t.version for t in Task.objects.filter(pk__in=ids)} == versions
+    assert not RefusedEvent.objects.filter(task_id__in=ids).exists()
+    _assert_one_ticket_per_key(committed_three, refadmin)
+
+
+def test_a_crash_while_settling_leaves_the_receipts_on_the_rows_and_the_next_run_settles_them(
+        committed_three, refadmin, monkeypatch):
+    """The worker dies inside the tasks' half, before its commit: the tasks are as they were, the
+    receipts stay on the rows (nothing is sent again), and the lease sweeper's agent step
+    (:func:`apps.agent.runner.completion_on_receipt`) settles each task from its row."""
+    import apps.tasks.batch as batch
+    from apps.agent.sweeper import tasks_needing_work
+    from apps.outbox.settlement import receipts_settle
+
+    outbox.outbox_dispatch_batch()
+    before = {t.pk: t.version for t in Task.objects.filter(pk__in=[t.pk for t in committed_three])}
+
+    def failpoint(name):
+        if name == "before_commit:receipt.recorded":
+            raise Killed
+
+    with monkeypatch.context() as mp:
+        mp.setattr(batch, "failpoint", failpoint)
+        with pytest.raises(Killed):
+            receipts_settle(list(before))
+    assert {t.pk: t.version for t in Task.objects.filter(pk__in=before)} == before
+    assert Action.objects.filter(status=ActionStatus.SUCCEEDED).count() == 3
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Task.objects.filter(pk__in=before).update(updated_at=timezone.now() - timedelta(minutes=5))
+    found = {task_id for _, task_id in tasks_needing_work(now=timezone.now(), idle=timedelta(seconds=10))}
+    assert {str(pk) for pk in before} <= found
+    for task_id in before:
+        agent_run(task_id=task_id)
+        task = Task.objects.get(pk=task_id)
+        assert task.status == reducer.COMPLETED
+        assert [e.type for e in TaskEvent.objects.filter(task=task, seq__gt=before[task_id]).order_by("seq")] == [
+            "receipt.recorded", "task.completed"]
+    actions = _assert_one_ticket_per_key(committed_three, refadmin)
+    assert all(refadmin.requests(a.idempotency_key) == 1 for a in actions)
+
+
+def test_a_receipt_for_a_task_cancelled_before_its_settlement_is_kept_and_the_task_stays_cancelled(
+        committed_three, requester, refadmin):
+    from apps.outbox.settlement import receipts_settle
+    from apps.tasks.services import task_cancel
+
+    outbox.outbox_dispatch_batch()
+    cancelled = committed_three[0]
+    task_cancel(principal=p(requester), task_id=cancelled.pk, reason="fixed itself")
+    assert receipts_settle([t.pk for t in committed_three]) == 3
+    task = Task.objects.get(pk=cancelled.pk)
+    assert task.status == reducer.CANCELLED and task.state["receipt"] is not None
+    types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
+    assert types.index("cancel.requested") < types.index("receipt.recorded")
+    assert "task.completed" not in types
+    assert all(Task.objects.get(pk=t.pk).status == reducer.COMPLETED for t in committed_three[1:])
+
