@@ -38,7 +38,17 @@ class OutboxMessage(models.Model):
 
     class Meta:
         ordering = ["created_at"]
-        indexes = [models.Index(fields=["status", "available_at"], name="outbox_status_available_idx")]
+        indexes = [
+            models.Index(fields=["status", "available_at"], name="outbox_status_available_idx"),
+            # The claim (apps.outbox.dispatch): its due rows oldest first, and for each one whether an
+            # older row of its ordering key is still open — probes of the open rows alone, so the claim
+            # costs the same on a table of millions of delivered rows, and with no statistics yet
+            # (a hash anti-join over every row, or a nested loop over them, is what the planner chose).
+            models.Index(fields=["created_at"], name="outbox_due_created_idx",
+                         condition=models.Q(status__in=["PENDING", "IN_FLIGHT"])),
+            models.Index(fields=["ordering_key", "created_at"], name="outbox_open_ordering_idx",
+                         condition=models.Q(status__in=["PENDING", "IN_FLIGHT", "UNKNOWN"])),
+        ]
 
     def __str__(self) -> str:
         return f"outbox {self.id} {self.status}"
