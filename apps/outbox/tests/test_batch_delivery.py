@@ -356,3 +356,21 @@ def test_a_receipt_for_a_task_cancelled_before_its_settlement_is_kept_and_the_ta
     assert "task.completed" not in types
     assert all(Task.objects.get(pk=t.pk).status == reducer.COMPLETED for t in committed_three[1:])
 
+
+
+@pytest.mark.allow_divergence
+def test_the_batch_reads_a_cancel_request_from_the_state_without_reading_the_state(committed_three, refadmin):
+    """The batch reads the tasks without their states; the cancel flag is read as one key. A state
+    that records a cancel request (every reducer also moves the status to CANCELLED; the flag alone
+    is set here by hand) keeps that row from being sent."""
+    from django.db import connection
+
+    flagged = committed_three[2]
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_task SET state = jsonb_set(state, '{cancel_requested}', 'true') WHERE id = %s",
+                       [flagged.pk])
+    assert outbox.outbox_dispatch_batch() == 3
+    assert OutboxMessage.objects.get(action__task=flagged).status == OutboxStatus.CANCELLED
+    assert {a.task_id for a in Action.objects.filter(status=ActionStatus.SUCCEEDED)} == {
+        committed_three[0].pk, committed_three[1].pk}
+    assert len(refadmin.tickets()) == 2
