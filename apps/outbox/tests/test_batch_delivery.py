@@ -54,6 +54,19 @@ def committed_three(tenant, requester, approver, kb, refservice):
     return tasks
 
 
+def _dies_at(monkeypatch, module, point: str, call) -> None:
+    """Run ``call()`` with ``module``'s failpoint ``point`` standing for SIGKILL there."""
+
+    def failpoint(name):
+        if name == point:
+            raise Killed
+
+    with monkeypatch.context() as mp:
+        mp.setattr(module, "failpoint", failpoint)
+        with pytest.raises(Killed):
+            call()
+
+
 def _expire_leases():
     for row in OutboxMessage.objects.filter(status=OutboxStatus.IN_FLIGHT):
         OutboxMessage.objects.filter(pk=row.pk).update(lease_expires_at=row.created_at)
@@ -129,14 +142,7 @@ def test_a_crash_between_the_attempt_rows_and_the_sends_makes_one_ticket_each(co
     """The attempt rows are durable before any request leaves; the dispatcher dies at its
     ``before_send`` failpoint; the next claim sends each row once."""
 
-    def failpoint(name):
-        if name == "before_send":
-            raise Killed
-
-    with monkeypatch.context() as mp:
-        mp.setattr(outbox, "failpoint", failpoint)
-        with pytest.raises(Killed):
-            outbox.outbox_dispatch_batch()
+    _dies_at(monkeypatch, outbox, "before_send", outbox.outbox_dispatch_batch)
     assert ActionAttempt.objects.filter(outcome=AttemptOutcome.IN_FLIGHT).count() == 3
     _expire_leases()
     outbox.outbox_dispatch_batch()
@@ -312,15 +318,7 @@ def test_a_crash_while_settling_leaves_the_receipts_on_the_rows_and_the_next_run
 
     outbox.outbox_dispatch_batch()
     before = {t.pk: t.version for t in Task.objects.filter(pk__in=[t.pk for t in committed_three])}
-
-    def failpoint(name):
-        if name == "before_commit:receipt.recorded":
-            raise Killed
-
-    with monkeypatch.context() as mp:
-        mp.setattr(batch, "failpoint", failpoint)
-        with pytest.raises(Killed):
-            receipts_settle(list(before))
+    _dies_at(monkeypatch, batch, "before_commit:receipt.recorded", lambda: receipts_settle(list(before)))
     assert {t.pk: t.version for t in Task.objects.filter(pk__in=before)} == before
     assert Action.objects.filter(status=ActionStatus.SUCCEEDED).count() == 3
     from datetime import timedelta
