@@ -196,6 +196,9 @@ def _summary(bench) -> None:
         lines.append(f"  outbox    {v('outbox.messages_per_s'):,.1f} messages/s, "
                      f"{v('outbox.commits_per_message'):.2f} commits/message, {ratio('outbox.ratio_to_ceiling')} "
                      "of ceiling")
+        if v("outbox.settled_tasks_per_s"):
+            lines.append(f"            then {v('outbox.settled_tasks_per_s'):,.1f} tasks/s settled by the agent "
+                         "workers (receipt.recorded + task.completed)")
     stems = [k.removesuffix(".p95_ms") for k in bench.figures if k.startswith("retrieval.") and k.endswith(".p95_ms")]
     for stem in stems:  # in the order measured: 10k before 100k
         lines.append(f"  {stem:<28} p50 {v(stem + '.p50_ms'):.1f} ms, p95 {v(stem + '.p95_ms'):.1f} ms, "

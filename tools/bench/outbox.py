@@ -23,6 +23,12 @@ _PENDING_SQL = """
 SELECT count(*) FILTER (WHERE o.status = 'PENDING'), count(*) FILTER (WHERE o.status = 'DELIVERED'), count(*)
 FROM outbox_outboxmessage o JOIN actions_action a ON a.id = o.action_id WHERE a.task_id = ANY(%s)
 """
+_SETTLED_SQL = """
+WITH e AS (SELECT recorded_at FROM events_taskevent WHERE task_id = ANY(%s) AND type = 'receipt.recorded')
+SELECT count(*), count(*) FILTER (WHERE recorded_at > (SELECT min(recorded_at) FROM e)),
+       extract(epoch FROM min(recorded_at)), extract(epoch FROM max(recorded_at))
+FROM e
+"""
 _WINDOW_SQL = """
 SELECT extract(epoch FROM min(t.started_at)), extract(epoch FROM max(o.delivered_at))
 FROM outbox_outboxmessage o JOIN actions_action a ON a.id = o.action_id
@@ -34,6 +40,38 @@ def _counts(conn, ids) -> tuple[int, int, int]:
     with conn.cursor() as cur:
         cur.execute(_PENDING_SQL, [ids])
         return cur.fetchone()
+
+
+def _settle(bench: Bench, conn, ids, n: int, env: dict, *, processes: int = 2):
+    """Stage 3: the tasks' half of the drained receipts (the ``settle_receipts`` messages the drain
+    sent, on the ``agent`` queue), run by a worker serving only ``agent``. Returns ``(tasks settled,
+    seconds from the first to the last receipt.recorded, {role: CPU ms per task})``, or None when
+    nothing was settled."""
+    _backends_gone(conn, deadline=time.monotonic() + 30)
+    bench.start_worker(processes, queues="agent", name="worker-settle", env=env)
+
+    def settled_so_far():
+        with conn.cursor() as cur:
+            cur.execute(_SETTLED_SQL, [ids])
+            return cur.fetchone()
+
+    deadline = time.monotonic() + max(120, n)
+    # CPU is read from the first settlement on, so the worker's start-up is not counted.
+    while settled_so_far()[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    cpu_before, count_before = bench.cpu_seconds(["worker-settle"]), settled_so_far()[0]
+    count, after_first, first, last = settled_so_far()
+    while count < n and time.monotonic() < deadline:
+        time.sleep(0.25)
+        count, after_first, first, last = settled_so_far()
+    cpu_after = bench.cpu_seconds(["worker-settle"])
+    bench.stop("worker-settle")
+    if not count or count <= count_before:
+        return None
+    cpu = {role: (cpu_after[role] - cpu_before.get(role, 0.0)) * 1000 / (count - count_before)
+           for role in ("worker-settle", "postgres") if role in cpu_after}
+    # The first batch's events share one commit time: the window starts there and counts the rest.
+    return count, after_first, float(last) - float(first), cpu
 
 
 def _backends_gone(conn, *, deadline: float) -> None:
@@ -107,6 +145,7 @@ def run(bench: Bench, *, n: int = 500, dispatchers: int = 2, profile: bool = Fal
             sampler.stop()
         bench.note_peak("outbox_worker", "worker-outbox")
         bench.stop("worker-outbox")
+        settled = _settle(bench, conn, ids, n, env)
     finally:
         bench.stop("noop-remote")
     _, delivered, _ = _counts(conn, ids)
@@ -131,6 +170,14 @@ def run(bench: Bench, *, n: int = 500, dispatchers: int = 2, profile: bool = Fal
             bench.figure(f"outbox.cpu_ms_per_message.{role.split('-')[0]}",
                          used * 1000 / max(1, delivered - delivered_before), "ms",
                          f"CPU of the {role} processes from the first claim to the last delivery, per message")
+    if settled is not None:
+        count, after_first, seconds, cpu = settled
+        bench.figure("outbox.settled_tasks_per_s", after_first / max(seconds, 1e-9), "tasks/s",
+                     f"{count}/{n} tasks' receipt.recorded + task.completed appended in {seconds:.1f} s by "
+                     f"{dispatchers} agent processes after the drain (the settlement the drain leaves to them)")
+        for role, ms in cpu.items():
+            bench.figure(f"outbox.settle_cpu_ms_per_task.{role.split('-')[0]}", ms, "ms",
+                         f"CPU of the {role} processes while they settled the drained receipts, per task")
     if profile:
         from tools.bench.profile import report
 
