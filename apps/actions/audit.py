@@ -47,7 +47,7 @@ def task_actions_audit(task, *, remote: bool = False) -> list[str]:
     actions = list(Action.objects.filter(task_id=task.pk).order_by("created_at"))
     compensation = state.get("compensation") or {}
     problems = _group_audit([a for a in actions if a.compensates_id is None], state.get("action"),
-                            state.get("receipt"), "")
+                            state.get("receipt"), "", str(task.status))
     problems += _group_audit([a for a in actions if a.compensates_id is not None], compensation.get("action"),
                              compensation.get("receipt"), "compensation ")
     if remote:
@@ -58,15 +58,19 @@ def task_actions_audit(task, *, remote: bool = False) -> list[str]:
     return problems
 
 
-def _settling(row: Action, current: dict, receipt: dict | None) -> bool:
-    """A receipt the outbox recorded on the action's row that the task has not recorded yet: the
-    row is SUCCEEDED, the state still says the action is in flight and holds no receipt. The
-    dispatcher's batch records receipts on its rows and the tasks after its commit (a message, or
-    the sweeper's agent step), so this is a state on its way, not a disagreement."""
-    return row.status == ActionStatus.SUCCEEDED and current["status"] in ("INTENDED", "UNKNOWN") and receipt is None
+def _settling(row: Action, current: dict, receipt: dict | None, status: str) -> bool:
+    """A receipt the outbox recorded on the task's own action row that the task has not recorded
+    yet: the row is SUCCEEDED, the task DISPATCHING or CANCELLED with the action INTENDED and no
+    receipt. The dispatcher's batch records such receipts on its rows and the tasks after its
+    commit (a message, or the sweeper's agent step), so this is a state on its way, not a
+    disagreement. Nothing else is: a compensation's receipt, or an action the state says is
+    UNKNOWN or FAILED, is recorded with its event in one transaction."""
+    return (row.status == ActionStatus.SUCCEEDED and current["status"] == "INTENDED" and receipt is None
+            and status in ("DISPATCHING", "CANCELLED"))
 
 
-def _group_audit(actions: list[Action], current: dict | None, receipt: dict | None, what: str) -> list[str]:
+def _group_audit(actions: list[Action], current: dict | None, receipt: dict | None, what: str,
+                 status: str = "") -> list[str]:
     problems: list[str] = []
     if current is None:
         # The state drops an action that was invalidated (or hit a conflict) before it was sent
@@ -79,7 +83,8 @@ def _group_audit(actions: list[Action], current: dict | None, receipt: dict | No
         newest = actions[-1] if actions else None
         if newest is None or str(newest.pk) != current["id"]:
             problems.append(f"the state's {what}action {current['id']} is not the task's newest {what}action row")
-        elif newest.status not in _AGREES.get(current["status"], set()) and not _settling(newest, current, receipt):
+        elif newest.status not in _AGREES.get(current["status"], set()) \
+                and not (what == "" and _settling(newest, current, receipt, status)):
             problems.append(f"{what}action {newest.pk}: state says {current['status']}, row says {newest.status}")
         if receipt is not None and newest is not None and newest.external_id != receipt["external_id"]:
             problems.append(f"{what}receipt {receipt['external_id']} but the action row holds "

@@ -9,8 +9,12 @@ from django.db.models import Exists, OuterRef, Q
 
 from apps.actions.models import Action, ActionStatus
 from apps.tasks import reducer
-from apps.tasks.leases import compensation_due_q
+from apps.tasks.leases import compensation_due_q, receipt_unsettled_q
 from apps.tasks.models import Task
+
+#: how long a receipt the outbox recorded on an action's row waits for its ``settle_receipts``
+#: message before the sweeper sends the task's own agent step for it
+SETTLE_GRACE = timedelta(seconds=30)
 
 RUNNABLE = (reducer.ACCEPTED, reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING)
 
@@ -19,8 +23,8 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> 
     """``[(status, task_id)]`` of tasks to re-queue, the longest untouched first, at most
     ``limit``: runnable statuses, tasks waiting for an approval that was decided (state says
     APPROVED), DISPATCHING tasks whose receipt is recorded (the answer is still to be composed),
-    DISPATCHING and CANCELLED tasks whose action's row holds a receipt the task has not recorded
-    (the dispatcher's settlement message was lost or failed),
+    DISPATCHING and CANCELLED tasks whose action's row has held for ``SETTLE_GRACE`` a receipt the
+    task has not recorded (the dispatcher's settlement message was lost or failed),
     waiting tasks past their deadline (so the controller records the explicit
     ``deadline_exceeded`` decision), and the compensations of ``reducer/2``."""
     expired = Q(lease_owner__isnull=False, lease_expires_at__lt=now)
@@ -29,9 +33,10 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> 
         Q(status__in=RUNNABLE)
         | Q(status=reducer.WAITING_APPROVAL, state__approval__status="APPROVED")
         | (Q(status=reducer.DISPATCHING) & ~Q(state__receipt=None))
-        | (Q(status__in=[reducer.DISPATCHING, reducer.CANCELLED], state__receipt=None)
-           & Exists(Action.objects.filter(task_id=OuterRef("pk"), status=ActionStatus.SUCCEEDED,
-                                          compensates__isnull=True)))
+        # a receipt on the action's row the task has not recorded, for longer than a settle_receipts
+        # message waiting behind a backlog would take (the agent step then records it itself)
+        | (receipt_unsettled_q() & ~Exists(Action.objects.filter(
+            task_id=OuterRef("pk"), status=ActionStatus.SUCCEEDED, updated_at__gte=now - SETTLE_GRACE)))
         | Q(status__in=[reducer.WAITING_INPUT, reducer.WAITING_APPROVAL], deadline_at__lt=now)
         # reducer/2: a cancelled task whose ticket was created anyway, not yet compensated, and a
         # compensation that is re-planning or waits on its approval (granted, or about to expire)

@@ -269,10 +269,11 @@ WHERE action_id = ANY(%s::uuid[])
 
 #: the tasks that take a receipt for ``action`` now, read without their state's JSON: DISPATCHING or
 #: CANCELLED (δ's statuses for it, WAITING_RECONCILIATION aside: the reconciler records those),
-#: ``action`` their current action, and no receipt yet
+#: ``action`` their current action and still INTENDED (not UNKNOWN: the reconciler's), and no receipt yet
 _TAKING_SQL = """
 SELECT t.id FROM {task} t JOIN unnest(%s::uuid[], %s::uuid[]) AS v(task_id, action_id) ON t.id = v.task_id
 WHERE t.status = ANY(%s) AND t.state -> 'action' ->> 'id' = v.action_id::text
+  AND t.state -> 'action' ->> 'status' = 'INTENDED'
   AND coalesce(t.state -> 'receipt', 'null'::jsonb) = 'null'::jsonb
 """
 #: the task statuses whose receipts the batch records on the rows alone (see :data:`_TAKING_SQL`)

@@ -10,9 +10,10 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from apps.actions.models import Action, ActionStatus
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.store import StaleWrite, worker_identity
@@ -36,6 +37,16 @@ def compensation_due_q() -> Q:
             & ~Q(state__receipt=None) & Q(state__receipt__kind__isnull=True))
 
 
+def receipt_unsettled_q() -> Q:
+    """Tasks in DISPATCHING or CANCELLED whose current action's row holds a receipt their state does
+    not: the outbox's batch recorded it on its rows and the task's half (the ``settle_receipts``
+    message) has not run — lost, failed, or still queued. A cancelled one is terminal, yet still
+    claimable by the agent, which records the receipt (and then asks for a compensation, if due)."""
+    return (Q(status__in=[reducer.DISPATCHING, reducer.CANCELLED], state__receipt=None)
+            & Exists(Action.objects.filter(task_id=OuterRef("pk"), status=ActionStatus.SUCCEEDED,
+                                           compensates__isnull=True)))
+
+
 _CLAIM_SQL = """
 UPDATE {task} SET lease_owner = %(owner)s, lease_expires_at = %(until)s, lease_generation = lease_generation + 1
 WHERE id = (SELECT id FROM {task} WHERE id = %(task_id)s AND NOT (status = ANY(%(terminal)s))
@@ -47,7 +58,8 @@ RETURNING lease_generation
 
 def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | None = None) -> Lease | None:
     """Claim the lease of a non-terminal task that nobody holds (or whose lease expired) — or of
-    a cancelled task a compensation is due for (:func:`compensation_due_q`).
+    a cancelled task a compensation is due for (:func:`compensation_due_q`) or whose receipt is
+    still to be recorded (:func:`receipt_unsettled_q`).
 
     Increments the fencing token. Returns the :class:`Lease`, or None when another worker holds
     a live lease (or its transaction holds the row) or the task is terminal / gone. Call it outside
@@ -65,12 +77,13 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
         row = cursor.fetchone()
     if row is not None:
         return Lease(task_id=task_id, owner=owner, generation=row[0])
-    # A terminal task is claimable only when a compensation is due for it.
+    # A terminal task is claimable only when a compensation is due for it, or its receipt is still
+    # to be recorded (cancelled after the outbox recorded the receipt on its rows).
     with transaction.atomic():
         task = (
             Task.objects.select_for_update(skip_locked=True)
             .filter(pk=task_id)
-            .filter(compensation_due_q())
+            .filter(compensation_due_q() | receipt_unsettled_q())
             .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now))
             .first()
         )

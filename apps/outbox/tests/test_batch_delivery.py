@@ -6,7 +6,10 @@ HTTP server on loopback."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.agent.runner import agent_run, context_read
@@ -65,6 +68,14 @@ def _dies_at(monkeypatch, module, point: str, call) -> None:
         mp.setattr(module, "failpoint", failpoint)
         with pytest.raises(Killed):
             call()
+
+
+def _as_if_minutes_passed(task_ids) -> None:
+    """Move the tasks' and their actions' last writes five minutes back: the idle time after which
+    the lease sweeper acts on a task whose receipt its action's row holds."""
+    then = timezone.now() - timedelta(minutes=5)
+    Task.objects.filter(pk__in=task_ids).update(updated_at=then)
+    Action.objects.filter(task_id__in=task_ids).update(updated_at=then)
 
 
 def _expire_leases():
@@ -321,11 +332,7 @@ def test_a_crash_while_settling_leaves_the_receipts_on_the_rows_and_the_next_run
     _dies_at(monkeypatch, batch, "before_commit:receipt.recorded", lambda: receipts_settle(list(before)))
     assert {t.pk: t.version for t in Task.objects.filter(pk__in=before)} == before
     assert Action.objects.filter(status=ActionStatus.SUCCEEDED).count() == 3
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    Task.objects.filter(pk__in=before).update(updated_at=timezone.now() - timedelta(minutes=5))
+    _as_if_minutes_passed(before)
     found = {task_id for _, task_id in tasks_needing_work(now=timezone.now(), idle=timedelta(seconds=10))}
     assert {str(pk) for pk in before} <= found
     for task_id in before:
@@ -372,3 +379,41 @@ def test_the_batch_reads_a_cancel_request_from_the_state_without_reading_the_sta
     assert {a.task_id for a in Action.objects.filter(status=ActionStatus.SUCCEEDED)} == {
         committed_three[0].pk, committed_three[1].pk}
     assert len(refadmin.tickets()) == 2
+
+
+def test_a_task_cancelled_between_the_halves_whose_message_is_lost_is_settled_and_compensated(
+        committed_three, requester, refadmin):
+    """The receipts are on the rows, the task is cancelled, and the settle message never comes:
+    the sweeper finds the cancelled task (terminal, yet claimable while its receipt is unrecorded),
+    the agent records the receipt from the row, settles the reservation and asks for the
+    compensation of the ticket created anyway."""
+    from apps.agent.sweeper import tasks_needing_work
+    from apps.tasks.services import task_cancel
+
+    outbox.outbox_dispatch_batch()
+    cancelled = committed_three[0]
+    task_cancel(principal=p(requester), task_id=cancelled.pk, reason="fixed itself")
+    assert Task.objects.get(pk=cancelled.pk).budget_reserved > 0
+    # a message waiting behind a backlog is given its time first
+    assert str(cancelled.pk) not in {i for _, i in tasks_needing_work(now=timezone.now(), idle=timedelta(0))}
+    _as_if_minutes_passed([cancelled.pk])
+    assert (reducer.CANCELLED, str(cancelled.pk)) in tasks_needing_work(now=timezone.now(), idle=timedelta(seconds=10))
+    agent_run(task_id=cancelled.pk)
+    task = Task.objects.get(pk=cancelled.pk)
+    assert task.state["receipt"] is not None and task.budget_reserved == 0
+    # the ticket created anyway is to be closed: the compensation is asked for
+    assert task.status == reducer.COMPENSATING and task.state["compensation"] is not None
+    types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
+    assert types.index("cancel.requested") < types.index("receipt.recorded") < types.index("compensation.requested")
+
+
+def test_the_audit_accepts_a_receipt_on_its_way_and_nothing_else(committed_three, refadmin):
+    from apps.actions.audit import task_actions_audit
+
+    outbox.outbox_dispatch_batch()
+    task = Task.objects.get(pk=committed_three[0].pk)
+    assert task_actions_audit(task) == []  # the row holds the receipt; the task's half is to come
+    for status, action_status in ((reducer.DISPATCHING, "UNKNOWN"), (reducer.FAILED, "INTENDED")):
+        task.status = status
+        task.state = {**task.state, "status": status, "action": {**task.state["action"], "status": action_status}}
+        assert task_actions_audit(task), (status, action_status)
