@@ -10,7 +10,9 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, UUIDField
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from apps.actions.models import Action, ActionStatus
@@ -39,11 +41,13 @@ def compensation_due_q() -> Q:
 
 def receipt_unsettled_q() -> Q:
     """Tasks in DISPATCHING or CANCELLED whose current action's row holds a receipt their state does
-    not: the outbox's batch recorded it on its rows and the task's half (the ``settle_receipts``
+    not (the row of the state's current action, as the agent's step reads it): the outbox's batch
+    recorded it on its rows and the task's half (the ``settle_receipts``
     message) has not run — lost, failed, or still queued. A cancelled one is terminal, yet still
     claimable by the agent, which records the receipt (and then asks for a compensation, if due)."""
+    current = Cast(KeyTextTransform("id", KeyTransform("action", OuterRef("state"))), UUIDField())
     return (Q(status__in=[reducer.DISPATCHING, reducer.CANCELLED], state__receipt=None)
-            & Exists(Action.objects.filter(task_id=OuterRef("pk"), status=ActionStatus.SUCCEEDED,
+            & Exists(Action.objects.filter(task_id=OuterRef("pk"), id=current, status=ActionStatus.SUCCEEDED,
                                            compensates__isnull=True)))
 
 

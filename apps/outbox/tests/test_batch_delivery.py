@@ -417,3 +417,27 @@ def test_the_audit_accepts_a_receipt_on_its_way_and_nothing_else(committed_three
         task.status = status
         task.state = {**task.state, "status": status, "action": {**task.state["action"], "status": action_status}}
         assert task_actions_audit(task), (status, action_status)
+
+
+@pytest.mark.allow_divergence
+def test_a_succeeded_row_that_is_not_the_states_current_action_makes_no_task_claimable(committed_three,
+                                                                                        requester, refadmin):
+    """The sweeper and the claim look for the same row the agent's step reads (the state's current
+    action): a SUCCEEDED row of another action never makes a task claimable or re-queued for ever."""
+    import uuid
+
+    from django.db import connection
+
+    from apps.agent.sweeper import tasks_needing_work
+    from apps.tasks.leases import task_claim
+    from apps.tasks.services import task_cancel
+
+    outbox.outbox_dispatch_batch()
+    task = committed_three[0]
+    task_cancel(principal=p(requester), task_id=task.pk, reason="fixed itself")
+    with connection.cursor() as cursor:  # by hand: no path writes such a state
+        cursor.execute("UPDATE tasks_task SET state = jsonb_set(state, '{action,id}', to_jsonb(%s::text)) "
+                       "WHERE id = %s", [str(uuid.uuid4()), task.pk])
+    _as_if_minutes_passed([task.pk])
+    assert str(task.pk) not in {i for _, i in tasks_needing_work(now=timezone.now(), idle=timedelta(seconds=10))}
+    assert task_claim(task_id=task.pk) is None
