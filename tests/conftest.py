@@ -231,10 +231,10 @@ def created_then_cancelled(task_id, *, canceller, refadmin, reason: str = "fixed
 def settle_receipts() -> int:
     """The agent worker's half of the dispatcher's batched receipts, in-process: what the
     ``settle_receipts`` message the dispatcher's commit sends asks for
-    (:func:`apps.outbox.settlement.receipts_settle`), for every task whose action's row holds a
+    (:func:`apps.outbox.receipts.receipts_settle`), for every task whose action's row holds a
     receipt the task has not recorded. Returns how many tasks recorded one."""
     from apps.actions.models import Action, ActionStatus
-    from apps.outbox.settlement import receipts_settle
+    from apps.outbox.receipts import receipts_settle
 
     ids = Action.objects.filter(status=ActionStatus.SUCCEEDED, compensates__isnull=True,
                                 task__state__receipt=None).values_list("task_id", flat=True)

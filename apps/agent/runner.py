@@ -40,7 +40,7 @@ from apps.agent.drafting import propose
 from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.llm.providers import runs_in_process
-from apps.outbox.settlement import receipt_unsettled
+from apps.outbox.receipts import receipt_unsettled
 from apps.tasks import reducer
 from apps.tasks.answer import completion_event
 from apps.tasks.budget import stale_reservations

@@ -44,6 +44,7 @@ from apps.core import sql
 from apps.core import tool_errors as errors
 from apps.core.failpoints import failpoint
 from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.outbox.receipts import receipts_record_batch
 from apps.outbox.settlement import (
     action_deadline,
     append_or_record_refusal,
@@ -51,7 +52,6 @@ from apps.outbox.settlement import (
     finish_not_sent,
     kick_agent,
     receipt_record,
-    receipts_record_batch,
     settle_not_executed,
     still_ours,
 )
@@ -166,7 +166,7 @@ def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
     their attempt rows are committed in one transaction before any request leaves, the requests
     are sent concurrently (at most ``FAULTDESK["OUTBOX_SEND_CONCURRENCY"]`` at a time; a claim
     never holds two rows of one ordering key, so per-ticket order holds), and the receipts are
-    recorded together (:func:`~apps.outbox.settlement.receipts_record_batch`). Every other row —
+    recorded together (:func:`~apps.outbox.receipts.receipts_record_batch`). Every other row —
     not authorized any more, a ticket system without idempotency, an error answer — takes the
     one-row path (:func:`outbox_deliver`, :func:`~apps.outbox.settlement.attempt_error_record`)."""
     owner = worker_identity()

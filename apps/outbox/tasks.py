@@ -24,10 +24,10 @@ def dispatch_pending() -> int:
 
 @shared_task(name=queue.RECEIPTS_SETTLE)
 def settle_receipts(*task_ids: str) -> int:
-    """The tasks' half of a batch of receipts (:func:`apps.outbox.settlement.receipts_settle`), on
+    """The tasks' half of a batch of receipts (:func:`apps.outbox.receipts.receipts_settle`), on
     the ``agent`` queue. A task it could not settle (it logs why) is re-queued by the lease sweeper,
     whose agent step settles it (:func:`apps.agent.runner.completion_on_receipt`)."""
-    from apps.outbox.settlement import receipts_settle
+    from apps.outbox.receipts import receipts_settle
 
     return receipts_settle(list(task_ids))
 

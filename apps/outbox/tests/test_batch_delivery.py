@@ -306,7 +306,7 @@ def test_the_dispatchers_commit_sends_one_settlement_message_naming_the_batchs_t
 
 def test_a_repeated_settlement_message_changes_nothing(committed_three, refadmin):
     from apps.events.models import RefusedEvent
-    from apps.outbox.settlement import receipts_settle
+    from apps.outbox.receipts import receipts_settle
 
     outbox.outbox_dispatch_batch()
     ids = [t.pk for t in committed_three]
@@ -325,7 +325,7 @@ def test_a_crash_while_settling_leaves_the_receipts_on_the_rows_and_the_next_run
     (:func:`apps.agent.runner.completion_on_receipt`) settles each task from its row."""
     import apps.tasks.batch as batch
     from apps.agent.sweeper import tasks_needing_work
-    from apps.outbox.settlement import receipts_settle
+    from apps.outbox.receipts import receipts_settle
 
     outbox.outbox_dispatch_batch()
     before = {t.pk: t.version for t in Task.objects.filter(pk__in=[t.pk for t in committed_three])}
@@ -347,7 +347,7 @@ def test_a_crash_while_settling_leaves_the_receipts_on_the_rows_and_the_next_run
 
 def test_a_receipt_for_a_task_cancelled_before_its_settlement_is_kept_and_the_task_stays_cancelled(
         committed_three, requester, refadmin):
-    from apps.outbox.settlement import receipts_settle
+    from apps.outbox.receipts import receipts_settle
     from apps.tasks.services import task_cancel
 
     outbox.outbox_dispatch_batch()
