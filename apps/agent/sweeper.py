@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 
-from apps.actions.models import Action, ActionStatus
 from apps.tasks import reducer
 from apps.tasks.leases import compensation_due_q, receipt_unsettled_q
 from apps.tasks.models import Task
@@ -35,8 +34,7 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> 
         | (Q(status=reducer.DISPATCHING) & ~Q(state__receipt=None))
         # a receipt on the action's row the task has not recorded, for longer than a settle_receipts
         # message waiting behind a backlog would take (the agent step then records it itself)
-        | (receipt_unsettled_q() & ~Exists(Action.objects.filter(
-            task_id=OuterRef("pk"), status=ActionStatus.SUCCEEDED, updated_at__gte=now - SETTLE_GRACE)))
+        | receipt_unsettled_q(recorded_before=now - SETTLE_GRACE)
         | Q(status__in=[reducer.WAITING_INPUT, reducer.WAITING_APPROVAL], deadline_at__lt=now)
         # reducer/2: a cancelled task whose ticket was created anyway, not yet compensated, and a
         # compensation that is re-planning or waits on its approval (granted, or about to expire)

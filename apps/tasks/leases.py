@@ -39,16 +39,18 @@ def compensation_due_q() -> Q:
             & ~Q(state__receipt=None) & Q(state__receipt__kind__isnull=True))
 
 
-def receipt_unsettled_q() -> Q:
-    """Tasks in DISPATCHING or CANCELLED whose current action's row holds a receipt their state does
-    not (the row of the state's current action, as the agent's step reads it): the outbox's batch
-    recorded it on its rows and the task's half (the ``settle_receipts``
-    message) has not run — lost, failed, or still queued. A cancelled one is terminal, yet still
-    claimable by the agent, which records the receipt (and then asks for a compensation, if due)."""
+def receipt_unsettled_q(*, recorded_before=None) -> Q:
+    """Tasks in DISPATCHING or CANCELLED whose current action's row (the one the agent's step reads)
+    holds a receipt their state does not: the outbox's batch recorded it on its rows and the task's
+    half (the ``settle_receipts`` message) has not run — lost, failed, or still queued. A cancelled
+    one is terminal, yet still claimable by the agent, which records the receipt (and then asks for
+    a compensation, if due). ``recorded_before``: only receipts the row got before that time."""
     current = Cast(KeyTextTransform("id", KeyTransform("action", OuterRef("state"))), UUIDField())
-    return (Q(status__in=[reducer.DISPATCHING, reducer.CANCELLED], state__receipt=None)
-            & Exists(Action.objects.filter(task_id=OuterRef("pk"), id=current, status=ActionStatus.SUCCEEDED,
-                                           compensates__isnull=True)))
+    rows = Action.objects.filter(task_id=OuterRef("pk"), id=current, status=ActionStatus.SUCCEEDED,
+                                 compensates__isnull=True)
+    if recorded_before is not None:
+        rows = rows.filter(updated_at__lt=recorded_before)
+    return Q(status__in=[reducer.DISPATCHING, reducer.CANCELLED], state__receipt=None) & Exists(rows)
 
 
 _CLAIM_SQL = """
