@@ -123,6 +123,14 @@ def test_the_database_refuses_to_change_a_committed_actions_parameters(requester
             Action.objects.filter(pk=action.pk).update(**change)
     Action.objects.filter(pk=action.pk).update(status=ActionStatus.INTENDED)  # outcome columns still move
     assert Action.objects.get(pk=action.pk).params == action.params
+    # A whole-row save names every column: unchanged identity passes, a changed one is refused.
+    saved = Action.objects.get(pk=action.pk)
+    saved.last_error = {"reason": "noted"}
+    saved.save()
+    saved.reservation += 1
+    with pytest.raises(IntegrityError, match="reservation of a committed row cannot change"), transaction.atomic():
+        saved.save()
+    assert Action.objects.get(pk=action.pk).reservation == action.reservation
 
 
 def test_changed_parameters_of_a_committed_action_are_not_sent(requester, approver, admin_user, device, kb,

@@ -66,13 +66,19 @@ log = logging.getLogger(__name__)
 
 #: The claim in one statement: due rows not behind an undelivered older row of their ordering key,
 #: oldest first, skipping rows other dispatchers hold, leased to ``owner`` with the next fencing token.
+#: "Not behind an older open row" is written as "the oldest open row of its key" (a scalar subquery,
+#: which PostgreSQL runs per candidate as a probe of the ordering-key index) rather than ``NOT EXISTS``
+#: (which it may plan as an anti-join re-reading every open row per candidate: 155 ms a claim over a
+#: 1,000-row backlog when the statistics said the open rows were few). The two are the same test: a
+#: candidate is itself open, so the oldest open created_at of its key is its own exactly when no open
+#: row of the key is older.
 _CLAIM_SQL = """
 WITH due AS (
     SELECT o.id FROM {outbox} o
     WHERE ((o.status = %(pending)s AND o.available_at <= %(now)s)
            OR (o.status = %(in_flight)s AND o.lease_expires_at < %(now)s))
-      AND NOT EXISTS (SELECT 1 FROM {outbox} u WHERE u.ordering_key = o.ordering_key
-                      AND u.created_at < o.created_at AND u.status = ANY(%(open)s))
+      AND o.created_at = (SELECT min(u.created_at) FROM {outbox} u
+                          WHERE u.ordering_key = o.ordering_key AND u.status = ANY(%(open)s))
     ORDER BY o.created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 UPDATE {outbox} m SET status = %(in_flight)s, lease_owner = %(owner)s, lease_expires_at = %(until)s,
     lease_generation = m.lease_generation + 1
@@ -147,9 +153,10 @@ def _successors_due(keys: set[str], seen: set) -> bool:
         return cursor.fetchone()[0]
 
 
-#: the tasks of a batch whose state records a cancel request (the one key of the state the batch reads)
+#: whether each task of a batch has a cancel request in its state (the one key of the state the batch
+#: reads), in the select list: only the batch's rows are read from the JSON, whatever the plan
 _CANCEL_REQUESTED_SQL = """
-SELECT id FROM {task} WHERE id = ANY(%s) AND coalesce((state ->> 'cancel_requested')::boolean, false)
+SELECT id, coalesce((state ->> 'cancel_requested')::boolean, false) FROM {task} WHERE id = ANY(%s)
 """
 
 
@@ -181,7 +188,7 @@ def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
                                        defer=frozenset({"state"}))}
     with connection.cursor() as cursor:
         cursor.execute(_CANCEL_REQUESTED_SQL.format(task=Task._meta.db_table), [task_ids])
-        cancel_requested = {row[0] for row in cursor.fetchall()}
+        cancel_requested = {task_id for task_id, requested in cursor.fetchall() if requested}
     principals: dict[tuple, object] = {}
 
     def requester_of(user_id, tenant_id):
