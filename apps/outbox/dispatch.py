@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -309,8 +311,7 @@ def _deliver_together(ready: list, tasks: dict, owner: str) -> None:
         for send in sends:
             run(send)
     else:
-        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="outbox-send") as pool:
-            list(pool.map(run, sends))
+        list(_senders(width).map(run, sends))
     actor = f"dispatcher:{owner}"
     receipts_record_batch([(s.action.pk, s.attempt.pk, s.receipt) for s in sends if s.receipt is not None],
                           actor=actor)
@@ -325,6 +326,23 @@ def _deliver_together(ready: list, tasks: dict, owner: str) -> None:
                           send.message.lease_generation, owner)
         except Exception:  # noqa: BLE001 - one bad row must not stop the batch; its lease expires
             log.exception("recording the outcome of outbox message %s failed", send.message.pk)
+
+
+_SENDERS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_SENDERS_LOCK = threading.Lock()
+
+
+def _senders(width: int) -> ThreadPoolExecutor:
+    """The process's sender threads for batches sending ``width`` requests at a time, started once
+    (a child process after a fork starts its own), rather than eight new threads for every batch."""
+    key = (os.getpid(), width)
+    pool = _SENDERS.get(key)
+    if pool is None:
+        with _SENDERS_LOCK:
+            pool = _SENDERS.get(key)
+            if pool is None:
+                pool = _SENDERS[key] = ThreadPoolExecutor(max_workers=width, thread_name_prefix="outbox-send")
+    return pool
 
 
 def _guarded_send(send: _Send) -> None:

@@ -27,6 +27,7 @@ from django.conf import settings
 
 from apps.core import tool_errors as errors
 from apps.tickets.http import NoAnswer, NotSent, Pool, Response
+from config.tls import tls_context
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,9 @@ def _pool(base_url: str, headers: dict[str, str], *, keep_alive: bool = False) -
     a request to a server that sets TCP_NODELAY costs about a third of the CPU and wall time
     (docs/performance.md). A pooled connection the server closed is seen before reuse and dropped;
     a request on one that closes mid-request is ``OutcomeUnknown``, as any lost answer is."""
-    key = (os.getpid(), base_url, tuple(sorted(headers.items())), keep_alive)
+    # The TLS context is part of the key: a changed CA bundle (SSL_CERT_FILE) gets new connections,
+    # verified against it, instead of reusing ones verified against the old one.
+    key = (os.getpid(), base_url, tuple(sorted(headers.items())), id(tls_context()), keep_alive)
     pool = _POOLS.get(key)
     if pool is None:
         with _POOLS_LOCK:

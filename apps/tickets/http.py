@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import http.client
 import json as jsonlib
+import logging
 import select
 import socket
 import ssl
@@ -33,6 +34,8 @@ from email.message import Message
 from urllib.parse import urlencode, urlsplit
 
 from config.tls import tls_context
+
+log = logging.getLogger(__name__)
 
 #: the largest response body read (bytes): a larger one is :class:`NoAnswer` (the call may have acted)
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -109,6 +112,26 @@ class Pool:
             send_headers.setdefault("Content-Type", "application/json")
         if not self.keep_alive:
             send_headers["Connection"] = "close"
+        if _tracer is not None:
+            return self._traced(method, target, body, send_headers, timeout, connect_timeout)
+        return self._send(method, target, body, send_headers, timeout, connect_timeout)
+
+    def _traced(self, method, target, body, headers, timeout, connect_timeout) -> Response:
+        """:meth:`_send` inside a CLIENT span (tracing on: :func:`instrument`), its context sent on."""
+        from opentelemetry import propagate, trace
+
+        url = f"{'https' if self.https else 'http'}://{self.host}:{self.port}{target}"
+        with _tracer.start_as_current_span(method, kind=trace.SpanKind.CLIENT, attributes={
+                "http.request.method": method, "url.full": url, "server.address": self.host,
+                "server.port": self.port}) as span:
+            propagate.inject(headers)
+            response = self._send(method, target, body, headers, timeout, connect_timeout)
+            span.set_attribute("http.response.status_code", response.status_code)
+            if response.status_code >= 400:
+                span.set_status(trace.StatusCode.ERROR)
+            return response
+
+    def _send(self, method, target, body, send_headers, timeout, connect_timeout) -> Response:
         conn = self._idle_connection() if self.keep_alive else None
         if conn is None:
             conn = self._connect(connect_timeout if connect_timeout is not None else timeout)
@@ -124,6 +147,8 @@ class Pool:
             self._give_back(conn)
         else:
             conn.close()
+        log.info('HTTP Request: %s %s://%s:%d%s "HTTP/1.1 %d %s"', method, "https" if self.https else "http",
+                 self.host, self.port, target, response.status, response.reason)
         return Response(status_code=response.status, headers=response.msg, content=content)
 
     def close(self) -> None:
@@ -163,6 +188,26 @@ class Pool:
                 self._idle.append((conn, time.monotonic()))
                 return
         conn.close()
+
+
+#: the tracer of outbound calls while tracing is on (:func:`instrument`), else None
+_tracer = None
+
+
+def instrument(tracer_provider) -> None:
+    """Make a CLIENT span for every request (``http.request.method``, ``url.full``,
+    ``http.response.status_code``; an exception is recorded on it) and send its trace context
+    with the request. Called by :func:`config.tracing.setup_tracing`."""
+    global _tracer
+    from opentelemetry import trace
+
+    _tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
+
+
+def uninstrument() -> None:
+    """Undo :func:`instrument`."""
+    global _tracer
+    _tracer = None
 
 
 class _TooLarge(Exception):

@@ -279,10 +279,9 @@ FAULTDESK = {
     "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
     "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default=DEV_SECRETS["REFSERVICE_API_KEY"]),
     "REFSERVICE_TIMEOUT_SECONDS": env.float("REFSERVICE_TIMEOUT_SECONDS", default=5.0),
-    # reuse connections to the reference service (it sets TCP_NODELAY; see tickets.connectors).
-    # Off by default: with it on, the recovery-table runs (real processes killed and restarted)
-    # did not yet all pass.
-    "REFSERVICE_KEEPALIVE": env.bool("REFSERVICE_KEEPALIVE", default=False),
+    # reuse connections to the reference service (it sets TCP_NODELAY; see tickets.connectors and
+    # tickets.http: a connection the service closed is seen before reuse and dropped)
+    "REFSERVICE_KEEPALIVE": env.bool("REFSERVICE_KEEPALIVE", default=True),
     # django-helpdesk, the second ticket system (tools/helpdesk_site): REST API token, the
     # queue tickets go to, and how long a request can still take effect after it was sent
     # (its gunicorn --timeout 30 s plus a margin).

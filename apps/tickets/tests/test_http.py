@@ -22,9 +22,7 @@ class Server:
 
     def __init__(self, behaviour):
         self.behaviour = behaviour
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=64)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.connections = 0
