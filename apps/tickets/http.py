@@ -15,6 +15,11 @@ connection pool does for these calls, and no more: reuse an idle connection only
 peer has not closed it, never reuse one after an error or a response that closes it, keep idle
 connections at most ``idle_seconds``.
 
+Unlike httpx, the pool does not read ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` from the
+environment: a ticket system is reached at the address configured for it (``REFSERVICE_URL``,
+``HELPDESK_URL``), or through a proxy written there as that address. Redirects are not followed
+(nor were they with httpx's default).
+
 A reused connection the peer closes at the very moment a request goes out gives :class:`NoAnswer`
 (the request may have reached it), as any lost answer does; the idempotency key makes the next
 attempt safe."""
