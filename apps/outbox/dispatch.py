@@ -68,20 +68,19 @@ log = logging.getLogger(__name__)
 
 #: The claim in one statement: due rows not behind an undelivered older row of their ordering key,
 #: oldest first, skipping rows other dispatchers hold, leased to ``owner`` with the next fencing token.
-#: "Not behind an older open row" is written as "the oldest open row of its key" (a scalar subquery,
+#: "Not behind an older open row" is written as "the first open row of its key" (a scalar subquery,
 #: which PostgreSQL runs per candidate as a probe of the ordering-key index) rather than ``NOT EXISTS``
 #: (which it may plan as an anti-join re-reading every open row per candidate: 155 ms a claim over a
-#: 1,000-row backlog when the statistics said the open rows were few). The two are the same test: a
-#: candidate is itself open, so the oldest open created_at of its key is its own exactly when no open
-#: row of the key is older.
+#: 1,000-row backlog when the statistics said the open rows were few). "First" is by age, then id:
+#: two open rows of one key created in the same microsecond are sent one after the other too.
 _CLAIM_SQL = """
 WITH due AS (
     SELECT o.id FROM {outbox} o
     WHERE ((o.status = %(pending)s AND o.available_at <= %(now)s)
            OR (o.status = %(in_flight)s AND o.lease_expires_at < %(now)s))
-      AND o.created_at = (SELECT min(u.created_at) FROM {outbox} u
-                          WHERE u.ordering_key = o.ordering_key AND u.status = ANY(%(open)s))
-    ORDER BY o.created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+      AND o.id = (SELECT u.id FROM {outbox} u WHERE u.ordering_key = o.ordering_key AND u.status = ANY(%(open)s)
+                  ORDER BY u.created_at, u.id LIMIT 1)
+    ORDER BY o.created_at, o.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 UPDATE {outbox} m SET status = %(in_flight)s, lease_owner = %(owner)s, lease_expires_at = %(until)s,
     lease_generation = m.lease_generation + 1
 FROM due WHERE m.id = due.id
@@ -311,7 +310,7 @@ def _deliver_together(ready: list, tasks: dict, owner: str) -> None:
         for send in sends:
             run(send)
     else:
-        list(_senders(width).map(run, sends))
+        list(_senders().map(run, sends))
     actor = f"dispatcher:{owner}"
     receipts_record_batch([(s.action.pk, s.attempt.pk, s.receipt) for s in sends if s.receipt is not None],
                           actor=actor)
@@ -332,9 +331,11 @@ _SENDERS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _SENDERS_LOCK = threading.Lock()
 
 
-def _senders(width: int) -> ThreadPoolExecutor:
-    """The process's sender threads for batches sending ``width`` requests at a time, started once
-    (a child process after a fork starts its own), rather than eight new threads for every batch."""
+def _senders() -> ThreadPoolExecutor:
+    """The process's sender threads, ``FAULTDESK["OUTBOX_SEND_CONCURRENCY"]`` of them, started once
+    (a child process after a fork starts its own) rather than for every batch; a smaller batch uses
+    some of them. Threads start as work arrives, up to that number."""
+    width = max(1, settings.FAULTDESK["OUTBOX_SEND_CONCURRENCY"])
     key = (os.getpid(), width)
     pool = _SENDERS.get(key)
     if pool is None:

@@ -147,6 +147,17 @@ class _HttpConnector:
             raise errors.OutcomeUnknown(f"{what}: sent, no answer: {exc}") from exc
 
 
+def _ticket_for_key(body: dict, idempotency_key: str, *, replayed: bool) -> Receipt:
+    """The receipt of a ticket the reference service returned for ``idempotency_key``. Raises
+    ``OutcomeUnknown`` when the ticket names another key: an answer that is not this request's
+    (a misbehaving proxy or connection) must never become its receipt — the reconciler looks the
+    key up instead."""
+    if not isinstance(body, dict) or body.get("idempotency_key") != idempotency_key:
+        found = body.get("idempotency_key") if isinstance(body, dict) else None
+        raise errors.OutcomeUnknown(f"the answer is for another idempotency key ({found!r}), not this request's")
+    return _ticket_receipt(body, replayed=replayed)
+
+
 def _ticket_receipt(body: dict, *, replayed: bool) -> Receipt:
     return Receipt(external_id=body["id"], version=int(body["version"]), status=body.get("status", "open"),
                    body=body, replayed=replayed)
@@ -182,7 +193,8 @@ class ReferenceTicketConnector(_HttpConnector):
         resp = self._send("POST", "/tickets", what="create", timeout=timeout, json=params,
                           headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)})
         if resp.status_code in (200, 201):
-            return _ticket_receipt(resp.json(), replayed=resp.headers.get("Idempotent-Replayed") == "true")
+            return _ticket_for_key(resp.json(), idempotency_key,
+                                   replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
 
     def lookup_by_key(self, *, idempotency_key: str) -> Receipt | None:
@@ -192,7 +204,7 @@ class ReferenceTicketConnector(_HttpConnector):
         if resp.status_code != 200:
             raise _error_for_status(resp)
         results = resp.json().get("results", [])
-        return _ticket_receipt(results[0], replayed=True) if results else None
+        return _ticket_for_key(results[0], idempotency_key, replayed=True) if results else None
 
     def fence(self, *, idempotency_key: str, fencing_token: int) -> Receipt | None:
         """POST /fences: raise the key's fencing token at the remote to ``fencing_token`` and
@@ -208,7 +220,7 @@ class ReferenceTicketConnector(_HttpConnector):
             raise _error_for_status(resp)
         data = resp.json()
         if data.get("ticket") is not None:
-            return _ticket_receipt(data["ticket"], replayed=True)
+            return _ticket_for_key(data["ticket"], idempotency_key, replayed=True)
         if data.get("comment") is not None:
             return self._comment_receipt(data["comment"], replayed=True)
         if data.get("update") is not None:

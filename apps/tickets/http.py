@@ -144,6 +144,8 @@ class Pool:
             conn.sock.settimeout(timeout)
             conn.request(method, target, body=body, headers=send_headers)
             response = conn.getresponse()
+            if response.status < 200:  # 101 (never asked for): what follows is not HTTP any more
+                raise http.client.HTTPException(f"interim status {response.status} as the answer")
             content = _body(response)
         except (OSError, http.client.HTTPException, _TooLarge) as exc:
             conn.close()
@@ -168,6 +170,7 @@ class Pool:
             conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=tls_context())
         else:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        conn.response_class = _FinalResponse
         try:
             conn.connect()  # sets TCP_NODELAY: a request's headers and body do not wait for an ACK
         except (OSError, ssl.SSLError) as exc:  # refused, timed out, unreachable, not resolved, TLS
@@ -213,6 +216,25 @@ def uninstrument() -> None:
     """Undo :func:`instrument`."""
     global _tracer
     _tracer = None
+
+
+class _FinalResponse(http.client.HTTPResponse):
+    """A response that reads past every interim (1xx) answer to the final one. ``http.client``
+    skips only ``100 Continue``: a ``102 Processing`` or ``103 Early Hints`` would be returned as
+    the answer, and the real one, still on its way, read by the next request to take the
+    connection — another request's ticket as its receipt."""
+
+    def _read_status(self):
+        for _ in range(_MAX_INTERIM):
+            version, status, reason = super()._read_status()
+            if not 100 < status < 200 or status == 101:  # 100 is skipped by begin(), 101 is refused
+                return version, status, reason
+            http.client._read_headers(self.fp)  # the interim answer's headers
+        raise http.client.HTTPException(f"more than {_MAX_INTERIM} interim answers")
+
+
+#: interim (1xx) answers read past before the peer is taken to be misbehaving
+_MAX_INTERIM = 16
 
 
 class _TooLarge(Exception):

@@ -76,3 +76,89 @@ def test_outbox_keeps_per_ticket_order_while_unrelated_tickets_proceed(tenant, r
     assert claimed == {create.pk, unrelated.pk}, "the follow-up waits for its ticket's create"
     OutboxMessage.objects.filter(pk=create.pk).update(status=OutboxStatus.DELIVERED)
     assert [r.pk for r in outbox_claim_batch(owner="d2", limit=10)] == [later.pk]
+
+
+def test_two_open_rows_of_one_ticket_made_in_the_same_microsecond_are_claimed_one_at_a_time(tenant, requester,
+                                                                                            device, kb):
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules={
+        "ticket.create": {"requires_approval": False, "ttl_minutes": 60}})
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom="Fuser error after warm-up.").task
+    for _ in range(4):
+        agent_run(task_id=task.pk)
+        context_read(task_id=task.pk)
+    create = OutboxMessage.objects.get(action__task=task)
+    first = create.action
+    twins = []
+    for n in (1, 2):
+        follow = Action.objects.create(tenant=tenant, task=first.task, tool=first.tool, tool_version=first.tool_version,
+                                       params=first.params, params_digest="f" * 64,
+                                       idempotency_key=f"{first.idempotency_key}:comment-{n}",
+                                       object_version=first.object_version)
+        twins.append(OutboxMessage.objects.create(tenant=tenant, action=follow, ordering_key=create.ordering_key,
+                                                  available_at=timezone.now()))
+    OutboxMessage.objects.filter(pk=create.pk).update(status=OutboxStatus.DELIVERED)
+    OutboxMessage.objects.filter(pk__in=[t.pk for t in twins]).update(created_at=timezone.now())
+    [one] = outbox_claim_batch(owner="d1", limit=10)
+    assert one.pk == min(t.pk for t in twins), "the same age: the lower id goes first, alone"
+    assert outbox_claim_batch(owner="d2", limit=10) == []
+    OutboxMessage.objects.filter(pk=one.pk).update(status=OutboxStatus.DELIVERED)
+    assert [r.pk for r in outbox_claim_batch(owner="d3", limit=10)] == [max(t.pk for t in twins)]
+
+
+def test_an_answer_naming_another_idempotency_key_is_never_a_receipt(server_answering):
+    other = {"id": "REF-000001", "version": 1, "status": "open", "idempotency_key": "acme:ticket.create:other"}
+    url = server_answering({"POST /tickets": (201, other), "GET /tickets": (200, {"results": [other]}),
+                            "POST /fences": (200, {"ticket": other})})
+    connector = ReferenceTicketConnector(base_url=url, api_key="k")
+    with pytest.raises(errors.OutcomeUnknown, match="another idempotency key"):
+        connector.create_ticket(idempotency_key="globex:ticket.create:mine", fencing_token=1, params={"title": "x"})
+    with pytest.raises(errors.OutcomeUnknown, match="another idempotency key"):
+        connector.lookup_by_key(idempotency_key="globex:ticket.create:mine")
+    with pytest.raises(errors.OutcomeUnknown, match="another idempotency key"):
+        connector.fence(idempotency_key="globex:ticket.create:mine", fencing_token=2)
+    mine = {**other, "idempotency_key": "globex:ticket.create:mine"}
+    url = server_answering({"POST /tickets": (201, mine)})
+    receipt = ReferenceTicketConnector(base_url=url, api_key="k").create_ticket(
+        idempotency_key="globex:ticket.create:mine", fencing_token=1, params={"title": "x"})
+    assert receipt.external_id == "REF-000001"
+
+
+@pytest.fixture
+def server_answering():
+    """A loopback HTTP server answering ``"METHOD /path"`` (query string aside) with a fixed
+    ``(status, JSON body)``; returns its URL."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    servers = []
+
+    def start(answers):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                status, body = answers.get(f"{self.command} {self.path.split('?')[0]}", (404, {"error": "x"}))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}"
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()

@@ -242,3 +242,30 @@ def test_an_oversized_chunked_response_is_no_answer(server, monkeypatch):
 
     with pytest.raises(NoAnswer, match="larger than 1000 bytes"):
         Pool(server(big).url).request("GET", "/x", timeout=2)
+
+
+def test_interim_answers_are_read_past_and_never_given_to_the_next_request(server):
+    def interim_first(conn, head, body):
+        key = [line for line in head.split(b"\r\n") if line.lower().startswith(b"idempotency-key")][0]
+        conn.sendall(b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n")
+        time.sleep(0.15)  # the final answer comes later, as a slow API's does
+        payload = json.dumps({"key": key.split(b":", 1)[1].strip().decode()}).encode()
+        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload))
+
+    s = server(interim_first)
+    pool = Pool(s.url, keep_alive=True)
+    first = pool.request("POST", "/tickets", json={}, headers={"Idempotency-Key": "key-A"}, timeout=5)
+    second = pool.request("POST", "/tickets", json={}, headers={"Idempotency-Key": "key-B"}, timeout=5)
+    assert (first.status_code, first.json()) == (201, {"key": "key-A"})
+    assert (second.status_code, second.json()) == (201, {"key": "key-B"})
+
+
+def test_endless_interim_answers_or_a_protocol_switch_are_no_answer(server):
+    s = server(lambda conn, head, body: conn.sendall(b"HTTP/1.1 102 Processing\r\n\r\n" * 40) or "close")
+    with pytest.raises(NoAnswer, match="interim"):
+        Pool(s.url).request("GET", "/x", timeout=2)
+    s = server(lambda conn, head, body: conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\n\r\n") or "close")
+    pool = Pool(s.url, keep_alive=True)
+    with pytest.raises(NoAnswer, match="interim status 101"):
+        pool.request("GET", "/x", timeout=2)
+    assert pool._idle == []
