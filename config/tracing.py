@@ -23,10 +23,9 @@ def endpoint_configured() -> bool:
 
 
 def setup_tracing(role: str, *, exporter=None) -> bool:
-    """Instrument Django, Celery, httpx and the ticket systems' transport and export their spans.
-    ``exporter``: a span exporter to use instead of OTLP (tests pass an in-memory one). Returns True
-    when tracing is on; False (and does nothing) without an exporter or a configured endpoint.
-    Idempotent per process."""
+    """Instrument Django, Celery and httpx and export their spans. ``exporter``: a span exporter
+    to use instead of OTLP (tests pass an in-memory one). Returns True when tracing is on; False
+    (and does nothing) without an exporter or a configured endpoint. Idempotent per process."""
     global _DONE
     if _DONE:
         return True
@@ -39,8 +38,6 @@ def setup_tracing(role: str, *, exporter=None) -> bool:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
-    from apps.tickets import http as ticket_http
 
     provider = TracerProvider(resource=Resource.create(
         {"service.name": os.environ.get("OTEL_SERVICE_NAME") or f"faultdesk-{role}"}))
@@ -55,7 +52,6 @@ def setup_tracing(role: str, *, exporter=None) -> bool:
     DjangoInstrumentor().instrument(tracer_provider=provider)
     CeleryInstrumentor().instrument(tracer_provider=provider)
     HTTPXClientInstrumentor().instrument(tracer_provider=provider)
-    ticket_http.instrument(provider)  # the ticket systems' transport is http.client, not httpx
     _DONE = True
     log.info("tracing on: spans of %s exported", role)
     return True
@@ -68,10 +64,7 @@ def teardown_tracing() -> None:
     from opentelemetry.instrumentation.django import DjangoInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
-    from apps.tickets import http as ticket_http
-
     for inst in (DjangoInstrumentor(), CeleryInstrumentor(), HTTPXClientInstrumentor()):
         if inst.is_instrumented_by_opentelemetry:
             inst.uninstrument()
-    ticket_http.uninstrument()
     _DONE = False

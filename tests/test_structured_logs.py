@@ -28,7 +28,7 @@ def test_the_main_jobs_lines_carry_tenant_task_action_attempt_and_event_ids(json
     assert {(line["task_id"], line["tenant_id"]) for line in appended} == {(str(task.pk), str(task.tenant_id))}
     assert appended[-1]["event_type"] == "task.completed" and appended[-1]["status"] == "COMPLETED"
     action_id = str(task.state["action"]["id"])
-    sent = [line for line in lines if line.get("action_id") == action_id and line["logger"] == "apps.tickets.http"]
+    sent = [line for line in lines if line.get("action_id") == action_id and line["logger"] == "httpx"]
     assert sent and {(line.get("attempt"), line.get("step")) for line in sent} == {("1", "dispatch")}, sent
     assert any("POST" in line["event"] and "/tickets" in line["event"] for line in sent)
 

@@ -23,10 +23,10 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import quote
 
+import httpx
 from django.conf import settings
 
 from apps.core import tool_errors as errors
-from apps.tickets.http import NoAnswer, NotSent, Pool, Response
 from config.tls import tls_context
 
 
@@ -60,7 +60,7 @@ class Receipt:
         return d
 
 
-def _error_for_status(resp: Response) -> errors.ToolError:
+def _error_for_status(resp: httpx.Response) -> errors.ToolError:
     try:
         body = resp.json()
     except ValueError:
@@ -84,14 +84,14 @@ def _error_for_status(resp: Response) -> errors.ToolError:
     return errors.OutcomeUnknown(detail, status=code, body=body)
 
 
-#: one pool per process, ticket system, credential and keep-alive choice (see :func:`_pool`)
-_POOLS: dict[tuple, Pool] = {}
-_POOLS_LOCK = threading.Lock()
+#: one client per process, ticket system and credential (see :func:`_pooled_client`)
+_CLIENTS: dict[tuple, httpx.Client] = {}
+_CLIENTS_LOCK = threading.Lock()
 
 
-def _pool(base_url: str, headers: dict[str, str], *, keep_alive: bool = False) -> Pool:
-    """The process's shared :class:`~apps.tickets.http.Pool` for ``base_url`` with ``headers``
-    (thread-safe; a child process after a fork gets its own), instead of a connection per request.
+def _pooled_client(base_url: str, headers: dict[str, str], *, keep_alive: bool = False) -> httpx.Client:
+    """The process's shared ``httpx.Client`` for ``base_url`` with ``headers`` (thread-safe; a
+    child process after a fork gets its own), instead of a new client per request.
 
     ``keep_alive`` False: each request opens and closes its own connection. Against a server that
     writes a response's headers and body in separate packets without TCP_NODELAY (``http.server``,
@@ -101,21 +101,21 @@ def _pool(base_url: str, headers: dict[str, str], *, keep_alive: bool = False) -
     a request to a server that sets TCP_NODELAY costs about a third of the CPU and wall time
     (docs/performance.md). A pooled connection the server closed is seen before reuse and dropped;
     a request on one that closes mid-request is ``OutcomeUnknown``, as any lost answer is."""
-    # The TLS context is part of the key: a changed CA bundle (SSL_CERT_FILE) gets new connections,
-    # verified against it, instead of reusing ones verified against the old one.
     key = (os.getpid(), base_url, tuple(sorted(headers.items())), id(tls_context()), keep_alive)
-    pool = _POOLS.get(key)
-    if pool is None:
-        with _POOLS_LOCK:
-            pool = _POOLS.get(key)
-            if pool is None:
-                if len(_POOLS) >= 32:  # remotes come and go (a reconfigured URL, a test's server)
-                    for stale in _POOLS.values():
+    client = _CLIENTS.get(key)
+    if client is None:
+        with _CLIENTS_LOCK:
+            client = _CLIENTS.get(key)
+            if client is None:
+                if len(_CLIENTS) >= 32:  # remotes come and go (a reconfigured URL, a test's server)
+                    for stale in _CLIENTS.values():
                         stale.close()
-                    _POOLS.clear()
-                pool = Pool(base_url, headers, keep_alive=keep_alive, max_idle=32, idle_seconds=5.0)
-                _POOLS[key] = pool
-    return pool
+                    _CLIENTS.clear()
+                limits = httpx.Limits(max_connections=32, max_keepalive_connections=32 if keep_alive else 0,
+                                      keepalive_expiry=5.0)
+                client = httpx.Client(base_url=base_url, headers=headers, verify=tls_context(), limits=limits)
+                _CLIENTS[key] = client
+    return client
 
 
 class _HttpConnector:
@@ -125,26 +125,26 @@ class _HttpConnector:
 
     base_url: str
     timeout: float
-    #: reuse connections (see :func:`_pool`): only for a server known to set TCP_NODELAY
+    #: reuse connections (see :func:`_pooled_client`): only for a server known to set TCP_NODELAY
     keep_alive: bool = False
 
     def _headers(self) -> dict[str, str]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _send(self, method: str, path: str, *, what: str, timeout: float | None = None, params: dict | None = None,
-              json=None, headers: dict[str, str] | None = None) -> Response:
+    def _send(self, method: str, path: str, *, what: str, timeout: float | None = None, **kwargs) -> httpx.Response:
         """Send one request (``timeout`` seconds, default the connector's; connecting at most 3 s).
         Raises ``DefinitelyNotExecuted`` when it never reached the remote and ``OutcomeUnknown``
         when it was sent and no answer came back."""
         t = timeout if timeout is not None else self.timeout
-        pool = _pool(self.base_url, self._headers(), keep_alive=self.keep_alive)
+        client = _pooled_client(self.base_url, self._headers(), keep_alive=self.keep_alive)
         try:
-            return pool.request(method, path, params=params, json=json, headers=headers, timeout=t,
-                                connect_timeout=min(t, 3.0))
-        except NotSent as exc:
-            raise errors.DefinitelyNotExecuted(f"{what} not delivered: {exc}") from exc
-        except NoAnswer as exc:
-            raise errors.OutcomeUnknown(f"{what}: sent, no answer: {exc}") from exc
+            return client.request(method, path, timeout=httpx.Timeout(t, connect=min(t, 3.0)), **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise errors.DefinitelyNotExecuted(f"{what} not delivered: {exc!r}") from exc
+        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise errors.OutcomeUnknown(f"{what}: sent, no answer: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise errors.OutcomeUnknown(f"{what} failed: {exc!r}") from exc
 
 
 def _ticket_for_key(body: dict, idempotency_key: str, *, replayed: bool) -> Receipt:

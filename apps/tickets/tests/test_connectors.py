@@ -162,3 +162,56 @@ def server_answering():
     for httpd in servers:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_an_interim_answer_is_never_taken_for_the_answer_or_left_for_the_next_request(settings):
+    """A ``102 Processing`` / ``103 Early Hints`` before the real answer, on a kept-alive connection:
+    each create gets its own ticket (the transport reads past interim answers; an answer left on the
+    connection would be the next request's receipt — another tenant's ticket)."""
+    import json
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve(conn):
+        buf = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                headers = {k.strip().lower(): v.strip() for k, _, v in
+                           (line.partition(b":") for line in head.split(b"\r\n")[1:])}
+                length = int(headers.get(b"content-length", b"0"))
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                buf = buf[length:]
+                key = headers[b"idempotency-key"].decode()
+                conn.sendall(b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+                time.sleep(0.1)
+                body = json.dumps({"id": f"REF-{key}", "version": 1, "status": "open", "idempotency_key": key}).encode()
+                conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        connector = ReferenceTicketConnector(base_url=f"http://127.0.0.1:{listener.getsockname()[1]}", api_key="k")
+        connector.keep_alive = True
+        for key in ("acme:ticket.create:a", "globex:ticket.create:b"):
+            receipt = connector.create_ticket(idempotency_key=key, fencing_token=1, params={"title": "x"})
+            assert receipt.external_id == f"REF-{key}"
+    finally:
+        listener.close()
