@@ -59,6 +59,11 @@ def bind(**ids) -> None:
     structlog.contextvars.bind_contextvars(**{k: str(v) for k, v in ids.items() if v is not None})
 
 
+def unbind(*names: str) -> None:
+    """Forget the bound ids ``names`` (one row's ids before a line about several rows)."""
+    structlog.contextvars.unbind_contextvars(*names)
+
+
 def clear() -> None:
     """Forget every bound id (at the start of a request or a Celery task)."""
     structlog.contextvars.clear_contextvars()

@@ -61,7 +61,7 @@ from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.store import worker_identity
 from apps.tickets.connectors import connector_for
-from config.logs import bind
+from config.logs import bind, unbind
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +171,12 @@ def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
     Returns the rows claimed.
 
     The rows that pass re-authorization at once (:func:`preflight` says ``"send"``) go together:
-    their attempt rows are committed in one transaction before any request leaves, the requests
-    are sent concurrently (at most ``FAULTDESK["OUTBOX_SEND_CONCURRENCY"]`` at a time; a claim
-    never holds two rows of one ordering key, so per-ticket order holds), and the receipts are
-    recorded together (:func:`~apps.outbox.receipts.receipts_record_batch`). Every other row —
+    their attempt rows are committed in one transaction before any request leaves, the new
+    tickets for a ticket system with a batch endpoint go in as few requests as its batch size
+    allows (each item with its own idempotency key and fencing token), the requests are sent
+    concurrently (at most ``FAULTDESK["OUTBOX_SEND_CONCURRENCY"]`` at a time; a claim never holds
+    two rows of one ordering key, so per-ticket order holds), and the receipts are recorded
+    together (:func:`~apps.outbox.receipts.receipts_record_batch`). Every other row —
     not authorized any more, a ticket system without idempotency, an error answer — takes the
     one-row path (:func:`outbox_deliver`, :func:`~apps.outbox.settlement.attempt_error_record`)."""
     owner = worker_identity()
@@ -270,15 +272,20 @@ def _attempts_open(sends: list[_Send], owner: str) -> list[_Send]:
     return kept
 
 
+def _send_timeout(send: _Send) -> float:
+    """The request timeout of one row (seconds): its tool's deadline, bounded by its task's."""
+    remaining = (action_deadline(send.action, send.task) - timezone.now()).total_seconds() - 2.0
+    return max(0.5, min(tool_get(send.action.tool).deadline_seconds, remaining))
+
+
 def _send_one(send: _Send) -> None:
     """Step 4 for one row of a batch (run on a sender thread; touches no database): the request
     with the action's stable idempotency key, its timeout bounded by the task's deadline. Stores
     the receipt or the ToolError on ``send``."""
-    action, task = send.action, send.task
+    action = send.action
     bind(tenant_id=action.tenant_id, task_id=action.task_id, action_id=action.pk, outbox_id=send.message.pk,
          fencing_token=send.message.lease_generation, attempt=send.attempt.number, step="dispatch")
-    remaining = (action_deadline(action, task) - timezone.now()).total_seconds() - 2.0
-    timeout = max(0.5, min(tool_get(action.tool).deadline_seconds, remaining))
+    timeout = _send_timeout(send)
     failpoint("before_send")
     try:
         send.receipt = connector_for(action.tool, action.connector).execute(
@@ -289,6 +296,49 @@ def _send_one(send: _Send) -> None:
         send.error = exc
         return
     failpoint("after_send")
+
+
+def _send_many(sends: list[_Send]) -> None:
+    """Step 4 for several new tickets of a batch on one ticket system in one request (run on a
+    sender thread; touches no database): each item with its own action's idempotency key and
+    its row's fencing token, the request's timeout the shortest of theirs. Stores each row's
+    receipt or ToolError on its ``send`` (:meth:`~apps.tickets.connectors.ReferenceTicketConnector.create_tickets`)."""
+    first = sends[0].action
+    # the copied context may hold one row's ids (the last one the batch bound): none of them is this
+    # request's alone
+    unbind("tenant_id", "task_id", "action_id", "outbox_id", "fencing_token", "attempt")
+    bind(step="dispatch", outbox_batch=len(sends),
+         outbox_ids=[str(s.message.pk) for s in sends], action_ids=[str(s.action.pk) for s in sends])
+    timeout = min(_send_timeout(send) for send in sends)
+    failpoint("before_send")
+    outcomes = connector_for(first.tool, first.connector).create_tickets(
+        [(s.action.idempotency_key, s.message.lease_generation, s.params) for s in sends], timeout=timeout)
+    for send, outcome in zip(sends, outcomes, strict=True):
+        if isinstance(outcome, errors.ToolError):
+            send.error = outcome
+        else:
+            send.receipt = outcome
+    failpoint("after_send")
+
+
+def _requests(sends: list[_Send]) -> list[list[_Send]]:
+    """The batch's rows grouped into requests: the new tickets for a ticket system with a batch
+    endpoint in as few requests as its batch size allows (evenly filled, so they go out side by
+    side), every other row alone."""
+    groups: dict[str, list[_Send]] = {}
+    requests = []
+    for send in sends:
+        action = send.action
+        connector = connector_for(action.tool, action.connector)
+        if action.tool == "ticket.create" and getattr(connector, "batch_size", 1) > 1:
+            groups.setdefault(action.connector, []).append(send)
+        else:
+            requests.append([send])
+    for connector_name, group in groups.items():
+        size = connector_for("ticket.create", connector_name).batch_size
+        count = -(-len(group) // size)
+        requests += [group[i::count] for i in range(count)]
+    return requests
 
 
 def _deliver_together(ready: list, tasks: dict, owner: str) -> None:
@@ -303,14 +353,15 @@ def _deliver_together(ready: list, tasks: dict, owner: str) -> None:
     # its own row's (bound in _send_one), on whichever thread it runs.
     context = contextvars.copy_context()
 
-    def run(send: _Send) -> None:
-        context.copy().run(_guarded_send, send)
+    def run(request: list[_Send]) -> None:
+        context.copy().run(_guarded_send, request)
 
-    if width == 1:
-        for send in sends:
-            run(send)
+    requests = _requests(sends)
+    if width == 1 or len(requests) == 1:
+        for request in requests:
+            run(request)
     else:
-        list(_senders().map(run, sends))
+        list(_senders().map(run, requests))
     actor = f"dispatcher:{owner}"
     receipts_record_batch([(s.action.pk, s.attempt.pk, s.receipt) for s in sends if s.receipt is not None],
                           actor=actor)
@@ -346,13 +397,17 @@ def _senders() -> ThreadPoolExecutor:
     return pool
 
 
-def _guarded_send(send: _Send) -> None:
-    """:func:`_send_one`, with an unexpected exception logged: that row's attempt stays in flight
-    and its lease expires (the next claim resends with the same key), as on the one-row path."""
+def _guarded_send(request: list[_Send]) -> None:
+    """:func:`_send_one` (one row) or :func:`_send_many`, with an unexpected exception logged: the
+    rows' attempts stay in flight and their leases expire (the next claim resends with the same
+    keys), as on the one-row path."""
     try:
-        _send_one(send)
+        if len(request) == 1:
+            _send_one(request[0])
+        else:
+            _send_many(request)
     except Exception:  # noqa: BLE001
-        log.exception("sending outbox message %s failed", send.message.pk)
+        log.exception("sending outbox messages %s failed", [str(s.message.pk) for s in request])
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,12 @@ def _error_for_status(resp: httpx.Response) -> errors.ToolError:
         body = None
     if not isinstance(body, dict):
         body = {"raw": resp.text[:200]}
-    detail = f"HTTP {resp.status_code}: {body.get('error', '')} {body.get('detail', '')}".strip()
-    code = resp.status_code
+    return _error_for(resp.status_code, body)
+
+
+def _error_for(code: int, body: dict) -> errors.ToolError:
+    """The module table's error class for an answer with status ``code`` and JSON ``body``."""
+    detail = f"HTTP {code}: {body.get('error', '')} {body.get('detail', '')}".strip()
     if code in (400, 422):
         return errors.InvalidParams(detail, status=code, body=body)
     if code in (401, 403):
@@ -83,6 +87,9 @@ def _error_for_status(resp: httpx.Response) -> errors.ToolError:
         return errors.TemporarilyUnavailable(detail, status=code, body=body)
     return errors.OutcomeUnknown(detail, status=code, body=body)
 
+
+#: base URLs of reference services this process found without ``POST /ticket-batches`` (404/405)
+_NO_BATCH_ENDPOINT: set[str] = set()
 
 #: one client per process, ticket system and credential (see :func:`_pooled_client`)
 _CLIENTS: dict[tuple, httpx.Client] = {}
@@ -196,6 +203,73 @@ class ReferenceTicketConnector(_HttpConnector):
             return _ticket_for_key(resp.json(), idempotency_key,
                                    replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
+
+    @property
+    def batch_size(self) -> int:
+        """The most creates :meth:`create_tickets` sends in one request (``REFSERVICE_BATCH_SIZE``;
+        1 when this process found the service has no batch endpoint)."""
+        if self.base_url in _NO_BATCH_ENDPOINT:
+            return 1
+        return max(1, settings.FAULTDESK["REFSERVICE_BATCH_SIZE"])
+
+    def create_tickets(self, items: list[tuple[str, int, dict]], *,
+                       timeout: float | None = None) -> list[Receipt | errors.ToolError]:
+        """POST /ticket-batches: several creates, ``items`` as ``[(idempotency_key, fencing_token,
+        params)]`` (keys distinct), in one request; the service handles each as its own
+        ``POST /tickets``. Returns one outcome per item, in order: its :class:`Receipt`, or the
+        :class:`~apps.actions.errors.ToolError` the module table gives for its own answer. Raises
+        nothing for a failed request: when the batch went unanswered every item gets the same
+        ``OutcomeUnknown`` (or ``DefinitelyNotExecuted`` when it never left); an item the answer
+        leaves out, names twice, or answers with another key's ticket is ``OutcomeUnknown`` (the
+        reconciler looks its key up). A service that refuses the batch as such (400, 404, 405,
+        413: nothing was done) gets each item alone (:meth:`create_ticket`); after a 404 or 405
+        this process sends every create alone."""
+        if len(items) == 1 or self.batch_size == 1:
+            return [self._create_or_error(key, token, params, timeout) for key, token, params in items]
+        body = {"items": [{"idempotency_key": key, "fencing_token": token, "ticket": params}
+                          for key, token, params in items]}
+        try:
+            resp = self._send("POST", "/ticket-batches", what="batch create", timeout=timeout, json=body)
+        except errors.ToolError as exc:
+            return [exc] * len(items)
+        if resp.status_code in (400, 404, 405, 413):
+            if resp.status_code in (404, 405):
+                _NO_BATCH_ENDPOINT.add(self.base_url)
+            return [self._create_or_error(key, token, params, timeout) for key, token, params in items]
+        if resp.status_code != 200:
+            return [_error_for_status(resp)] * len(items)
+        try:
+            results = resp.json().get("results")
+        except (ValueError, AttributeError):
+            results = None
+        if not isinstance(results, list):
+            return [errors.OutcomeUnknown("batch create: the answer holds no results")] * len(items)
+        by_key: dict[str, object] = {}
+        for result in results:
+            key = result.get("idempotency_key") if isinstance(result, dict) else None
+            if isinstance(key, str):
+                by_key[key] = None if key in by_key else result  # a key answered twice is no answer
+        return [self._batch_outcome(key, by_key.get(key)) for key, _, _ in items]
+
+    @staticmethod
+    def _batch_outcome(key: str, result) -> Receipt | errors.ToolError:
+        """One item's outcome from its result in a batch answer (None: none, or more than one)."""
+        if not isinstance(result, dict) or not isinstance(result.get("status"), int):
+            return errors.OutcomeUnknown(f"batch create: no single answer for idempotency key {key!r}")
+        if result["status"] in (200, 201):
+            try:
+                return _ticket_for_key(result.get("ticket"), key, replayed=result.get("replayed") is True)
+            except errors.ToolError as exc:
+                return exc
+            except (KeyError, TypeError, ValueError) as exc:
+                return errors.OutcomeUnknown(f"batch create: a malformed ticket for {key!r}: {exc!r}")
+        return _error_for(result["status"], result)
+
+    def _create_or_error(self, key: str, token: int, params: dict, timeout: float | None):
+        try:
+            return self.create_ticket(idempotency_key=key, fencing_token=token, params=params, timeout=timeout)
+        except errors.ToolError as exc:
+            return exc
 
     def lookup_by_key(self, *, idempotency_key: str) -> Receipt | None:
         """GET /tickets?idempotency_key=… → the ticket created with that key, or None.

@@ -279,9 +279,12 @@ FAULTDESK = {
     "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
     "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default=DEV_SECRETS["REFSERVICE_API_KEY"]),
     "REFSERVICE_TIMEOUT_SECONDS": env.float("REFSERVICE_TIMEOUT_SECONDS", default=5.0),
-    # reuse connections to the reference service (it sets TCP_NODELAY; see tickets.connectors and
-    # tickets.http: a connection the service closed is seen before reuse and dropped)
+    # reuse connections to the reference service (it sets TCP_NODELAY; see tickets.connectors: a
+    # connection the service closed is seen before reuse and dropped)
     "REFSERVICE_KEEPALIVE": env.bool("REFSERVICE_KEEPALIVE", default=True),
+    # the most new tickets the outbox sends in one POST /ticket-batches (each item keeps its own
+    # idempotency key and fencing token); 1 sends every create alone
+    "REFSERVICE_BATCH_SIZE": env.int("REFSERVICE_BATCH_SIZE", default=50),
     # django-helpdesk, the second ticket system (tools/helpdesk_site): REST API token, the
     # queue tickets go to, and how long a request can still take effect after it was sent
     # (its gunicorn --timeout 30 s plus a margin).

@@ -1,9 +1,12 @@
 """A no-op ticket service for the outbox benchmark: it speaks just enough of the reference ticket
-service's API (``POST /tickets``, ``GET /tickets?idempotency_key=``, ``GET /healthz``) to answer at
-once, storing nothing — so the dispatcher's own cost is what is measured.
+service's API (``POST /tickets``, ``POST /ticket-batches``, ``GET /tickets?idempotency_key=``,
+``GET /healthz``) to answer at once, storing nothing — so the dispatcher's own cost is what is
+measured.
 
-``python -m tools.bench.noop_remote --port P``. Each ``POST /tickets`` answers 201 with a new
-ticket id; a lookup finds nothing; anything else is 404.
+``python -m tools.bench.noop_remote --port P [--no-batch]``. Each ``POST /tickets`` answers 201 with a
+new ticket id, each item of a ``POST /ticket-batches`` a 201 result of its own; a lookup finds
+nothing; anything else is 404 (``--no-batch``: the batch endpoint too, as a ticket service without
+one answers).
 
 It is a minimal HTTP/1.1 server on asyncio (keep-alive, ``Content-Length`` bodies, no chunked
 requests): the stdlib's ``http.server`` spent ~0.4 ms of CPU per request parsing headers with the
@@ -28,17 +31,32 @@ def _response(status: int, body: dict) -> bytes:
     return head + data
 
 
-def answer(method: bytes, path: bytes, headers: dict[bytes, bytes]) -> bytes:
+def _ticket(key: str | None) -> dict:
+    return {"id": f"NOOP-{next(_ids):06d}", "version": 1, "status": "open", "idempotency_key": key}
+
+
+#: whether ``POST /ticket-batches`` is answered (``--no-batch``: 404, as a service without it)
+BATCH = True
+
+
+def answer(method: bytes, path: bytes, headers: dict[bytes, bytes], body: bytes = b"") -> bytes:
     """The response bytes for one request: ``method`` and ``path`` as sent, ``headers`` with
-    lower-case names."""
+    lower-case names, ``body`` the request body."""
     if method == b"GET" and path.startswith(b"/healthz"):
         return _response(200, {"ok": True})
     if method == b"GET" and path.startswith(b"/tickets"):
         return _response(200, {"results": []})
     if method == b"POST" and path.rstrip(b"/") == b"/tickets":
         key = headers.get(b"idempotency-key")
-        return _response(201, {"id": f"NOOP-{next(_ids):06d}", "version": 1, "status": "open",
-                               "idempotency_key": key.decode() if key is not None else None})
+        return _response(201, _ticket(key.decode() if key is not None else None))
+    if BATCH and method == b"POST" and path == b"/ticket-batches":
+        try:
+            items = json.loads(body)["items"]
+            results = [{"idempotency_key": item["idempotency_key"], "status": 201, "replayed": False,
+                        "ticket": _ticket(item["idempotency_key"])} for item in items]
+        except (ValueError, KeyError, TypeError):
+            return _response(400, {"error": "invalid_params"})
+        return _response(200, {"results": results})
     return _response(404, {"detail": "not found"})
 
 
@@ -61,9 +79,8 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
                 if sep:
                     headers[name.strip().lower()] = value.strip()
             length = int(headers.get(b"content-length") or 0)
-            if length:
-                await reader.readexactly(length)
-            writer.write(answer(parts[0], parts[1], headers))
+            body = await reader.readexactly(length) if length else b""
+            writer.write(answer(parts[0], parts[1], headers, body))
             if headers.get(b"connection", b"").lower() == b"close":
                 return
     finally:
@@ -79,7 +96,10 @@ async def _main(port: int) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.noop_remote", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--no-batch", action="store_true", help="answer POST /ticket-batches with 404")
     args = parser.parse_args(argv)
+    global BATCH
+    BATCH = not args.no_batch
     asyncio.run(_main(args.port))
 
 

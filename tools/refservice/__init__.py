@@ -54,6 +54,18 @@ Ticket shape
       higher token is accepted and raises the stored maximum. Requests without
       the header are not fenced. Rejected requests (409/422) change nothing.
 
+``POST /ticket-batches`` -- several creates in one request (the outbox's bulk delivery)
+    Body ``{"items": [{"idempotency_key": str, "fencing_token": int | null,
+    "ticket": {the POST /tickets body}}, ...]}``: 1..100 items, no key twice,
+    else 400 ``invalid_params`` and nothing happens. Each item is handled
+    exactly as its own ``POST /tickets`` would be (its key, token, digest,
+    store transaction, ``request_in_progress``, armed fault), so an item resent
+    alone later replays. 200 ``{"results": [...]}`` in the order sent, each
+    ``{"idempotency_key", "status": 201, "replayed": bool, "ticket": ticket}``
+    or ``{"idempotency_key", "status": <what POST /tickets answers>, "error",
+    ...}``. A ``drop_after_commit`` fault taken by any item: every item is
+    processed, then the connection is closed without a response.
+
 ``POST /fences`` -- fence an idempotency key (reconciliation before "not executed")
     Headers: ``Idempotency-Key`` and ``X-Fencing-Token`` (both required). Raises
     the key's highest token to the one given, even when no ticket exists for the

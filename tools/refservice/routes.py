@@ -112,12 +112,75 @@ def create_ticket(server, request):
     return _keyed_write(server, key, "POST /tickets", create)
 
 
-def _keyed_write(server, key, what, write):
-    """Run ``write()`` (which returns the :class:`Response`) for a request carrying idempotency
-    ``key``: 409 ``request_in_progress`` while another request with the key is being processed,
-    and the next armed fault applied — ``fail_503`` answers 503 without touching storage,
-    ``delay`` sleeps first, ``drop_after_commit`` commits and returns None (the connection is
-    closed unanswered)."""
+#: the most creates one ``POST /ticket-batches`` may carry (400 above it)
+MAX_BATCH_ITEMS = 100
+
+
+def create_tickets_batch(server, request):
+    """``POST /ticket-batches``: several creates in one request, each exactly as its own
+    ``POST /tickets`` would be — its own idempotency key, fencing token, body digest, store
+    transaction, in-progress refusal and armed fault — so a create first sent in a batch and
+    resent alone (or the other way round) is the same request and replays.
+
+    Body ``{"items": [{"idempotency_key": str, "fencing_token": int | null, "ticket": {create
+    body}}, ...]}`` with 1..:data:`MAX_BATCH_ITEMS` items and no key twice. A malformed batch gets
+    400 and nothing happens. Otherwise 200 ``{"results": [...]}``, one per item in the order sent:
+    ``{"idempotency_key", "status": 201, "replayed": bool, "ticket": ticket}`` or
+    ``{"idempotency_key", "status": 4xx/503, "error", ...}`` (the answer ``POST /tickets`` would
+    have given). A ``drop_after_commit`` fault taken by any item closes the connection unanswered
+    after every item was processed (the lost answer of a whole batch)."""
+    payload = parse_json_object(request.body)
+    if set(payload) != {"items"} or not isinstance(payload["items"], list):
+        raise invalid('body must be {"items": [...]}')
+    items = payload["items"]
+    if not 1 <= len(items) <= MAX_BATCH_ITEMS:
+        raise invalid(f"items: 1..{MAX_BATCH_ITEMS} creates per batch")
+    parsed = []
+    for number, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) - {"idempotency_key", "fencing_token", "ticket"}:
+            raise invalid(f"items[{number}]: must be an object with idempotency_key, fencing_token, ticket")
+        key = item.get("idempotency_key")
+        key = parse_idempotency_key(key if isinstance(key, str) else None)
+        token = item.get("fencing_token")
+        if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
+            raise invalid(f"items[{number}].fencing_token: must be a non-negative integer or null")
+        token = parse_fencing_token(None if token is None else str(token))
+        parsed.append((key, token, item.get("ticket")))
+    if len({key for key, _, _ in parsed}) != len(parsed):
+        raise invalid("items: an idempotency key appears twice")
+    results, dropped = [], False
+    for key, token, ticket in parsed:
+        server.count_request(key)
+        try:
+            if not isinstance(ticket, dict):
+                raise invalid("ticket: must be a JSON object")
+            fields = validate_create(ticket)
+
+            def create(key=key, token=token, ticket=ticket, fields=fields):
+                with _store_errors():
+                    return server.store.create_ticket(key, body_digest(ticket), fields, token)
+
+            result, fault = _keyed_write_result(server, key, "POST /ticket-batches", create)
+        except ApiError as exc:
+            results.append({"idempotency_key": key, "status": exc.status, **exc.body})
+            continue
+        if fault == "fail_503":
+            results.append({"idempotency_key": key, "status": 503, "error": "temporarily_unavailable"})
+            continue
+        dropped = dropped or fault == "drop_after_commit"
+        results.append({"idempotency_key": key, "status": result.status, "replayed": result.replayed,
+                        "ticket": result.body})
+    if dropped:
+        log.warning("fault drop_after_commit: committed a batch of %d, dropping the response", len(parsed))
+        return None
+    return Response(200, {"results": results})
+
+
+def _keyed_write_result(server, key, what, write):
+    """Run ``write()`` for a write carrying idempotency ``key`` under the key's in-progress mark
+    and the next armed fault. Returns ``(what write() returned, the fault mode taken or None)``;
+    under ``fail_503`` write() is not run and the result is None. Raises 409
+    ``request_in_progress`` while another request with the key is being processed."""
     if not server.key_begin(key):
         # Another request with this key is being processed: its outcome is not known yet.
         raise ApiError(409, "request_in_progress", headers={"Retry-After": "1"},
@@ -126,16 +189,27 @@ def _keyed_write(server, key, what, write):
         fault = server.faults.take()
         if fault and fault.mode == "fail_503":
             log.warning("fault fail_503: rejecting %s key=%s", what, key)
-            return Response(503, {"error": "temporarily_unavailable"}, {"Retry-After": "1"})
+            return None, fault.mode
         if fault and fault.mode == "delay":
             time.sleep(fault.delay_seconds)
-        response = write()
-        if fault and fault.mode == "drop_after_commit":
-            log.warning("fault drop_after_commit: committed %s key=%s, dropping the response", what, key)
-            return None
-        return response
+        return write(), (fault.mode if fault else None)
     finally:
         server.key_end(key)
+
+
+def _keyed_write(server, key, what, write):
+    """Run ``write()`` (which returns the :class:`Response`) for a request carrying idempotency
+    ``key``: 409 ``request_in_progress`` while another request with the key is being processed,
+    and the next armed fault applied — ``fail_503`` answers 503 without touching storage,
+    ``delay`` sleeps first, ``drop_after_commit`` commits and returns None (the connection is
+    closed unanswered)."""
+    response, fault = _keyed_write_result(server, key, what, write)
+    if fault == "fail_503":
+        return Response(503, {"error": "temporarily_unavailable"}, {"Retry-After": "1"})
+    if fault == "drop_after_commit":
+        log.warning("fault drop_after_commit: committed %s key=%s, dropping the response", what, key)
+        return None
+    return response
 
 
 def fence_key(server, request):
@@ -297,6 +371,7 @@ ROUTES = (
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)"), {"GET": get_ticket, "PATCH": patch_ticket}),
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/comments"), {"GET": lookup_comments, "POST": add_comment}),
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/updates"), {"GET": lookup_updates}),
+    Route(re.compile(r"/ticket-batches"), {"POST": create_tickets_batch}),
     Route(re.compile(r"/fences"), {"POST": fence_key}),
     Route(re.compile(r"/_admin/effects"), {"GET": admin_effects}),
     Route(re.compile(r"/_admin/tickets"), {"GET": admin_tickets}),

@@ -241,14 +241,20 @@ def test_a_successor_still_blocked_ends_the_drain_without_a_second_attempt(commi
 
     older, newer, other = OutboxMessage.objects.order_by("created_at")
     OutboxMessage.objects.filter(pk=newer.pk).update(ordering_key=older.ordering_key)
-    real, refused_key = ReferenceTicketConnector.execute, older.action.idempotency_key
+    real, real_many = ReferenceTicketConnector.execute, ReferenceTicketConnector.create_tickets
+    refused_key = older.action.idempotency_key
 
     def refuse_older(self, **kwargs):  # runs on a sender thread: no database here
         if kwargs["idempotency_key"] == refused_key:
             raise errors.TemporarilyUnavailable("busy")
         return real(self, **kwargs)
 
+    def refuse_older_in_batch(self, items, **kwargs):  # the same, when the rows go in one request
+        sent = iter(real_many(self, [i for i in items if i[0] != refused_key], **kwargs))
+        return [errors.TemporarilyUnavailable("busy") if i[0] == refused_key else next(sent) for i in items]
+
     monkeypatch.setattr(ReferenceTicketConnector, "execute", refuse_older)
+    monkeypatch.setattr(ReferenceTicketConnector, "create_tickets", refuse_older_in_batch)
     monkeypatch.setattr("apps.outbox.settlement.backoff_delay", lambda attempt, rng=None: 60.0)
     assert outbox.outbox_drain() == 2
     older.refresh_from_db()
