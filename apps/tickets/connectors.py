@@ -103,8 +103,9 @@ def _pooled_client(base_url: str, headers: dict[str, str], *, keep_alive: bool =
     ``keep_alive`` False: each request opens and closes its own connection. Against a server that
     writes a response's headers and body in separate packets without TCP_NODELAY (``http.server``,
     Django's development server), a reused connection waits out the peer's delayed ACK, about 40 ms
-    per request. ``keep_alive`` True reuses up to 32 idle connections for 5 s (well under the
-    reference service's 60 s idle timeout, so a connection is not reused as the server drops it):
+    per request. ``keep_alive`` True reuses idle connections (as many as the outbox's sender threads,
+    ``OUTBOX_SEND_CONCURRENCY``) for 5 s (well under the reference service's 60 s idle timeout, so a
+    connection is not reused as the server drops it):
     a request to a server that sets TCP_NODELAY costs about a third of the CPU and wall time
     (docs/performance.md). A pooled connection the server closed is seen before reuse and dropped;
     a request on one that closes mid-request is ``OutcomeUnknown``, as any lost answer is."""
@@ -118,7 +119,8 @@ def _pooled_client(base_url: str, headers: dict[str, str], *, keep_alive: bool =
                     for stale in _CLIENTS.values():
                         stale.close()
                     _CLIENTS.clear()
-                limits = httpx.Limits(max_connections=32, max_keepalive_connections=32 if keep_alive else 0,
+                width = max(1, settings.FAULTDESK["OUTBOX_SEND_CONCURRENCY"])
+                limits = httpx.Limits(max_connections=width, max_keepalive_connections=width if keep_alive else 0,
                                       keepalive_expiry=5.0)
                 client = httpx.Client(base_url=base_url, headers=headers, verify=tls_context(), limits=limits)
                 _CLIENTS[key] = client

@@ -299,11 +299,12 @@ FAULTDESK = {
     # Leases (DESIGN.md §5)
     "LEASE_SECONDS": env.int("FAULTDESK_LEASE_SECONDS", default=60),
     "OUTBOX_LEASE_SECONDS": env.int("FAULTDESK_OUTBOX_LEASE_SECONDS", default=30),
-    # rows claimed per batch, sent OUTBOX_SEND_CONCURRENCY at a time: 96 / 32 is three rounds of
-    # requests per batch, as 20 / 8 was, so a slow ticket system holds a batch no longer than before
-    # against the lease; per-batch work (claim, reads, three transactions, one settle message) is
-    # shared by five times the rows (docs/performance.md)
-    "OUTBOX_BATCH": env.int("FAULTDESK_OUTBOX_BATCH", default=96),
+    # rows claimed per batch, sent OUTBOX_SEND_CONCURRENCY requests at a time: 192 / 64 is at most
+    # three rounds of requests per batch (when every row goes alone), as 20 / 8 was, so a slow ticket
+    # system holds a batch no longer than before against the lease; new tickets for the reference
+    # service go REFSERVICE_BATCH_SIZE to a request, one round; per-batch work (claim, reads, three
+    # transactions, one settle message) is shared by ten times the rows (docs/performance.md)
+    "OUTBOX_BATCH": env.int("FAULTDESK_OUTBOX_BATCH", default=192),
     # one dispatcher kick claims batch after batch while they come back full, for at most this
     # long (shorter than the lease, so a failed batch's rows are not claimed again by the same loop)
     "OUTBOX_DRAIN_SECONDS": env.float("FAULTDESK_OUTBOX_DRAIN_SECONDS", default=10.0),
@@ -311,7 +312,7 @@ FAULTDESK = {
     # saying one waits expires after this long, so a lost kick delays nothing past beat's tick
     "KICK_COALESCE_SECONDS": env.float("FAULTDESK_KICK_COALESCE_SECONDS", default=5.0),
     # requests of one batch in flight at once (threads of the dispatcher process)
-    "OUTBOX_SEND_CONCURRENCY": env.int("FAULTDESK_OUTBOX_SEND_CONCURRENCY", default=32),
+    "OUTBOX_SEND_CONCURRENCY": env.int("FAULTDESK_OUTBOX_SEND_CONCURRENCY", default=64),
     # Retrieval's full-text leg on a second connection, at the same time as the vector leg
     # (apps/evidence/parallel.py): one more database connection per process.
     "RETRIEVAL_PARALLEL_LEGS": env.bool("FAULTDESK_RETRIEVAL_PARALLEL_LEGS", default=True),

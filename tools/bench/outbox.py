@@ -94,18 +94,21 @@ def _backends_gone(conn, *, deadline: float) -> None:
           "may count some of their work", flush=True)
 
 
-def run(bench: Bench, *, n: int = 500, dispatchers: int = 2, profile: bool = False) -> None:
+def run(bench: Bench, *, n: int = 2000, dispatchers: int = 2, profile: bool = False,
+        batch_endpoint: bool = True) -> None:
     """Figures ``outbox.*``, with CPU milliseconds per message of the dispatcher processes, the
     no-op remote and PostgreSQL. With ``profile``, py-spy samples the dispatcher processes while
-    they drain (``var/bench/profile-outbox.txt``). SystemExit when the backlog cannot be built or
-    does not drain."""
+    they drain (``var/bench/profile-outbox.txt``). ``batch_endpoint`` False: the no-op remote
+    answers ``POST /ticket-batches`` with 404, so every new ticket is sent alone. SystemExit when
+    the backlog cannot be built or does not drain."""
     import redis
 
     redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
     conn = psycopg.connect(embedded.postgres_url(DATABASE), autocommit=True)
     env = {**bench.env, "REFSERVICE_URL": f"http://127.0.0.1:{bench.ports['noop']}"}
     seeded = tenant_seed("outbox", devices=n)
-    bench.start("noop-remote", [sys.executable, "-m", "tools.bench.noop_remote", "--port", str(bench.ports["noop"])])
+    bench.start("noop-remote", [sys.executable, "-m", "tools.bench.noop_remote", "--port", str(bench.ports["noop"]),
+                                *([] if batch_endpoint else ["--no-batch"])])
     bench.wait_http(f"http://127.0.0.1:{bench.ports['noop']}/healthz", 30)
     try:
         # Stage 1: the backlog, through the main job up to the committed intent.
@@ -166,7 +169,7 @@ def run(bench: Bench, *, n: int = 500, dispatchers: int = 2, profile: bool = Fal
     per_message = commits / max(1, delivered)
     bench.figure("outbox.messages_per_s", rate, "messages/s",
                  f"{delivered}/{n} delivered in {last - first:.1f} s by {dispatchers} dispatcher processes, "
-                 "no-op remote")
+                 f"no-op remote, {'new tickets in batch requests' if batch_endpoint else 'every request alone'}")
     bench.figure("outbox.commits_per_message", per_message, "commits",
                  "commit records in the WAL per delivered message")
     # The dispatcher processes started inside the window: all of their CPU is the drain's.

@@ -1,0 +1,122 @@
+"""New tickets sent several to a request (``ReferenceTicketConnector.create_tickets``, the outbox's
+bulk delivery): each item's outcome is decided by its own answer, exactly as if it had been sent
+alone, and an answer that is not clearly that item's is ``OutcomeUnknown`` — never a receipt, never
+"not executed"."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from apps.core import tool_errors as errors
+from apps.tickets.connectors import Receipt, ReferenceTicketConnector
+from apps.tickets.tests.test_connectors import PARAMS
+
+KEYS = ["acme:ticket.create:a", "acme:ticket.create:b", "globex:ticket.create:c"]
+
+
+def _items(keys=KEYS, token=1):
+    return [(key, token, {**PARAMS, "title": f"{PARAMS['title']} ({key})"}) for key in keys]
+
+
+def _ticket(key, number=1):
+    return {"id": f"REF-{number:06d}", "version": 1, "status": "open", "idempotency_key": key}
+
+
+def test_a_batch_makes_each_ticket_once_and_each_resend_replays(refservice, refadmin):
+    connector = ReferenceTicketConnector()
+    first = connector.create_tickets(_items(), timeout=5)
+    assert all(isinstance(r, Receipt) for r in first)
+    assert [r.body["idempotency_key"] for r in first] == KEYS and not any(r.replayed for r in first)
+    assert len({r.external_id for r in first}) == 3
+    alone = connector.create_ticket(idempotency_key=KEYS[1], fencing_token=2, params=_items()[1][2])
+    assert (alone.external_id, alone.replayed) == (first[1].external_id, True)
+    again = connector.create_tickets(_items(token=3), timeout=5)
+    assert [(r.external_id, r.replayed) for r in again] == [(r.external_id, True) for r in first]
+    assert [refadmin.effects(k) for k in KEYS] == [1, 1, 1]
+
+
+def test_each_item_takes_the_error_class_of_its_own_answer(refservice, refadmin):
+    connector = ReferenceTicketConnector()
+    connector.fence(idempotency_key=KEYS[1], fencing_token=9)
+    items = _items()
+    items[2] = (KEYS[2], 1, {**PARAMS, "priority": "P9"})
+    outcomes = connector.create_tickets(items, timeout=5)
+    assert isinstance(outcomes[0], Receipt)
+    assert isinstance(outcomes[1], errors.PreconditionFailed) and outcomes[1].body["highest"] == 9
+    assert isinstance(outcomes[2], errors.InvalidParams)
+    assert [refadmin.effects(k) for k in KEYS] == [1, 0, 0]
+
+
+def test_an_answer_not_clearly_an_items_own_is_unknown_for_that_item(server_answering):
+    keys = KEYS + ["initech:ticket.create:d"]
+    results = [
+        {"idempotency_key": keys[0], "status": 201, "replayed": False, "ticket": _ticket(keys[0], 1)},
+        {"idempotency_key": keys[1], "status": 201, "replayed": False, "ticket": _ticket(keys[1], 2)},
+        {"idempotency_key": keys[1], "status": 201, "replayed": False, "ticket": _ticket(keys[1], 3)},  # twice
+        # keys[2] left out
+        {"idempotency_key": keys[3], "status": 201, "replayed": False, "ticket": _ticket(keys[0], 4)},  # another's
+        {"idempotency_key": "elsewhere:ticket.create:z", "status": 201, "ticket": _ticket("elsewhere", 5)},
+    ]
+    url = server_answering({"POST /ticket-batches": (200, {"results": results})})
+    outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(keys), timeout=5)
+    assert isinstance(outcomes[0], Receipt) and outcomes[0].external_id == "REF-000001"
+    assert [type(o) for o in outcomes[1:]] == [errors.OutcomeUnknown] * 3
+    assert "another idempotency key" in str(outcomes[3])
+
+
+@pytest.mark.parametrize("answer", [(200, {"results": "nope"}), (200, ["a list"]), (200, {}), (502, {"error": "x"})])
+def test_a_batch_answer_without_results_is_unknown_for_every_item(server_answering, answer):
+    url = server_answering({"POST /ticket-batches": answer})
+    outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
+    assert [type(o) for o in outcomes] == [errors.OutcomeUnknown] * 3
+
+
+@pytest.mark.parametrize(("status", "error_class"), [(503, errors.TemporarilyUnavailable),
+                                                     (429, errors.TemporarilyUnavailable),
+                                                     (401, errors.Unauthorized)])
+def test_a_batch_refused_whole_gives_every_item_that_refusal(server_answering, status, error_class):
+    url = server_answering({"POST /ticket-batches": (status, {"error": "no"})})
+    outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
+    assert [type(o) for o in outcomes] == [error_class] * 3
+
+
+def test_a_service_without_the_batch_endpoint_gets_each_create_alone(server_answering):
+    url = server_answering({"POST /tickets": (201, _ticket(KEYS[0]))})  # /ticket-batches: 404
+    connector = ReferenceTicketConnector(base_url=url, api_key="k")
+    assert connector.batch_size > 1
+    outcomes = connector.create_tickets(_items(KEYS[:2]), timeout=5)
+    # each went alone to POST /tickets, which answered with the first key's ticket both times
+    assert isinstance(outcomes[0], Receipt) and outcomes[0].body["idempotency_key"] == KEYS[0]
+    assert isinstance(outcomes[1], errors.OutcomeUnknown)
+    assert connector.batch_size == 1  # this process no longer tries the batch endpoint there
+
+
+def test_a_batch_that_goes_unanswered_is_unknown_and_one_that_never_left_is_not_executed():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def swallow():  # reads the request, closes without an answer
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+
+    threading.Thread(target=swallow, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=2)
+        assert [type(o) for o in outcomes] == [errors.OutcomeUnknown] * 3
+    finally:
+        listener.close()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    outcomes = ReferenceTicketConnector(base_url=f"http://127.0.0.1:{port}", api_key="k").create_tickets(
+        _items(), timeout=2)
+    assert [type(o) for o in outcomes] == [errors.DefinitelyNotExecuted] * 3
