@@ -100,6 +100,15 @@ def test_the_noop_remote_answers_the_reference_connector_as_a_created_ticket(kee
         assert connector.lookup_by_key(idempotency_key="k-1") is None  # it stores nothing
 
 
+def test_the_noop_remote_answers_a_batch_with_a_ticket_per_item_key():
+    with _noop_remote() as url:
+        connector = ReferenceTicketConnector(base_url=url, api_key="k", timeout=5)
+        items = [("k-1", 1, {"title": "t"}), ("k-2", 1, {"title": "打印机"}), ("k-3", 2, {"title": "t"})]
+        receipts = connector.create_tickets(items, timeout=5)
+        assert [r.body["idempotency_key"] for r in receipts] == ["k-1", "k-2", "k-3"]
+        assert len({r.external_id for r in receipts}) == 3 and all(r.external_id.startswith("NOOP-") for r in receipts)
+
+
 def test_the_noop_remote_refuses_what_it_does_not_serve():
     import httpx
 

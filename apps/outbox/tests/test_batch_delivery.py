@@ -447,3 +447,81 @@ def test_a_succeeded_row_that_is_not_the_states_current_action_makes_no_task_cla
     _as_if_minutes_passed([task.pk])
     assert str(task.pk) not in {i for _, i in tasks_needing_work(now=timezone.now(), idle=timedelta(seconds=10))}
     assert task_claim(task_id=task.pk) is None
+
+
+def _spy_batch_requests(monkeypatch) -> list[list[tuple]]:
+    """Record the items of every ``POST /ticket-batches`` the connector sends (and send it)."""
+    from apps.tickets.connectors import ReferenceTicketConnector
+
+    real, sent = ReferenceTicketConnector.create_tickets, []
+
+    def spy(self, items, **kwargs):
+        sent.append(list(items))
+        return real(self, items, **kwargs)
+
+    monkeypatch.setattr(ReferenceTicketConnector, "create_tickets", spy)
+    return sent
+
+
+def test_the_new_tickets_of_a_batch_go_in_one_request_each_with_its_own_key_and_token(committed_three, refadmin,
+                                                                                      monkeypatch):
+    sent = _spy_batch_requests(monkeypatch)
+    assert outbox.outbox_dispatch_batch() == 3
+    [items] = sent
+    rows = {m.action.idempotency_key: m for m in OutboxMessage.objects.select_related("action")}
+    assert sorted(key for key, _, _ in items) == sorted(rows)
+    for key, token, params in items:
+        assert token == rows[key].lease_generation
+        assert params == rows[key].action.params  # exactly the approved parameters (h(a) checked at send)
+    _assert_one_ticket_per_key(committed_three, refadmin)
+
+
+def test_a_batch_larger_than_the_remotes_batch_size_is_split_evenly(committed_three, refadmin, monkeypatch, settings):
+    settings.FAULTDESK = {**settings.FAULTDESK, "REFSERVICE_BATCH_SIZE": 2}
+    sent = _spy_batch_requests(monkeypatch)
+    assert outbox.outbox_dispatch_batch() == 3
+    # two requests: a batch of two, and the third row alone (a single POST /tickets)
+    assert [len(items) for items in sent] == [2]
+    for action in _assert_one_ticket_per_key(committed_three, refadmin):
+        assert refadmin.requests(action.idempotency_key) == 1
+
+
+def test_a_crash_after_the_batch_was_answered_resends_the_same_keys_once_each(committed_three, refadmin,
+                                                                               monkeypatch):
+    """The dispatcher dies at ``after_send``: the batch created the tickets, nothing recorded them.
+    After the leases expire the rows are resent with the same keys and higher tokens; the remote
+    replays each ticket."""
+    _dies_at(monkeypatch, outbox, "after_send", outbox.outbox_dispatch_batch)
+    assert len(refadmin.tickets()) == 3
+    assert ActionAttempt.objects.filter(outcome=AttemptOutcome.IN_FLIGHT).count() == 3
+    _expire_leases()
+    assert outbox.outbox_dispatch_batch() == 3
+    for action in _assert_one_ticket_per_key(committed_three, refadmin):
+        assert TaskEvent.objects.get(task_id=action.task_id, type="receipt.recorded").payload["receipt"]["replayed"]
+
+
+def test_a_batch_whose_answer_was_lost_is_reconciled_to_one_ticket_each(committed_three, refadmin):
+    """The remote committed the whole batch and the connection closed unanswered: every row is an
+    unknown outcome (never "not executed"), and reconciliation by key records each stored ticket."""
+    from apps.outbox import unknown_outcomes
+
+    refadmin.fault("drop_after_commit")
+    assert outbox.outbox_dispatch_batch() == 3
+    assert OutboxMessage.objects.filter(status=OutboxStatus.UNKNOWN).count() == 3
+    assert Action.objects.filter(status=ActionStatus.UNKNOWN).count() == 3
+    assert len(refadmin.tickets()) == 3
+    unknown_outcomes.actions_reconcile()
+    _assert_one_ticket_per_key(committed_three, refadmin)
+
+
+def test_each_row_of_a_batch_is_settled_by_its_own_answer(committed_three, refadmin):
+    """One item refused for now (503), the others created: the refused row goes back to PENDING
+    with backoff and is sent again with its key; the others are delivered at once."""
+    refadmin.fault("fail_503", count=1)
+    assert outbox.outbox_dispatch_batch() == 3
+    assert OutboxMessage.objects.filter(status=OutboxStatus.DELIVERED).count() == 2
+    [waiting] = OutboxMessage.objects.filter(status=OutboxStatus.PENDING)
+    assert waiting.attempts == 1 and waiting.last_error
+    OutboxMessage.objects.filter(pk=waiting.pk).update(available_at=timezone.now())
+    assert outbox.outbox_dispatch_batch() == 1
+    _assert_one_ticket_per_key(committed_three, refadmin)
