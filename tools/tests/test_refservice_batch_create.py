@@ -23,7 +23,8 @@ def tickets(server):
 
 
 def test_each_item_is_created_once_and_replays_alone_or_in_a_batch(server):
-    status, body = batch(server, [("b-1", 1, TICKET), ("b-2", 1, {**TICKET, "title": "打印机卡纸"}), ("b-3", None, TICKET)])
+    status, body = batch(server, [("b-1", 1, TICKET), ("b-2", 1, {**TICKET, "title": "打印机卡纸"}),
+                                  ("b-3", None, TICKET)])
     assert status == 200
     results = body["results"]
     assert [r["idempotency_key"] for r in results] == ["b-1", "b-2", "b-3"]
