@@ -168,8 +168,17 @@ def _ticket_for_key(body: dict, idempotency_key: str, *, replayed: bool) -> Rece
 
 
 def _ticket_receipt(body: dict, *, replayed: bool) -> Receipt:
-    return Receipt(external_id=body["id"], version=int(body["version"]), status=body.get("status", "open"),
-                   body=body, replayed=replayed)
+    """The receipt of a ticket body. Raises ``OutcomeUnknown`` when the body is not a ticket (no
+    string id, a version that is not a whole number): an answer that cannot be read is no answer."""
+    try:
+        external_id, version = body["id"], body["version"]
+        if not isinstance(external_id, str) or not external_id or isinstance(version, bool):
+            raise ValueError(f"id {external_id!r}, version {version!r}")
+        version = int(version)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise errors.OutcomeUnknown(f"a malformed ticket in the answer: {exc!r}") from None
+    return Receipt(external_id=external_id, version=version, status=body.get("status", "open"), body=body,
+                   replayed=replayed)
 
 
 class ReferenceTicketConnector(_HttpConnector):
@@ -218,14 +227,21 @@ class ReferenceTicketConnector(_HttpConnector):
                        timeout: float | None = None) -> list[Receipt | errors.ToolError]:
         """POST /ticket-batches: several creates, ``items`` as ``[(idempotency_key, fencing_token,
         params)]`` (keys distinct), in one request; the service handles each as its own
-        ``POST /tickets``. Returns one outcome per item, in order: its :class:`Receipt`, or the
-        :class:`~apps.actions.errors.ToolError` the module table gives for its own answer. Raises
-        nothing for a failed request: when the batch went unanswered every item gets the same
-        ``OutcomeUnknown`` (or ``DefinitelyNotExecuted`` when it never left); an item the answer
-        leaves out, names twice, or answers with another key's ticket is ``OutcomeUnknown`` (the
-        reconciler looks its key up). A service that refuses the batch as such (400, 404, 405,
-        413: nothing was done) gets each item alone (:meth:`create_ticket`); after a 404 or 405
-        this process sends every create alone."""
+        ``POST /tickets`` and answers one result per item, in the order sent. Returns one outcome
+        per item, in order: its :class:`Receipt`, or the :class:`~apps.actions.errors.ToolError`
+        the module table gives for its own result. Raises nothing.
+
+        An outcome is only as certain as its tie to the item. A receipt needs a ticket naming the
+        item's key (the remote's own record of which request made it). A refusal (an error result,
+        definite or not) counts only when the answer lines up — as many results as items, result
+        *i* labelled with item *i*'s key: the label is the only tie an error result has, and in a
+        misaligned answer it may be another item's. Every other item is ``OutcomeUnknown`` (the
+        reconciler looks its key up), as is every item of an unanswered batch (one that never left
+        is ``DefinitelyNotExecuted``) or of an answer that cannot be read. One item's malformed
+        result makes only that item unknown. A batch refused as such before anything was done (400,
+        404, 405, 413) is sent item by item (after a 404 or 405 this process sends every create
+        alone); 401/403 and 429/503 are that refusal for every item; any other status is unknown
+        for every item."""
         if len(items) == 1 or self.batch_size == 1:
             return [self._create_or_error(key, token, params, timeout) for key, token, params in items]
         body = {"items": [{"idempotency_key": key, "fencing_token": token, "ticket": params}
@@ -234,38 +250,53 @@ class ReferenceTicketConnector(_HttpConnector):
             resp = self._send("POST", "/ticket-batches", what="batch create", timeout=timeout, json=body)
         except errors.ToolError as exc:
             return [exc] * len(items)
-        if resp.status_code in (400, 404, 405, 413):
-            if resp.status_code in (404, 405):
+        code = resp.status_code
+        if code in (400, 404, 405, 413):
+            if code in (404, 405):
                 _NO_BATCH_ENDPOINT.add(self.base_url)
             return [self._create_or_error(key, token, params, timeout) for key, token, params in items]
-        if resp.status_code != 200:
+        if code in (401, 403, 429, 503):
             return [_error_for_status(resp)] * len(items)
+        if code != 200:
+            return [errors.OutcomeUnknown(f"batch create: HTTP {code}, not a batch answer")] * len(items)
         try:
             results = resp.json().get("results")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             results = None
         if not isinstance(results, list):
             return [errors.OutcomeUnknown("batch create: the answer holds no results")] * len(items)
-        by_key: dict[str, object] = {}
-        for result in results:
-            key = result.get("idempotency_key") if isinstance(result, dict) else None
-            if isinstance(key, str):
-                by_key[key] = None if key in by_key else result  # a key answered twice is no answer
-        return [self._batch_outcome(key, by_key.get(key)) for key, _, _ in items]
+        aligned = len(results) == len(items) and all(
+            isinstance(result, dict) and result.get("idempotency_key") == key
+            for result, (key, _, _) in zip(results, items, strict=False))
+        if aligned:
+            return [self._batch_outcome(key, result) for result, (key, _, _) in zip(results, items, strict=True)]
+        # Misaligned: only a ticket that names an item's key is that item's; nothing else is known.
+        outcomes = []
+        for key, _, _ in items:
+            tickets = [r for r in results if isinstance(r, dict) and r.get("status") in (200, 201)
+                       and isinstance(r.get("ticket"), dict) and r["ticket"].get("idempotency_key") == key]
+            outcome = self._batch_outcome(key, tickets[0]) if len(tickets) == 1 else None
+            outcomes.append(outcome if isinstance(outcome, Receipt) else errors.OutcomeUnknown(
+                f"batch create: the answer does not line up with the items sent; no ticket of its own for {key!r}"))
+        return outcomes
 
     @staticmethod
     def _batch_outcome(key: str, result) -> Receipt | errors.ToolError:
-        """One item's outcome from its result in a batch answer (None: none, or more than one)."""
-        if not isinstance(result, dict) or not isinstance(result.get("status"), int):
-            return errors.OutcomeUnknown(f"batch create: no single answer for idempotency key {key!r}")
-        if result["status"] in (200, 201):
-            try:
+        """One item's outcome from its own result in a batch answer. A result that cannot be read
+        as an answer (any failure interpreting it) is ``OutcomeUnknown`` for this item alone."""
+        try:
+            status = result["status"]
+            if isinstance(status, bool) or not isinstance(status, int):
+                raise TypeError(f"status {status!r}")
+            if status in (200, 201):
                 return _ticket_for_key(result.get("ticket"), key, replayed=result.get("replayed") is True)
-            except errors.ToolError as exc:
-                return exc
-            except (KeyError, TypeError, ValueError) as exc:
-                return errors.OutcomeUnknown(f"batch create: a malformed ticket for {key!r}: {exc!r}")
-        return _error_for(result["status"], result)
+            if not 400 <= status <= 599:
+                raise ValueError(f"status {status}")
+            return _error_for(status, result)
+        except errors.ToolError as exc:
+            return exc
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with this result is this item's alone
+            return errors.OutcomeUnknown(f"batch create: an unreadable result for {key!r}: {exc!r}")
 
     def _create_or_error(self, key: str, token: int, params: dict, timeout: float | None):
         try:

@@ -50,24 +50,69 @@ def test_each_item_takes_the_error_class_of_its_own_answer(refservice, refadmin)
     assert [refadmin.effects(k) for k in KEYS] == [1, 0, 0]
 
 
-def test_an_answer_not_clearly_an_items_own_is_unknown_for_that_item(server_answering):
-    keys = KEYS + ["initech:ticket.create:d"]
-    results = [
-        {"idempotency_key": keys[0], "status": 201, "replayed": False, "ticket": _ticket(keys[0], 1)},
-        {"idempotency_key": keys[1], "status": 201, "replayed": False, "ticket": _ticket(keys[1], 2)},
-        {"idempotency_key": keys[1], "status": 201, "replayed": False, "ticket": _ticket(keys[1], 3)},  # twice
-        # keys[2] left out
-        {"idempotency_key": keys[3], "status": 201, "replayed": False, "ticket": _ticket(keys[0], 4)},  # another's
-        {"idempotency_key": "elsewhere:ticket.create:z", "status": 201, "ticket": _ticket("elsewhere", 5)},
-    ]
+def _result(key, status=201, ticket_key=None, number=1, **extra):
+    if status in (200, 201):
+        return {"idempotency_key": key, "status": status, "replayed": False,
+                "ticket": _ticket(ticket_key or key, number), **extra}
+    return {"idempotency_key": key, "status": status, "error": "invalid_params", **extra}
+
+
+def _outcomes(server_answering, results, keys=KEYS):
     url = server_answering({"POST /ticket-batches": (200, {"results": results})})
-    outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(keys), timeout=5)
-    assert isinstance(outcomes[0], Receipt) and outcomes[0].external_id == "REF-000001"
-    assert [type(o) for o in outcomes[1:]] == [errors.OutcomeUnknown] * 3
-    assert "another idempotency key" in str(outcomes[3])
+    return ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(keys), timeout=5)
 
 
-@pytest.mark.parametrize("answer", [(200, {"results": "nope"}), (200, ["a list"]), (200, {}), (502, {"error": "x"})])
+def test_a_ticket_answering_another_key_or_a_key_answered_twice_is_unknown(server_answering):
+    keys = KEYS + ["initech:ticket.create:d"]
+    outcomes = _outcomes(server_answering, [
+        _result(keys[0], number=1),
+        _result(keys[1], number=2),
+        _result(keys[2], ticket_key=keys[0], number=3),   # labelled c, the ticket is a's
+        _result(keys[3], number=4), _result(keys[3], number=5),  # d answered twice
+    ], keys)
+    # five results for four items: nothing lines up, so each item needs exactly one ticket of its own
+    assert isinstance(outcomes[1], Receipt) and outcomes[1].external_id == "REF-000002"
+    assert [type(outcomes[i]) for i in (0, 2, 3)] == [errors.OutcomeUnknown] * 3  # a: two tickets claim it
+
+
+def test_a_refusal_counts_only_when_the_answer_lines_up_with_the_items(server_answering):
+    """The remote created a and c and refused b, but swapped a's and b's labels: the labels are all an
+    error result has, so neither a nor b gets a definite outcome — a must never read "not executed"."""
+    outcomes = _outcomes(server_answering, [_result(KEYS[1], status=400), _result(KEYS[0], ticket_key=KEYS[0]),
+                                            _result(KEYS[2], number=3)])
+    assert [type(o) for o in outcomes] == [Receipt, errors.OutcomeUnknown, Receipt]  # a: its ticket names it
+    outcomes = _outcomes(server_answering, [_result(KEYS[1], status=400), _result(KEYS[0], status=400),
+                                            _result(KEYS[2], number=3)])
+    assert [type(o) for o in outcomes] == [errors.OutcomeUnknown, errors.OutcomeUnknown, Receipt]
+    lined_up = _outcomes(server_answering, [_result(KEYS[0]), _result(KEYS[1], status=400), _result(KEYS[2], number=3)])
+    assert [type(o) for o in lined_up] == [Receipt, errors.InvalidParams, Receipt]
+
+
+def test_reordered_tickets_are_each_matched_to_the_key_they_name(server_answering):
+    outcomes = _outcomes(server_answering, [_result(KEYS[2], number=3), _result(KEYS[0], number=1),
+                                            _result(KEYS[1], number=2)])
+    assert [o.external_id for o in outcomes] == ["REF-000001", "REF-000002", "REF-000003"]
+
+
+@pytest.mark.parametrize("bad", [
+    {"version": float("inf")}, {"version": "many"}, {"version": True}, {"id": 7}, {"id": ""}, {"ticket": None},
+    {"status": True}, {"status": "201"}, {"status": 202}, {"status": 302}, {"status": None}, {"status": 201.0},
+])
+def test_one_unreadable_result_makes_that_item_unknown_and_no_other(server_answering, bad):
+    middle = _result(KEYS[1], number=2)
+    if "ticket" in bad:
+        middle["ticket"] = bad["ticket"]
+    elif "status" in bad:
+        middle["status"] = bad["status"]
+    else:
+        middle["ticket"] = {**middle["ticket"], **bad}
+    outcomes = _outcomes(server_answering, [_result(KEYS[0]), middle, _result(KEYS[2], number=3)])
+    assert [type(o) for o in outcomes] == [Receipt, errors.OutcomeUnknown, Receipt]
+
+
+@pytest.mark.parametrize("answer", [(200, {"results": "nope"}), (200, ["a list"]), (200, {}), (502, {"error": "x"}),
+                                    (422, {"error": "idempotency_key_reused"}), (409, {"error": "conflict"}),
+                                    (201, {"results": []}), (204, {})])
 def test_a_batch_answer_without_results_is_unknown_for_every_item(server_answering, answer):
     url = server_answering({"POST /ticket-batches": answer})
     outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
