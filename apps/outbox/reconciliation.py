@@ -116,8 +116,15 @@ def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -
     if ticket.get("idempotency_key") != action.idempotency_key:
         # Only a ticket that carries this action's key is its effect. Say nothing about whose it is.
         raise Unprocessable(f"ticket {external_id} was not created by this action (it does not carry its key)")
-    receipt = Receipt(external_id=str(ticket["id"]), version=int(ticket["version"]),
-                      status=ticket.get("status") or "open", body=ticket, replayed=True, connector=action.connector)
+    try:
+        version = ticket["version"]
+        if isinstance(version, bool):
+            raise TypeError("a boolean version")
+        receipt = Receipt(external_id=str(ticket["id"]), version=int(version), status=ticket.get("status") or "open",
+                          body=ticket, replayed=True, connector=action.connector)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise Unavailable(f"the ticket system's answer for {external_id} is malformed ({exc!r}); "
+                          "nothing was recorded") from exc
     with transaction.atomic():
         locked = Action.objects.select_for_update().get(pk=action.pk)
         if locked.status != ActionStatus.UNKNOWN:

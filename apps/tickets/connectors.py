@@ -63,11 +63,20 @@ class Receipt:
 def _error_for_status(resp: httpx.Response) -> errors.ToolError:
     try:
         body = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     if not isinstance(body, dict):
         body = {"raw": resp.text[:200]}
     return _error_for(resp.status_code, body)
+
+
+def _json_body(resp: httpx.Response, what: str):
+    """The JSON of a success answer. Raises ``OutcomeUnknown`` when it cannot be read: an answer
+    that is not JSON (a proxy's page, a cut body) says nothing about what happened."""
+    try:
+        return resp.json()
+    except (ValueError, RecursionError) as exc:
+        raise errors.OutcomeUnknown(f"{what}: HTTP {resp.status_code} with a body that is not JSON: {exc!r}") from None
 
 
 def _error_for(code: int, body: dict) -> errors.ToolError:
@@ -167,6 +176,26 @@ def _ticket_for_key(body: dict, idempotency_key: str, *, replayed: bool) -> Rece
     return _ticket_receipt(body, replayed=replayed)
 
 
+def _lookup_result(body, idempotency_key: str, *, key_field: str, receipt) -> Receipt | None:
+    """The answer of a lookup by key, ``{"results": [ticket, ...]}``: None when it found nothing,
+    else ``receipt(ticket)`` for the first ticket. Raises ``OutcomeUnknown`` for any other shape or
+    a first ticket whose ``key_field`` is not ``idempotency_key``: "nothing found" is only ever read
+    from a lookup answer that says so, and another key's ticket is never this key's."""
+    results = body.get("results") if isinstance(body, dict) else None
+    if not isinstance(results, list):
+        raise errors.OutcomeUnknown("lookup: the answer holds no results")
+    if not results:
+        return None
+    first = results[0]
+    if not isinstance(first, dict) or first.get(key_field) != idempotency_key:
+        found = first.get(key_field) if isinstance(first, dict) else None
+        raise errors.OutcomeUnknown(f"lookup: the answer is for another idempotency key ({found!r})")
+    try:
+        return receipt(first)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise errors.OutcomeUnknown(f"lookup: a malformed ticket in the answer: {exc!r}") from None
+
+
 def _ticket_receipt(body: dict, *, replayed: bool) -> Receipt:
     """The receipt of a ticket body. Raises ``OutcomeUnknown`` when the body is not a ticket (no
     string id, a version that is not a whole number): an answer that cannot be read is no answer."""
@@ -211,7 +240,7 @@ class ReferenceTicketConnector(_HttpConnector):
         resp = self._send("POST", "/tickets", what="create", timeout=timeout, json=params,
                           headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)})
         if resp.status_code in (200, 201):
-            return _ticket_for_key(resp.json(), idempotency_key,
+            return _ticket_for_key(_json_body(resp, "create"), idempotency_key,
                                    replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
 
@@ -242,6 +271,12 @@ class ReferenceTicketConnector(_HttpConnector):
         404, 405, 413) is sent item by item (after a 404 or 405 this process sends every create
         alone); 401/403 and 429/503 are that refusal for every item; any other status is unknown
         for every item."""
+        try:
+            return self._create_tickets(items, timeout)
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong reading the answer, nothing is known
+            return [errors.OutcomeUnknown(f"batch create: an unreadable answer: {exc!r}")] * len(items)
+
+    def _create_tickets(self, items: list[tuple[str, int, dict]], timeout: float | None):
         if len(items) == 1 or self.batch_size == 1:
             return [self._create_or_error(key, token, params, timeout) for key, token, params in items]
         body = {"items": [{"idempotency_key": key, "fencing_token": token, "ticket": params}
@@ -280,6 +315,11 @@ class ReferenceTicketConnector(_HttpConnector):
                 f"batch create: the answer does not line up with the items sent; no ticket of its own for {key!r}"))
         return outcomes
 
+    #: the refusals ``POST /ticket-batches`` gives an item (what ``POST /tickets`` answers before or
+    #: instead of creating: invalid, key in progress or fenced, key reused, unavailable); any other
+    #: item status is not a refusal this connector can trust
+    _BATCH_ITEM_REFUSALS = frozenset({400, 409, 422, 503})
+
     @staticmethod
     def _batch_outcome(key: str, result) -> Receipt | errors.ToolError:
         """One item's outcome from its own result in a batch answer. A result that cannot be read
@@ -290,8 +330,9 @@ class ReferenceTicketConnector(_HttpConnector):
                 raise TypeError(f"status {status!r}")
             if status in (200, 201):
                 return _ticket_for_key(result.get("ticket"), key, replayed=result.get("replayed") is True)
-            if not 400 <= status <= 599:
-                raise ValueError(f"status {status}")
+            if status not in ReferenceTicketConnector._BATCH_ITEM_REFUSALS or result.get("ticket") is not None:
+                # a status the endpoint never gives an item, or a refusal that carries a ticket
+                raise ValueError(f"status {status} with ticket {result.get('ticket')!r}")
             return _error_for(status, result)
         except errors.ToolError as exc:
             return exc
@@ -303,6 +344,8 @@ class ReferenceTicketConnector(_HttpConnector):
             return self.create_ticket(idempotency_key=key, fencing_token=token, params=params, timeout=timeout)
         except errors.ToolError as exc:
             return exc
+        except Exception as exc:  # noqa: BLE001 - an answer that cannot be read is this item's, and unknown
+            return errors.OutcomeUnknown(f"create: an unreadable answer: {exc!r}")
 
     def lookup_by_key(self, *, idempotency_key: str) -> Receipt | None:
         """GET /tickets?idempotency_key=… → the ticket created with that key, or None.
@@ -310,8 +353,8 @@ class ReferenceTicketConnector(_HttpConnector):
         resp = self._send("GET", "/tickets", what="lookup", params={"idempotency_key": idempotency_key})
         if resp.status_code != 200:
             raise _error_for_status(resp)
-        results = resp.json().get("results", [])
-        return _ticket_for_key(results[0], idempotency_key, replayed=True) if results else None
+        return _lookup_result(_json_body(resp, "lookup"), idempotency_key, key_field="idempotency_key",
+                              receipt=lambda body: _ticket_for_key(body, idempotency_key, replayed=True))
 
     def fence(self, *, idempotency_key: str, fencing_token: int) -> Receipt | None:
         """POST /fences: raise the key's fencing token at the remote to ``fencing_token`` and
@@ -325,7 +368,13 @@ class ReferenceTicketConnector(_HttpConnector):
                           headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)})
         if resp.status_code != 200:
             raise _error_for_status(resp)
-        data = resp.json()
+        data = _json_body(resp, "fence")
+        highest = data.get("highest_fencing_token") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or data.get("idempotency_key") != idempotency_key \
+                or isinstance(highest, bool) or not isinstance(highest, int) or highest < fencing_token:
+            # "Nothing found" is only final from the fence of this key at this token (or above): any
+            # other answer (another key's, a lower token's, an empty one) proves nothing.
+            raise errors.OutcomeUnknown("fence: the answer is not this key's fence at this token")
         if data.get("ticket") is not None:
             return _ticket_for_key(data["ticket"], idempotency_key, replayed=True)
         if data.get("comment") is not None:
@@ -366,7 +415,10 @@ class ReferenceTicketConnector(_HttpConnector):
             return None  # no such ticket: nothing was written to it
         if resp.status_code != 200:
             raise _error_for_status(resp)
-        results = resp.json().get("results", [])
+        body = _json_body(resp, "lookup")
+        results = body.get("results") if isinstance(body, dict) else None
+        if not isinstance(results, list):
+            raise errors.OutcomeUnknown("lookup: the answer holds no results")
         if not results:
             return None
         if tool == "ticket.comment":
@@ -394,7 +446,8 @@ class ReferenceTicketConnector(_HttpConnector):
         resp = self._send("POST", f"/tickets/{quote(ticket_id, safe='')}/comments", what="comment",
                           timeout=timeout, json={"body": body}, headers=headers)
         if resp.status_code == 201:
-            return self._comment_receipt(resp.json(), replayed=resp.headers.get("Idempotent-Replayed") == "true")
+            return self._comment_receipt(_json_body(resp, "comment"),
+                                         replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
 
     def update_ticket(self, *, ticket_id: str, if_match: int, changes: dict, idempotency_key: str | None = None,
@@ -411,7 +464,8 @@ class ReferenceTicketConnector(_HttpConnector):
         resp = self._send("PATCH", f"/tickets/{quote(ticket_id, safe='')}", what="update", timeout=timeout,
                           json=changes, headers=headers)
         if resp.status_code == 200:
-            return self._update_receipt(resp.json(), replayed=resp.headers.get("Idempotent-Replayed") == "true")
+            return self._update_receipt(_json_body(resp, "update"),
+                                        replayed=resp.headers.get("Idempotent-Replayed") == "true")
         raise _error_for_status(resp)
 
     def get_ticket(self, *, external_id: str, timeout: float | None = None) -> dict | None:
@@ -423,7 +477,10 @@ class ReferenceTicketConnector(_HttpConnector):
             return None
         if resp.status_code != 200:
             raise _error_for_status(resp)
-        return resp.json()
+        body = _json_body(resp, "read")
+        if not isinstance(body, dict):
+            raise errors.OutcomeUnknown("read: the answer is not a ticket")
+        return body
 
 
 HELPDESK_PRIORITY = {"P1": 1, "P2": 2, "P3": 3, "P4": 4}
@@ -487,7 +544,7 @@ class HelpdeskConnector(_HttpConnector):
                    "custom_faultdesk_key": idempotency_key}
         resp = self._send("POST", "/helpdesk/api/tickets/", what="create", timeout=timeout, json=payload)
         if resp.status_code == 201:
-            return self._receipt(resp.json(), replayed=False)
+            return self._receipt(_json_body(resp, "create"), replayed=False)
         if resp.status_code == 409:
             found = self.lookup_by_key(idempotency_key=idempotency_key)
             if found is not None:
@@ -500,8 +557,8 @@ class HelpdeskConnector(_HttpConnector):
                           params={"field": "faultdesk_key", "value": idempotency_key})
         if resp.status_code != 200:
             raise _error_for_status(resp)
-        results = resp.json().get("results", [])
-        return self._receipt(results[0], replayed=True) if results else None
+        return _lookup_result(_json_body(resp, "lookup"), idempotency_key, key_field="custom_faultdesk_key",
+                              receipt=lambda body: self._receipt(body, replayed=True))
 
     def fence(self, *, idempotency_key: str, fencing_token: int) -> Receipt | None:
         """No fencing at helpdesk: only the lookup. The caller must first have waited out
@@ -530,7 +587,9 @@ class HelpdeskConnector(_HttpConnector):
             return None
         if resp.status_code != 200:
             raise _error_for_status(resp)
-        body = resp.json()
+        body = _json_body(resp, "read")
+        if not isinstance(body, dict) or "id" not in body:
+            raise errors.OutcomeUnknown("read: the answer is not a ticket")
         return {**body, "id": str(body["id"]), "version": 1, "status": HELPDESK_STATUS.get(body.get("status")),
                 "idempotency_key": body.get("custom_faultdesk_key") or None}
 

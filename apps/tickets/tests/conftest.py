@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture
 def server_answering():
     """A loopback HTTP server answering ``"METHOD /path"`` (query string aside) with a fixed
-    ``(status, JSON body)``; returns its URL."""
+    ``(status, JSON body)`` (``bytes``: sent as they are); returns its URL."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,7 +21,7 @@ def server_answering():
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
                 status, body = answers.get(f"{self.command} {self.path.split('?')[0]}", (404, {"error": "x"}))
-                data = json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

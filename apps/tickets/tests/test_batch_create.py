@@ -165,3 +165,31 @@ def test_a_batch_that_goes_unanswered_is_unknown_and_one_that_never_left_is_not_
     outcomes = ReferenceTicketConnector(base_url=f"http://127.0.0.1:{port}", api_key="k").create_tickets(
         _items(), timeout=2)
     assert [type(o) for o in outcomes] == [errors.DefinitelyNotExecuted] * 3
+
+
+def test_a_refusal_carrying_the_items_own_ticket_or_a_status_the_endpoint_never_gives_is_unknown(server_answering):
+    with_ticket = {**_result(KEYS[1], status=422), "ticket": _ticket(KEYS[1], 2)}
+    outcomes = _outcomes(server_answering, [_result(KEYS[0]), with_ticket, _result(KEYS[2], number=3)])
+    assert [type(o) for o in outcomes] == [Receipt, errors.OutcomeUnknown, Receipt]
+    for status in (401, 403, 404, 412, 429, 500):
+        outcomes = _outcomes(server_answering, [_result(KEYS[0]), _result(KEYS[1], status=status),
+                                                _result(KEYS[2], number=3)])
+        assert type(outcomes[1]) is errors.OutcomeUnknown, status
+
+
+def test_an_answer_that_cannot_be_read_never_escapes_the_batch(server_answering):
+    nested = b"[" * 100_000 + b"]" * 100_000
+    for status in (200, 503):
+        url = server_answering({"POST /ticket-batches": (status, nested)})
+        outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
+        assert len(outcomes) == 3 and all(isinstance(o, errors.ToolError) for o in outcomes)
+        assert all(isinstance(o, (errors.OutcomeUnknown, errors.TemporarilyUnavailable)) for o in outcomes)
+
+
+def test_an_unreadable_single_answer_after_a_refused_batch_is_that_items_alone(server_answering):
+    """The batch is refused as such (400), so each item goes alone; the remote answers each create
+    with a proxy's page: every item is unknown, and every item was sent."""
+    url = server_answering({"POST /ticket-batches": (400, {"error": "invalid_params"}),
+                            "POST /tickets": (201, b"<html>gateway</html>")})
+    outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
+    assert [type(o) for o in outcomes] == [errors.OutcomeUnknown] * 3

@@ -108,7 +108,8 @@ def test_two_open_rows_of_one_ticket_made_in_the_same_microsecond_are_claimed_on
 def test_an_answer_naming_another_idempotency_key_is_never_a_receipt(server_answering):
     other = {"id": "REF-000001", "version": 1, "status": "open", "idempotency_key": "acme:ticket.create:other"}
     url = server_answering({"POST /tickets": (201, other), "GET /tickets": (200, {"results": [other]}),
-                            "POST /fences": (200, {"ticket": other})})
+                            "POST /fences": (200, {"idempotency_key": "globex:ticket.create:mine",
+                                                   "highest_fencing_token": 2, "ticket": other})})
     connector = ReferenceTicketConnector(base_url=url, api_key="k")
     with pytest.raises(errors.OutcomeUnknown, match="another idempotency key"):
         connector.create_ticket(idempotency_key="globex:ticket.create:mine", fencing_token=1, params={"title": "x"})
@@ -174,3 +175,45 @@ def test_an_interim_answer_is_never_taken_for_the_answer_or_left_for_the_next_re
             assert receipt.external_id == f"REF-{key}"
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("answer", [
+    {},
+    {"idempotency_key": "acme:ticket.create:other", "highest_fencing_token": 5, "ticket": None},
+    {"idempotency_key": "acme:ticket.create:mine", "highest_fencing_token": 4, "ticket": None},
+    {"idempotency_key": "acme:ticket.create:mine", "highest_fencing_token": True, "ticket": None},
+    {"idempotency_key": "acme:ticket.create:mine", "ticket": None},
+    [],
+    b"<html>ok</html>",
+])
+def test_nothing_found_is_only_read_from_this_keys_fence_at_this_token(server_answering, answer):
+    """A fence that finds no ticket is what lets "not executed" be recorded: an answer that is not
+    the fence of this key at this token (or above) is ``OutcomeUnknown``, never "nothing found"."""
+    url = server_answering({"POST /fences": (200, answer)})
+    with pytest.raises(errors.OutcomeUnknown):
+        ReferenceTicketConnector(base_url=url, api_key="k").fence(idempotency_key="acme:ticket.create:mine",
+                                                                  fencing_token=5)
+    mine = {"idempotency_key": "acme:ticket.create:mine", "highest_fencing_token": 6, "ticket": None}
+    url = server_answering({"POST /fences": (200, mine)})
+    assert ReferenceTicketConnector(base_url=url, api_key="k").fence(
+        idempotency_key="acme:ticket.create:mine", fencing_token=5) is None
+
+
+@pytest.mark.parametrize("answer", [{}, {"results": None}, {"results": "none"}, [], b"<html>ok</html>",
+                                    {"results": [{"id": "REF-000009", "version": 1,
+                                                  "idempotency_key": "acme:ticket.create:other"}]}])
+def test_nothing_found_is_only_read_from_a_lookup_answer_that_says_so(server_answering, answer):
+    from apps.tickets.connectors import HelpdeskConnector
+
+    url = server_answering({"GET /tickets": (200, answer)})
+    with pytest.raises(errors.OutcomeUnknown):
+        ReferenceTicketConnector(base_url=url, api_key="k").lookup_by_key(idempotency_key="acme:ticket.create:mine")
+    helpdesk_answer = answer
+    if isinstance(answer, dict) and isinstance(answer.get("results"), list):
+        helpdesk_answer = {"results": [{"id": 9, "status": 1, "custom_faultdesk_key": "acme:ticket.create:other"}]}
+    url = server_answering({"GET /helpdesk/api/faultdesk/tickets/by-custom-field/": (200, helpdesk_answer)})
+    with pytest.raises(errors.OutcomeUnknown):
+        HelpdeskConnector(base_url=url, token="t").lookup_by_key(idempotency_key="acme:ticket.create:mine")
+    url = server_answering({"GET /tickets": (200, {"results": []})})
+    assert ReferenceTicketConnector(base_url=url, api_key="k").lookup_by_key(
+        idempotency_key="acme:ticket.create:mine") is None
