@@ -33,7 +33,7 @@ from apps.core import tool_errors as errors
 from apps.core.errors import Conflict, Forbidden, NotFound, Unavailable, Unprocessable
 from apps.outbox.settlement import receipt_record
 from apps.outbox.unknown_outcomes import ActionChanged, action_settle_unknown
-from apps.tickets.connectors import Receipt, connector_for
+from apps.tickets.connectors import connector_for, ticket_receipt
 
 MAX_NOTE = 1000
 
@@ -117,13 +117,9 @@ def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -
         # Only a ticket that carries this action's key is its effect. Say nothing about whose it is.
         raise Unprocessable(f"ticket {external_id} was not created by this action (it does not carry its key)")
     try:
-        version = ticket["version"]
-        if isinstance(version, bool):
-            raise TypeError("a boolean version")
-        receipt = Receipt(external_id=str(ticket["id"]), version=int(version), status=ticket.get("status") or "open",
-                          body=ticket, replayed=True, connector=action.connector)
-    except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise Unavailable(f"the ticket system's answer for {external_id} is malformed ({exc!r}); "
+        receipt = ticket_receipt(ticket, replayed=True, connector=action.connector)
+    except errors.OutcomeUnknown as exc:
+        raise Unavailable(f"the ticket system's answer for {external_id} is malformed ({exc.detail}); "
                           "nothing was recorded") from exc
     with transaction.atomic():
         locked = Action.objects.select_for_update().get(pk=action.pk)

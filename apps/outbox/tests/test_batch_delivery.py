@@ -17,6 +17,7 @@ from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
 from apps.outbox import dispatch as outbox
+from apps.outbox import sending
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks import reducer
 from apps.tasks.models import Task
@@ -132,7 +133,7 @@ def test_a_crash_after_the_requests_left_resends_with_the_same_keys(committed_th
         raise Killed
 
     with monkeypatch.context() as mp:
-        mp.setattr(outbox, "receipts_record_batch", die)
+        mp.setattr(sending, "receipts_record_batch", die)
         with pytest.raises(Killed):
             outbox.outbox_dispatch_batch()
     assert ActionAttempt.objects.filter(outcome=AttemptOutcome.IN_FLIGHT).count() == 3
@@ -153,7 +154,7 @@ def test_a_crash_between_the_attempt_rows_and_the_sends_makes_one_ticket_each(co
     """The attempt rows are durable before any request leaves; the dispatcher dies at its
     ``before_send`` failpoint; the next claim sends each row once."""
 
-    _dies_at(monkeypatch, outbox, "before_send", outbox.outbox_dispatch_batch)
+    _dies_at(monkeypatch, sending, "before_send", outbox.outbox_dispatch_batch)
     assert ActionAttempt.objects.filter(outcome=AttemptOutcome.IN_FLIGHT).count() == 3
     _expire_leases()
     outbox.outbox_dispatch_batch()
@@ -491,7 +492,7 @@ def test_a_crash_after_the_batch_was_answered_resends_the_same_keys_once_each(co
     """The dispatcher dies at ``after_send``: the batch created the tickets, nothing recorded them.
     After the leases expire the rows are resent with the same keys and higher tokens; the remote
     replays each ticket."""
-    _dies_at(monkeypatch, outbox, "after_send", outbox.outbox_dispatch_batch)
+    _dies_at(monkeypatch, sending, "after_send", outbox.outbox_dispatch_batch)
     assert len(refadmin.tickets()) == 3
     assert ActionAttempt.objects.filter(outcome=AttemptOutcome.IN_FLIGHT).count() == 3
     _expire_leases()
