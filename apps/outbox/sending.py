@@ -136,25 +136,27 @@ def _requests(sends: list[_Send]) -> list[list[_Send]]:
     """The batch's rows grouped into requests: the new tickets for a ticket system with a batch
     endpoint in as few requests as its batch size allows (evenly filled, so they go out side by
     side), every other row alone."""
+    sizes: dict[str, int] = {}  # ticket system -> its batch size (1: none)
     groups: dict[str, list[_Send]] = {}
     requests = []
     for send in sends:
         action = send.action
-        connector = connector_for(action.tool, action.connector)
-        if action.tool == "ticket.create" and getattr(connector, "batch_size", 1) > 1:
-            groups.setdefault(action.connector, []).append(send)
-        else:
-            requests.append([send])
-    for connector_name, group in groups.items():
-        size = connector_for("ticket.create", connector_name).batch_size
-        count = -(-len(group) // size)
+        if action.tool == "ticket.create":
+            if action.connector not in sizes:
+                sizes[action.connector] = getattr(connector_for(action.tool, action.connector), "batch_size", 1)
+            if sizes[action.connector] > 1:
+                groups.setdefault(action.connector, []).append(send)
+                continue
+        requests.append([send])
+    for name, group in groups.items():
+        count = -(-len(group) // sizes[name])
         requests += [group[i::count] for i in range(count)]
     return requests
 
 
 def deliver_together(ready: list, tasks: dict, owner: str) -> None:
     """Attempt rows, concurrent sends and settlement of the rows of a batch that may be sent now
-    (see :func:`outbox_dispatch_batch`)."""
+    (see :func:`~apps.outbox.dispatch.outbox_dispatch_batch`)."""
     sends = _attempts_open([_Send(message=m, action=m.action, task=tasks[m.action.task_id], params=c.params)
                             for m, c in ready], owner)
     if not sends:

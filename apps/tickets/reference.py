@@ -24,6 +24,12 @@ from apps.tickets.transport import (
 _NO_BATCH_ENDPOINT: set[str] = set()
 
 
+#: the refusals ``POST /ticket-batches`` gives an item (what ``POST /tickets`` answers before or
+#: instead of creating: invalid, key in progress or fenced, key reused, unavailable); any other
+#: item status is not a refusal this connector can trust
+_BATCH_ITEM_REFUSALS = frozenset({400, 409, 422, 503})
+
+
 def _ticket_for_key(body: dict, idempotency_key: str, *, replayed: bool) -> Receipt:
     """The receipt of a ticket the reference service returned for ``idempotency_key``. Raises
     ``OutcomeUnknown`` when the ticket names another key: an answer that is not this request's
@@ -140,11 +146,6 @@ class ReferenceTicketConnector(HttpConnector):
                 f"batch create: the answer does not line up with the items sent; no ticket of its own for {key!r}"))
         return outcomes
 
-    #: the refusals ``POST /ticket-batches`` gives an item (what ``POST /tickets`` answers before or
-    #: instead of creating: invalid, key in progress or fenced, key reused, unavailable); any other
-    #: item status is not a refusal this connector can trust
-    _BATCH_ITEM_REFUSALS = frozenset({400, 409, 422, 503})
-
     @staticmethod
     def _batch_outcome(key: str, result) -> Receipt | errors.ToolError:
         """One item's outcome from its own result in a batch answer. A result that cannot be read
@@ -155,7 +156,7 @@ class ReferenceTicketConnector(HttpConnector):
                 raise TypeError(f"status {status!r}")
             if status in (200, 201):
                 return _ticket_for_key(result.get("ticket"), key, replayed=result.get("replayed") is True)
-            if status not in ReferenceTicketConnector._BATCH_ITEM_REFUSALS or result.get("ticket") is not None:
+            if status not in _BATCH_ITEM_REFUSALS or result.get("ticket") is not None:
                 # a status the endpoint never gives an item, or a refusal that carries a ticket
                 raise ValueError(f"status {status} with ticket {result.get('ticket')!r}")
             return error_for(status, result)
