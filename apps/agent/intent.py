@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
 
 from apps.actions.digest import action_digest, idempotency_key
 from apps.actions.models import Action
@@ -20,11 +23,12 @@ from apps.agent.common import (
 )
 from apps.approvals.models import ApprovalRequest
 from apps.core import sql
+from apps.outbox.direct import DirectSend, direct_attempt_open
 from apps.outbox.services import outbox_enqueue
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
 from apps.tasks.reducer import v3 as reducer_v3
-from apps.tasks.store import refused_event_record, task_append_event
+from apps.tasks.store import refused_event_record, task_append_event, worker_identity
 from apps.tickets.connectors import CONNECTORS
 
 log = logging.getLogger(__name__)
@@ -47,11 +51,14 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
                    object_version: int, compensates: Action | None = None) -> bool:
     """DESIGN.md §1 step 6: in ONE transaction — CAS on task version + fencing token, budget
     reservation (checked by δ: U + R + r ≤ B), the action identity with its idempotency key, the
-    intent event and the outbox row. The dispatcher is kicked on commit. Parameters that do not
-    match the tool's schema, or a reused key, are refused before any row is written; parameters
+    intent event and the outbox row. The dispatcher is kicked on commit (unless the run delivers
+    the row itself). Parameters that do not match the tool's schema, or a reused key, are refused
+    before any row is written; parameters
     whose recomputed h(a) is not the approval's invalidate it (the task asks again).
     ``compensates``: the action whose effect this one compensates (``reducer/2``). Returns True
-    when the agent should take another step now (the approval was invalidated)."""
+    when the agent should take another step now: the approval was invalidated, or the run claimed
+    the outbox row to deliver it itself (``FAULTDESK["OUTBOX_DIRECT_DELIVERY"]``, an action whose
+    ordering key is its own: :func:`direct_delivery_take`)."""
     tool = tool_get(proposal["tool"])
     if short := write_short(task, tool):
         task_append_event(task=task, event_type="compensation.failed" if compensates is not None else "task.failed",
@@ -110,14 +117,21 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
                           payload={"reason": "idempotency key reused: the intent was refused"})
         return False
     params = proposal["params"]
-    ordering_key = f"ticket:{connector}:{params['ticket_id']}" if tool.object_scope == "ticket" \
-        else f"{tool.name}:{key}"
+    own_key = tool.object_scope != "ticket"  # a new ticket's row is alone in its ordering key
+    ordering_key = f"{tool.name}:{key}" if own_key else f"ticket:{connector}:{params['ticket_id']}"
+    # Direct delivery: this run delivers the row itself right after the intent's commit (see
+    # :func:`direct_delivery_take`), when no other row can be ahead of it in its ordering key.
+    deliver_by = worker_identity() if own_key and settings.FAULTDESK["OUTBOX_DIRECT_DELIVERY"] else None
+
+    written = []
 
     def write_action(t: Task, event) -> None:
         action = action_create(action_id=action_id, tenant_id=t.tenant_id, task_id=t.pk, tool=tool, connector=connector,
                                params=params, params_digest=digest, idempotency_key=key, approval=approval,
                                object_version=object_version, compensates=compensates)
-        outbox_enqueue(action=action, ordering_key=ordering_key)
+        message = outbox_enqueue(action=action, ordering_key=ordering_key, deliver_by=deliver_by)
+        if deliver_by is not None:
+            written.append((action, message))
 
     task_append_event(
         task=task, event_type="intent.committed", actor=actor_of(lease), lease_generation=lease.generation,
@@ -128,4 +142,43 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
                  "connector": connector},
         side_effects=write_action,
     )
-    return False
+    if not written:
+        return False
+    # Direct delivery: re-authorized and its attempt row written in this same transaction; the run
+    # goes on to DISPATCHING at once and sends it after the commit (apps/agent/runner.py).
+    action, message = written[0]
+    send = direct_attempt_open(message=message, action=action, task=task, owner=deliver_by)
+    _DIRECT[(lease.task_id, lease.generation)] = DirectDelivery(message.pk, message.lease_generation, deliver_by, send)
+    return True
+
+
+@dataclass(frozen=True)
+class DirectDelivery:
+    """An outbox row the run claimed in its intent's transaction to deliver itself: the row's id,
+    its fencing token, the lease owner it was claimed for, and its attempt when it was opened in
+    that transaction (:func:`~apps.outbox.direct.direct_attempt_open`; None: the row takes the
+    one-row path, :func:`~apps.outbox.dispatch.outbox_deliver`)."""
+
+    message_id: uuid.UUID
+    fencing_token: int
+    owner: str
+    send: DirectSend | None = None
+
+
+#: rows this process's runs claimed at their intents and have not delivered yet, by (task id, lease
+#: generation): a run is one process's, and the generation keeps a later run from taking an earlier one's
+_DIRECT: dict[tuple[uuid.UUID, int], DirectDelivery] = {}
+
+
+def direct_delivery_take(lease: Lease) -> DirectDelivery | None:
+    """The outbox row ``lease``'s run claimed at its intent (docs/architecture.md §6, direct
+    delivery), taken off the list, or None. The row is delivered once its intent is committed; a row
+    never taken (the run ended first) stays leased until its lease expires, then a dispatcher
+    claims it."""
+    return _DIRECT.pop((lease.task_id, lease.generation), None)
+
+
+def direct_deliveries_forget(lease: Lease) -> None:
+    """Drop what ``lease``'s run claimed and did not deliver (its run is over; see
+    :func:`direct_delivery_take`)."""
+    _DIRECT.pop((lease.task_id, lease.generation), None)

@@ -37,16 +37,20 @@ from apps.agent.common import (
 from apps.agent.compensation import compensate, compensation_due, compensation_request, created_ticket
 from apps.agent.context import context_step
 from apps.agent.drafting import propose
+from apps.agent.intent import direct_deliveries_forget, direct_delivery_take
 from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.llm.providers import runs_in_process
+from apps.outbox.direct import direct_receipt_record, direct_send
+from apps.outbox.dispatch import outbox_deliver
 from apps.outbox.receipts import receipt_unsettled
+from apps.outbox.settlement import receipt_record
 from apps.tasks import reducer
 from apps.tasks.answer import completion_event
 from apps.tasks.budget import stale_reservations
 from apps.tasks.leases import Lease, task_claim, task_release
 from apps.tasks.models import Task
-from apps.tasks.runs import RunTransaction, run_current_task
+from apps.tasks.runs import RunTransaction, checkpoint, run_current_task
 from apps.tasks.store import StaleWrite, task_append_event
 from apps.tasks.usage import BudgetExceeded
 from config.logs import bind
@@ -94,6 +98,8 @@ def agent_run(*, task_id: uuid.UUID, pool: str = AGENT) -> None:
     except BaseException:
         task_release(lease=lease)  # a no-op once the lease passed on (another fencing token)
         raise
+    finally:
+        direct_deliveries_forget(lease)  # a row claimed and not delivered waits for its lease's end
     if handover is not None:
         enqueue_on_commit(POOL_TASK[handover], task_id)
 
@@ -176,9 +182,12 @@ def receipt_settle(task: Task, lease: Lease) -> bool:
 
 
 def completion_on_receipt(task: Task, lease: Lease) -> bool:
-    """DISPATCHING: once the receipt is recorded, complete the task with its answer; until then
-    the outbox acts. (The outbox completes it when it settles the receipt; this step is for a
+    """DISPATCHING: deliver the outbox row this run claimed at its intent, if any (direct
+    delivery, below); once the receipt is recorded, complete the task with its answer; until then
+    the outbox acts. (The outbox completes it when it records the receipt; this step is for a
     receipt recorded without it, or recorded on the action's row and not yet on the task.)"""
+    if deliver_directly(lease):
+        return True
     if receipt_settle(task, lease):
         return True
     event = completion_event(task.state)
@@ -187,6 +196,40 @@ def completion_on_receipt(task: Task, lease: Lease) -> bool:
     task_append_event(task=task, event_type=event[0], actor=actor_of(lease), lease_generation=lease.generation,
                       payload=event[1])
     return False
+
+
+def deliver_directly(lease: Lease) -> bool:
+    """Direct delivery (docs/architecture.md §6; :mod:`apps.outbox.direct`): when this run claimed
+    its action's outbox row in the intent's transaction (:func:`~apps.agent.intent.direct_delivery_take`),
+    commit what the run recorded — the intent, the claimed row, its attempt — send the request
+    outside any transaction, and record a new ticket's receipt on the outbox's rows in the run's
+    next transaction, where the next steps append ``receipt.recorded`` and ``task.completed``
+    (:func:`receipt_settle`, :func:`completion_on_receipt`) and the release commits with them. An
+    error answer is recorded as a dispatcher records it; a receipt the task does not take now (it
+    was cancelled meanwhile) is recorded the one-row way, with δ's refusal. A row whose attempt
+    was not opened at the intent goes the dispatcher's one-row path
+    (:func:`~apps.outbox.dispatch.outbox_deliver`). Returns whether there was a row (the run then
+    reads the task again).
+
+    An exception while sending is logged, not raised: the row stays leased until its lease expires
+    and a dispatcher claims it with the next fencing token and resends with the same key."""
+    direct = direct_delivery_take(lease)
+    if direct is None:
+        return False
+    receipt = None
+    with checkpoint():
+        try:
+            if direct.send is None:
+                outbox_deliver(message_id=direct.message_id, fencing_token=direct.fencing_token, owner=direct.owner)
+            else:
+                receipt = direct_send(direct.send)
+        except Exception:  # noqa: BLE001 - the row's lease expires and a dispatcher takes it over
+            log.exception("delivering the outbox row %s directly failed", direct.message_id)
+    if receipt is not None and not direct_receipt_record(direct.send, receipt):
+        with checkpoint():
+            receipt_record(action_id=direct.send.action.pk, receipt=receipt, attempt_id=direct.send.attempt.pk,
+                           actor=f"dispatcher:{direct.owner}")
+    return True
 
 
 def compensation_if_due(task: Task, lease: Lease) -> bool:

@@ -104,25 +104,44 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
                  and actions[item[0]].task_id in taking]
         if not items:
             return alone
-        ids = [action_id for action_id, _, _ in items]
-        attempt_ids = [attempt_id for _, attempt_id, _ in items if attempt_id is not None]
-        attempts_close_with_receipt(action_ids=ids, attempt_ids=attempt_ids, now=now)
-        changed = []
-        for action_id, _, receipt in items:
-            action = actions[action_id]
-            action.status = ActionStatus.SUCCEEDED
-            action.receipt = receipt.as_dict()
-            action.external_id = receipt.external_id
-            action.external_version = receipt.version
-            action.updated_at = now
-            changed.append(action)
-        actions_mark_succeeded(changed, now=now)
-        mirrors_record_created([(actions[action_id], receipt) for action_id, _, receipt in items], now=now)
-        with connection.cursor() as cursor:
-            cursor.execute(_DELIVERED_SQL.format(outbox=OutboxMessage._meta.db_table),
-                           [OutboxStatus.DELIVERED.value, now, [str(i) for i in ids]])
-        enqueue_on_commit(RECEIPTS_SETTLE, *sorted(str(actions[i].task_id) for i in ids))
+        receipts_write_rows([(actions[action_id], attempt_id, receipt) for action_id, attempt_id, receipt in items],
+                            now=now)
+        enqueue_on_commit(RECEIPTS_SETTLE, *sorted(str(actions[i[0]].task_id) for i in items))
     return alone
+
+
+def receipts_write_rows(items: list[tuple], *, now) -> None:
+    """The outbox's half of recording new tickets' receipts, in the caller's transaction, which
+    holds the actions locked and has checked each is not SUCCEEDED yet and its task takes the
+    receipt: ``items`` is ``[(action, attempt_id or None, receipt)]``. Per action: its attempts
+    closed (this one ``RECEIPT``, any other still in flight ``UNKNOWN``), the action SUCCEEDED
+    with its receipt (set on the in-memory ``action`` too), its ticket mirror written and its
+    outbox row DELIVERED — four statements for all of them. The tasks' ``receipt.recorded`` is
+    the caller's to append, after (:func:`receipt_event_payload` is its payload)."""
+    ids = [action.pk for action, _, _ in items]
+    attempts_close_with_receipt(action_ids=ids, attempt_ids=[a for _, a, _ in items if a is not None], now=now)
+    for action, _, receipt in items:
+        action.status = ActionStatus.SUCCEEDED
+        action.receipt = receipt.as_dict()
+        action.external_id = receipt.external_id
+        action.external_version = receipt.version
+        action.updated_at = now
+    actions_mark_succeeded([action for action, _, _ in items], now=now)
+    mirrors_record_created([(action, receipt) for action, _, receipt in items], now=now)
+    with connection.cursor() as cursor:
+        cursor.execute(_DELIVERED_SQL.format(outbox=OutboxMessage._meta.db_table),
+                       [OutboxStatus.DELIVERED.value, now, [str(i) for i in ids]])
+
+
+def receipt_taken_by_task(action: Action) -> bool:
+    """Whether ``action``'s task takes its receipt now: the task is in a status whose receipts are
+    recorded on the rows first (DISPATCHING, CANCELLED), its current action is ``action``, still
+    INTENDED, and it holds no receipt yet (one statement; the state's JSON read for this task
+    only)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TAKING_SQL.format(task=Task._meta.db_table), [[str(action.task_id)], _SETTLED_LATER])
+        row = cursor.fetchone()
+    return row is not None and tuple(row[1:]) == (str(action.pk), "INTENDED", True)
 
 
 def receipt_event_payload(action: Action) -> dict:

@@ -311,6 +311,11 @@ FAULTDESK = {
     # a dispatcher kick sent while another still waits is dropped (apps/core/queue.py); the flag
     # saying one waits expires after this long, so a lost kick delays nothing past beat's tick
     "KICK_COALESCE_SECONDS": env.float("FAULTDESK_KICK_COALESCE_SECONDS", default=5.0),
+    # A run that commits the intent of an action whose ordering key is its own (a new ticket) claims
+    # the outbox row in that commit and delivers it itself right after (one Celery hop instead of
+    # three: no dispatcher kick, no settle message); a row whose run dies is claimed by a dispatcher
+    # once its lease expires. Off: every row waits for a dispatcher (docs/architecture.md §6).
+    "OUTBOX_DIRECT_DELIVERY": env.bool("FAULTDESK_OUTBOX_DIRECT_DELIVERY", default=True),
     # requests of one batch in flight at once (threads of the dispatcher process)
     "OUTBOX_SEND_CONCURRENCY": env.int("FAULTDESK_OUTBOX_SEND_CONCURRENCY", default=64),
     # Retrieval's full-text leg on a second connection, at the same time as the vector leg

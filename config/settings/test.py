@@ -37,4 +37,7 @@ CACHES = {**CACHES, "coordination": coordination_cache(CELERY_BROKER_URL)}  # no
 FAULTDESK = {**FAULTDESK, "SNAPSHOT_EVERY": 4, "RETRY_BACKOFF_BASE_SECONDS": 0.0,  # noqa: F405
              "METRICS_CACHE_SECONDS": 0,
              # in-process tests see every kick (tests of the coalescing turn it on)
-             "KICK_COALESCE_SECONDS": 0}
+             "KICK_COALESCE_SECONDS": 0,
+             # in-process tests drive the dispatcher's path step by step; the tests of direct
+             # delivery turn it on, and the end-to-end and chaos runs use the default (on)
+             "OUTBOX_DIRECT_DELIVERY": False}
