@@ -1,0 +1,290 @@
+"""Direct delivery (docs/architecture.md §6; :mod:`apps.outbox.direct`): the run that commits a new
+ticket's intent delivers the outbox row itself. What a dispatcher guarantees still holds at each
+boundary the change moved: the intent, the claimed row and the attempt row are committed before the
+request leaves; the receipt, ``receipt.recorded`` and ``task.completed`` commit together; a run
+that dies before or after the request leaves a row a dispatcher takes over once its lease expires,
+with the same key and the next fencing token (one ticket); a run overtaken by a dispatcher is
+fenced out; a lost answer is reconciled by key; a cancel during the request is honoured. The
+reference ticket service is a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
+from apps.agent.runner import agent_run, context_read
+from apps.approvals.models import ApprovalPolicy, ApprovalRequest
+from apps.core import queue
+from apps.events.models import TaskEvent
+from apps.outbox import direct
+from apps.outbox.dispatch import outbox_dispatch_batch
+from apps.outbox.models import OutboxMessage, OutboxStatus
+from apps.outbox.unknown_outcomes import actions_reconcile
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.services import task_cancel, task_submit
+from tests.conftest import p, settle_receipts
+
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL in-process: nothing after it runs, nothing is cleaned up."""
+
+
+@pytest.fixture
+def direct_on(settings, refservice, tenant):
+    """Direct delivery on (the product's default; in-process tests run with it off), and an
+    approval policy that lets a ticket be created without a person."""
+    settings.FAULTDESK = {**settings.FAULTDESK, "OUTBOX_DIRECT_DELIVERY": True}
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules={
+        "ticket.create": {"requires_approval": False, "ttl_minutes": 60}})
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The Celery messages sent during the test (name, args), none of them delivered."""
+    messages = []
+    monkeypatch.setattr(queue, "send_now", lambda name, *args: messages.append((name, *map(str, args))))
+    return messages
+
+
+def _runs(task_id, rounds: int = 8) -> Task:
+    """The agent's and tools' runs only (no dispatcher, no settlement, no reconciler), until the
+    task stops moving."""
+    last = None
+    for _ in range(rounds):
+        agent_run(task_id=task_id)
+        context_read(task_id=task_id)
+        task = Task.objects.get(pk=task_id)
+        if task.version == last:
+            break
+        last = task.version
+    return task
+
+
+def _submit(requester, device) -> Task:
+    return task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+
+
+def _at(monkeypatch, point: str, do) -> None:
+    """Run ``do()`` when the direct sender reaches failpoint ``point`` (once)."""
+    done = []
+
+    def failpoint(name):
+        if name == point and not done:
+            done.append(name)
+            do()
+
+    monkeypatch.setattr(direct, "failpoint", failpoint)
+
+
+def _kill():
+    raise Killed
+
+
+def _expire_outbox_leases():
+    for row in OutboxMessage.objects.filter(status=OutboxStatus.IN_FLIGHT):
+        OutboxMessage.objects.filter(pk=row.pk).update(lease_expires_at=row.created_at)
+
+
+def _events(task) -> list[str]:
+    return list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)  # the messages a commit sends are sent after it
+def test_the_run_that_commits_the_intent_delivers_the_ticket_and_completes_the_task(
+        requester, device, kb, direct_on, refadmin, sent):
+    task = _runs(_submit(requester, device).pk)
+    assert task.status == reducer.COMPLETED
+    action = Action.objects.get(task=task)
+    assert action.status == ActionStatus.SUCCEEDED
+    assert refadmin.effects(action.idempotency_key) == 1 and refadmin.requests(action.idempotency_key) == 1
+    row = OutboxMessage.objects.get(action=action)
+    assert (row.status, row.lease_generation, row.attempts, row.lease_owner) == (OutboxStatus.DELIVERED, 1, 1, None)
+    [attempt] = ActionAttempt.objects.filter(action=action)
+    assert (attempt.number, attempt.fencing_token, attempt.outcome) == (1, 1, AttemptOutcome.RECEIPT)
+    assert task.state["receipt"]["external_id"] == action.external_id
+    assert _events(task)[-3:] == ["intent.committed", "receipt.recorded", "task.completed"]
+    # no dispatcher kick and no settle message: the report crossed Celery once (web -> tools)
+    names = [m[0] for m in sent]
+    assert queue.OUTBOX_DISPATCH not in names and queue.RECEIPTS_SETTLE not in names
+
+
+def test_the_receipt_the_task_receipt_and_the_answer_commit_together(requester, device, kb, direct_on, refadmin):
+    task = _runs(_submit(requester, device).pk)
+    events = {e.type: e for e in TaskEvent.objects.filter(task=task)}
+    action = Action.objects.get(task=task)
+    # one commit: the same transaction id on the action's row version and both events is not
+    # visible through the ORM, so the check is on what one commit leaves: the receipt's and the
+    # completion's events next to each other and the rows' times equal to the receipt's record
+    assert events["task.completed"].seq == events["receipt.recorded"].seq + 1
+    assert events["receipt.recorded"].payload["recorded_at"] == action.updated_at.isoformat()
+    assert OutboxMessage.objects.get(action=action).delivered_at == action.updated_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_intent_the_claimed_row_and_the_attempt_are_committed_before_the_request_leaves(
+        requester, device, kb, direct_on, refadmin, monkeypatch):
+    seen = {}
+
+    def look_from_another_connection():
+        # what any other session (a dispatcher, a sweeper) can see at this moment
+        def read():
+            try:
+                row = OutboxMessage.objects.get(action__task__requester=requester)
+                attempt = ActionAttempt.objects.get(action_id=row.action_id)
+                seen.update(status=row.status, token=row.lease_generation, attempts=row.attempts,
+                            attempt=(attempt.number, attempt.fencing_token, attempt.outcome),
+                            intent=TaskEvent.objects.filter(task_id=attempt.action.task_id,
+                                                            type="intent.committed").exists())
+            finally:
+                connection.close()
+        thread = threading.Thread(target=read)
+        thread.start()
+        thread.join()
+
+    _at(monkeypatch, "before_send", look_from_another_connection)
+    task = _runs(_submit(requester, device).pk)
+    assert seen == {"status": OutboxStatus.IN_FLIGHT, "token": 1, "attempts": 1,
+                    "attempt": (1, 1, AttemptOutcome.IN_FLIGHT), "intent": True}
+    assert task.status == reducer.COMPLETED
+
+
+def test_a_run_that_dies_before_the_request_leaves_its_row_to_a_dispatcher_after_the_lease(
+        requester, device, kb, direct_on, refadmin, monkeypatch):
+    _at(monkeypatch, "before_send", _kill)
+    task = _submit(requester, device)
+    with pytest.raises(Killed):
+        _runs(task.pk)
+    action = Action.objects.get(task=task)
+    row = OutboxMessage.objects.get(action=action)
+    assert (row.status, row.lease_generation) == (OutboxStatus.IN_FLIGHT, 1)
+    assert refadmin.requests(action.idempotency_key) == 0
+    assert Task.objects.get(pk=task.pk).status == reducer.DISPATCHING
+    assert outbox_dispatch_batch() == 0  # leased: no dispatcher takes it while the lease runs
+    _expire_outbox_leases()
+    assert outbox_dispatch_batch() == 1
+    settle_receipts()
+    task = Task.objects.get(pk=task.pk)
+    assert task.status == reducer.COMPLETED
+    assert refadmin.effects(action.idempotency_key) == 1
+    first, second = ActionAttempt.objects.filter(action=action).order_by("number")
+    # the dead run's attempt may have reached the remote as far as anyone knows: never "not sent"
+    assert (first.fencing_token, first.outcome) == (1, AttemptOutcome.UNKNOWN)
+    assert (second.fencing_token, second.outcome) == (2, AttemptOutcome.RECEIPT)
+
+
+def test_a_run_that_dies_after_the_ticket_was_made_gets_the_same_ticket_back(
+        requester, device, kb, direct_on, refadmin, monkeypatch):
+    _at(monkeypatch, "after_send", _kill)
+    task = _submit(requester, device)
+    with pytest.raises(Killed):
+        _runs(task.pk)
+    action = Action.objects.get(task=task)
+    assert refadmin.effects(action.idempotency_key) == 1
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.INTENDED  # nothing of the receipt committed
+    _expire_outbox_leases()
+    outbox_dispatch_batch()
+    settle_receipts()
+    task = Task.objects.get(pk=task.pk)
+    assert task.status == reducer.COMPLETED
+    assert task.state["receipt"]["replayed"] is True
+    assert refadmin.effects(action.idempotency_key) == 1 and refadmin.requests(action.idempotency_key) == 2
+    assert len(refadmin.tickets()) == 1
+
+
+def test_a_run_overtaken_by_a_dispatcher_is_fenced_out_and_the_task_gets_one_ticket(
+        requester, device, kb, direct_on, refadmin, monkeypatch):
+    """The run stalls before its request past the row's lease; a dispatcher claims the row (token
+    2), sends and records the receipt. The run's late request carries token 1: the service refuses
+    it, and the run records only its own attempt and settles the task from the action's row."""
+
+    def overtaken():
+        _expire_outbox_leases()
+        assert outbox_dispatch_batch() == 1
+
+    _at(monkeypatch, "before_send", overtaken)
+    task = _runs(_submit(requester, device).pk)
+    assert task.status == reducer.COMPLETED
+    action = Action.objects.get(task=task)
+    assert refadmin.effects(action.idempotency_key) == 1 and refadmin.requests(action.idempotency_key) == 2
+    first, second = ActionAttempt.objects.filter(action=action).order_by("number")
+    assert (first.fencing_token, first.outcome) == (1, AttemptOutcome.FAILED)  # refused: an older token
+    assert (second.fencing_token, second.outcome) == (2, AttemptOutcome.RECEIPT)
+    assert _events(task).count("receipt.recorded") == 1
+    assert OutboxMessage.objects.get(action=action).lease_generation == 2
+
+
+def test_a_lost_answer_is_reconciled_by_key_not_sent_as_a_new_ticket(requester, device, kb, direct_on, refadmin):
+    refadmin.fault("drop_after_commit")
+    task = _runs(_submit(requester, device).pk)
+    assert task.status == reducer.WAITING_RECONCILIATION
+    action = Action.objects.get(task=task)
+    assert action.status == ActionStatus.UNKNOWN
+    actions_reconcile()
+    task = _runs(task.pk)
+    assert task.status == reducer.COMPLETED
+    assert refadmin.effects(action.idempotency_key) == 1 and len(refadmin.tickets()) == 1
+
+
+def test_a_refusal_for_now_leaves_the_row_to_the_dispatcher(requester, device, kb, direct_on, refadmin):
+    refadmin.fault("fail_503")
+    task = _runs(_submit(requester, device).pk)
+    assert task.status == reducer.DISPATCHING
+    action = Action.objects.get(task=task)
+    row = OutboxMessage.objects.get(action=action)
+    assert (row.status, row.lease_owner) == (OutboxStatus.PENDING, None)
+    assert ActionAttempt.objects.get(action=action).outcome == AttemptOutcome.RETRYABLE
+    OutboxMessage.objects.filter(pk=row.pk).update(available_at=row.created_at)
+    assert outbox_dispatch_batch() == 1
+    settle_receipts()
+    assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED
+    assert refadmin.effects(action.idempotency_key) == 1
+
+
+def test_a_cancel_while_the_request_is_out_keeps_the_ticket_and_asks_to_undo_it(
+        requester, device, kb, direct_on, refadmin, monkeypatch):
+    task = _submit(requester, device)
+    _at(monkeypatch, "after_send", lambda: task_cancel(principal=p(requester), task_id=task.pk,
+                                                        reason="fixed itself"))
+    task = _runs(task.pk)
+    assert task.status in (reducer.CANCELLED, reducer.COMPENSATING)
+    action = Action.objects.get(task=task, compensates__isnull=True)
+    assert action.status == ActionStatus.SUCCEEDED
+    assert task.state["receipt"]["external_id"] == action.external_id  # the ticket exists: recorded
+    assert "task.completed" not in _events(task)
+    assert task.state["compensation"] is not None  # its undoing is asked for, under its own approval
+    assert "compensation.requested" in _events(task)
+    assert refadmin.effects(action.idempotency_key) == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the messages a commit sends are sent after it
+def test_a_comment_on_an_open_ticket_waits_for_a_dispatcher_in_its_tickets_order(
+        requester, approver, device, kb, direct_on, refadmin, sent):
+    """Only a row whose ordering key is its own is claimed at its intent: a write on an existing
+    ticket shares its key with every other write on that ticket, and a concurrent intent could be
+    writing an older one that no claim here would see."""
+    from apps.approvals.models import ApprovalStatus
+    from apps.approvals.services import approval_decide
+
+    first = _runs(_submit(requester, device).pk)
+    assert first.status == reducer.COMPLETED
+    second = _runs(_submit(requester, device).pk)
+    pending = ApprovalRequest.objects.filter(task=second, status=ApprovalStatus.PENDING).first()
+    if pending is not None:
+        approval_decide(principal=p(approver), approval_id=pending.pk, decision="approve", reason="ok")
+        second = _runs(second.pk)
+    comment = Action.objects.get(task=second)
+    assert comment.tool == "ticket.comment"
+    row = OutboxMessage.objects.get(action=comment)
+    assert (row.status, row.lease_owner, row.lease_generation) == (OutboxStatus.PENDING, None, 0)
+    assert second.status == reducer.DISPATCHING
+    assert (queue.OUTBOX_DISPATCH,) in sent  # its commit kicked the dispatcher
+    assert outbox_dispatch_batch() == 1
+    settle_receipts()
+    assert Task.objects.get(pk=second.pk).status == reducer.COMPLETED
+    assert len(refadmin.tickets()) == 1
