@@ -157,8 +157,12 @@ def _read_with_related(task_id: uuid.UUID) -> Task:
 
 def _reread(task_id: uuid.UUID) -> Task:
     """The task row as it stands now (its tenant, requester and device are the ones read at the
-    run's start: a step changes the task row only)."""
-    return Task.objects.get(pk=task_id)
+    run's start: a step changes the task row only). One statement (:mod:`apps.core.sql`); raises
+    ``Task.DoesNotExist``."""
+    task = sql.row(Task, "t0.id = %s", [task_id])
+    if task is None:
+        raise Task.DoesNotExist(f"task {task_id}")
+    return task
 
 
 def retrieval_start(task: Task, lease: Lease) -> bool:

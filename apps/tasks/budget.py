@@ -26,7 +26,7 @@ from apps.core import sql
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.reducer import v3 as reducer_v3
-from apps.tasks.runs import event_transaction
+from apps.tasks.runs import event_transaction, run_current_task
 from apps.tasks.store import refused_after_rollback, task_append_event
 from apps.tasks.usage import BudgetExceeded
 
@@ -48,6 +48,13 @@ def _locked(task_id: uuid.UUID) -> Task:
     if task is None:
         raise Task.DoesNotExist(f"task {task_id}")
     return task
+
+
+def _current_or_locked(task_id: uuid.UUID, lease_generation: int | None) -> Task:
+    """The lease holder's in-memory task when its run's transaction holds the row under
+    ``lease_generation`` (locked by this transaction, so current without a read:
+    :func:`~apps.tasks.runs.run_current_task`), else the row read and locked (:func:`_locked`)."""
+    return run_current_task(task_id, lease_generation) or _locked(task_id)
 
 
 def _append(task: Task, event_type: str, payload: dict, actor: str, lease_generation: int | None) -> Task:
@@ -72,7 +79,7 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
     amounts = {d: int(amounts.get(d, 0)) for d in reducer_v3.DIMENSIONS}
     rid = str(uuid.uuid4())
     with event_transaction() as lean:
-        task = task if task is not None and task.pk == task_id else _locked(task_id)
+        task = task if task is not None and task.pk == task_id else _current_or_locked(task_id, lease_generation)
         if task.status in (reducer.RETRIEVING, reducer.PROPOSING, reducer.VALIDATING):
             room = reducer_v3.headroom(task.state)
             for dim in reducer_v3.DIMENSIONS:
@@ -116,7 +123,7 @@ def budget_settle(*, task_id: uuid.UUID, reservation_id: str, used: dict, actor:
     lean = False
     try:
         with event_transaction() as lean:
-            task = task if task is not None and task.pk == task_id else _locked(task_id)
+            task = task if task is not None and task.pk == task_id else _current_or_locked(task_id, lease_generation)
             return _append(task, event_type, payload, actor, lease_generation)
     except reducer.IllegalTransition as exc:
         if not lean:  # in a run's transaction the refusal stands as recorded

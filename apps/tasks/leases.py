@@ -18,6 +18,7 @@ from django.utils import timezone
 from apps.actions.models import Action, ActionStatus
 from apps.tasks import reducer
 from apps.tasks.models import Task
+from apps.tasks.runs import open_run
 from apps.tasks.store import StaleWrite, worker_identity
 
 
@@ -110,16 +111,25 @@ def task_lease_renew(*, lease: Lease, seconds: int | None = None) -> None:
     ``LEASE_SECONDS``) from now, before a long activity. Raises :class:`StaleWrite` when the lease
     passed to another worker."""
     seconds = seconds or settings.FAULTDESK["LEASE_SECONDS"]
+    until = timezone.now() + timedelta(seconds=seconds)
+    run = open_run()
+    if run is not None and run.lease_change(lease.task_id, lease.generation, until=until, owner=lease.owner):
+        return  # written with the row's next image: the run holds the row under this token
     with connection.cursor() as cursor:
         cursor.execute(_RENEW_SQL.format(task=Task._meta.db_table),
-                       [lease.owner, timezone.now() + timedelta(seconds=seconds), lease.task_id, lease.generation])
+                       [lease.owner, until, lease.task_id, lease.generation])
         renewed = cursor.rowcount
     if not renewed:
         raise StaleWrite(f"task {lease.task_id}: lease {lease.generation} passed on; not renewed")
 
 
 def task_release(*, lease: Lease) -> bool:
-    """Give the lease back if it is still ours (same fencing token). Returns True if released."""
+    """Give the lease back if it is still ours (same fencing token). Returns True if released
+    (inside a run's transaction that holds the row under this token: with the row's last image,
+    at the commit)."""
+    run = open_run()
+    if run is not None and run.lease_change(lease.task_id, lease.generation):
+        return True
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {Task._meta.db_table} SET lease_owner = NULL, lease_expires_at = NULL "  # noqa: S608
                        "WHERE id = %s AND lease_generation = %s", [lease.task_id, lease.generation])

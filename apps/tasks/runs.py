@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import structlog
 from django.db import connection, transaction
 
+from apps.events.models import TaskEvent
 from apps.tasks.models import Task
 from apps.tasks.usage import TenantLedgerBuffer
 
@@ -67,6 +68,8 @@ class RunTransaction:
         self._wrapper = None
         #: task id -> the row this transaction holds locked: see :class:`_HeldRow`
         self._held: dict[uuid.UUID, _HeldRow] = {}
+        #: the events appended under a held row and not inserted yet, in order (see :meth:`defer_event`)
+        self._events: list = []
         self._flushing = False
         #: the tenant day-row moves of this transaction, written at its end (see :meth:`_flush`)
         self.ledger = TenantLedgerBuffer()
@@ -94,6 +97,7 @@ class RunTransaction:
                     atomic.__exit__(exc_type, exc, tb)
         finally:
             self._held.clear()
+            self._events.clear()
             self.ledger.clear()
             self._lines.clear()
             self._wrapper.__exit__(None, None, None)
@@ -102,6 +106,7 @@ class RunTransaction:
 
     def _open(self) -> None:
         self._held.clear()  # a new transaction holds no row yet
+        self._events.clear()
         self.ledger.clear()
         self._lines.clear()
         self._atomic = transaction.atomic()
@@ -119,6 +124,7 @@ class RunTransaction:
             # Committed or rolled back, this transaction is over and holds nothing any more: a
             # row image it could not commit must never be written later, by anyone.
             self._held.clear()
+            self._events.clear()
             self.ledger.clear()
 
     def _flush_and_commit(self, atomic) -> None:
@@ -162,19 +168,44 @@ class RunTransaction:
             self._write_rows()
             self._held.pop(task_id, None)
 
-    def hold(self, task_id, *, version: int, generation: int | None) -> None:
-        """This transaction locked the row of ``task_id`` (a claim, an event's CAS), which stands at
-        ``version`` with fencing token ``generation``."""
+    def hold(self, task_id, *, version: int, generation: int | None, written: int | None = None,
+             columns: dict | None = None, now=None) -> None:
+        """This transaction locked the row of ``task_id`` (an event's CAS, or its lock alone), which
+        stands at version ``written`` (default ``version``) with fencing token ``generation``; the
+        events appended since put it at ``version``, with ``columns`` written at ``now`` by the next
+        :meth:`_write_rows`."""
         if generation is not None:
-            self._held[task_id] = _HeldRow(generation=generation, written=version, version=version)
+            self._held[task_id] = _HeldRow(generation=generation, written=version if written is None else written,
+                                           version=version, columns=columns, now=now)
+
+    def defer_event(self, event) -> None:
+        """Insert ``event`` (a :class:`~apps.events.models.TaskEvent` built in memory, of a row this
+        transaction holds) with the others of this transaction in one statement, before any
+        statement that reads the task or event tables and before the commit (:meth:`_write_rows`)."""
+        self._events.append(event)
+
+    def lease_change(self, task_id, generation: int, *, until=None, owner: str | None = None) -> bool:
+        """Write a lease change of ``task_id`` with its row's next image instead of a statement of
+        its own: a renewal to ``until`` for ``owner``, or (``until`` None) the release. Only while this
+        transaction holds the row under ``generation`` (nobody else can have taken the lease);
+        returns False otherwise, and the caller writes it itself. Other sessions see a lease change
+        at the commit either way."""
+        row = self.held(task_id, generation)
+        if row is None:
+            return False
+        row.lease = (owner, until)
+        return True
+
+    def _dirty(self) -> bool:
+        return bool(self._events) or any(r.version > r.written or r.lease is not None for r in self._held.values())
 
     def _before_statement(self, execute, sql, params, many, context):
         """Django's execute wrapper: any statement that reads or writes the task table first sees
         the rows this transaction holds written as they stand (:meth:`_write_rows`) — and so does a
         ``SAVEPOINT``, so that a row image is never written inside a savepoint that may roll back
         (only events at the run's own level leave an image to write)."""
-        if not self._flushing and (_TASK_TABLE in sql or sql.startswith("SAVEPOINT")) \
-                and any(r.version > r.written for r in self._held.values()):
+        if not self._flushing and (_TASK_TABLE in sql or _EVENT_TABLE in sql or sql.startswith("SAVEPOINT")) \
+                and self._dirty():
             self._write_rows()
         return execute(sql, params, many, context)
 
@@ -194,23 +225,40 @@ class RunTransaction:
                 raise
 
     def _write_rows(self) -> None:
+        """Insert the deferred events (one statement), then write each held row's pending image —
+        its version, state and derived columns, and a pending lease change — in one ``UPDATE``."""
+        from apps.tasks.store import events_insert_many  # the store writes through this module
+
         self._flushing = True
         try:
+            if self._events:
+                events, self._events = self._events, []
+                try:
+                    events_insert_many(events)
+                except BaseException:
+                    transaction.set_rollback(True)
+                    raise
             for task_id, row in self._held.items():
-                if row.version == row.written:
+                if row.version == row.written and row.lease is None:
                     continue
-                c = row.columns
+                params = {"task_id": task_id, "written": row.written, "generation": row.generation}
+                sets = []
+                if row.version != row.written:
+                    c = row.columns
+                    sets.append(_ROW_SET)
+                    params.update(version=row.version, now=row.now, status=str(c["status"]),
+                                  state=json.dumps(c["state"]), reason=c["termination_reason"],
+                                  total=c["budget_total"], used=c["budget_used"], reserved=c["budget_reserved"])
+                if row.lease is not None:
+                    sets.append("lease_owner = %(owner)s, lease_expires_at = %(until)s")
+                    params.update(owner=row.lease[0], until=row.lease[1])
                 with connection.cursor() as cursor:
-                    cursor.execute(_ROW_SQL.format(task=_TASK_TABLE), {
-                        "task_id": task_id, "written": row.written, "version": row.version, "now": row.now,
-                        "generation": row.generation,
-                        "status": str(c["status"]), "state": json.dumps(c["state"]), "reason": c["termination_reason"],
-                        "total": c["budget_total"], "used": c["budget_used"], "reserved": c["budget_reserved"]})
+                    cursor.execute(_ROW_SQL.format(task=_TASK_TABLE, sets=", ".join(sets)), params)
                     if cursor.rowcount != 1:
                         transaction.set_rollback(True)
                         raise RuntimeError(f"task {task_id}: its row left version {row.written} or fencing token "
                                            f"{row.generation} while locked")
-                row.written = row.version
+                row.written, row.lease = row.version, None
         finally:
             self._flushing = False
 
@@ -228,12 +276,16 @@ class _HeldRow:
     now: object = None
     #: the in-memory task the last event was appended to (it follows the row)
     task: Task | None = None
+    #: a lease change to write with the row: ``(owner, until)``, ``(None, None)`` for the release
+    lease: tuple | None = None
 
 
 _TASK_TABLE = Task._meta.db_table
+_EVENT_TABLE = TaskEvent._meta.db_table
+_ROW_SET = """version = %(version)s, updated_at = %(now)s, status = %(status)s, state = %(state)s::jsonb,
+    termination_reason = %(reason)s, budget_total = %(total)s, budget_used = %(used)s, budget_reserved = %(reserved)s"""
 _ROW_SQL = """
-UPDATE {task} SET version = %(version)s, updated_at = %(now)s, status = %(status)s, state = %(state)s::jsonb,
-    termination_reason = %(reason)s, budget_total = %(total)s, budget_used = %(used)s, budget_reserved = %(reserved)s
+UPDATE {task} SET {sets}
 WHERE id = %(task_id)s AND version = %(written)s AND lease_generation = %(generation)s
 """
 

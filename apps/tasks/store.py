@@ -178,11 +178,12 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
     projections, whose failure marks the transaction for rollback. In a savepoint the tenant's day
     row moves right after the CAS, and a quota refusal rolls the savepoint back.
 
-    When ``lean`` and the run's transaction already holds the task row locked under this fencing
-    token (an earlier event of the same commit), the CAS is settled without a statement — nobody
-    else can have moved the row — and the row's new image is left to the run, which writes it once
-    (:class:`~apps.tasks.runs.RunTransaction`): the events are inserted one by one, the row written
-    once. Returns the event."""
+    When ``lean`` with a fencing token, the row's image and the event are left to the run, which
+    writes them once (:class:`~apps.tasks.runs.RunTransaction`: the events of a commit in one
+    ``INSERT``, the row in one ``UPDATE``, before any statement on the task or event tables and
+    before the commit). The run's first event on the row takes its lock under the CAS's conditions
+    without writing it (:func:`_lock_for_run`); the next ones need no statement — nobody else can
+    have moved the row. Returns the event."""
     run = open_run()
     if run is not None and not lean:
         # A write inside a nested transaction of the run: the row is brought up to date and the run
@@ -196,10 +197,19 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
     if moves and run is not None:
         run.ledger.admit(task, task.state, new_state)  # BudgetExceeded: nothing written
     if held is not None:
-        event = _event_insert(task, expected=expected, lease_generation=lease_generation, now=now,
-                              event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
-                              occurred_at=occurred_at)
+        event = _event_deferred(run, task, expected=expected, lease_generation=lease_generation, now=now,
+                                event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
+                                occurred_at=occurred_at)
         held.version, held.columns, held.now = expected + 1, columns, now
+    elif run is not None and lease_generation is not None:
+        # The run's first event on this row in this transaction: lock the row under the CAS's
+        # conditions (StaleWrite when it moved); its image and the events are written later, once.
+        _lock_for_run(task.pk, expected=expected, lease_generation=lease_generation)
+        run.hold(task.pk, version=expected + 1, generation=lease_generation, written=expected, columns=columns,
+                 now=now)
+        event = _event_deferred(run, task, expected=expected, lease_generation=lease_generation, now=now,
+                                event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
+                                occurred_at=occurred_at)
     else:
         event = _cas_and_insert(task, columns, expected=expected, lease_generation=lease_generation, now=now,
                                 event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
@@ -226,14 +236,6 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
             transaction.set_rollback(True)  # the event is written: only the whole transaction can undo it
         raise
     return event
-
-
-_INSERT_SQL = """
-INSERT INTO {event} (id, task_id, tenant_id, seq, type, payload, payload_digest, occurred_at, recorded_at,
-                     causation_id, actor, lease_generation)
-VALUES (%(event_id)s, %(task_id)s, %(tenant_id)s, %(seq)s, %(type)s, %(payload)s::jsonb, %(digest)s, %(occurred_at)s,
-        %(now)s, %(causation_id)s, %(actor)s, %(event_generation)s)
-"""
 
 
 def _new_event(task: Task, *, expected: int, lease_generation: int | None, now, event_type: str, payload: dict,
@@ -297,13 +299,32 @@ def snapshots_insert_many(snapshots: list[TaskSnapshot], *, now) -> None:
         cursor.execute(_SNAPSHOTS_SQL.format(snapshot=TaskSnapshot._meta.db_table, rows=rows), params)
 
 
-def _event_insert(task: Task, **kwargs) -> TaskEvent:
-    """The event's ``INSERT`` alone (the run holds the task row; see :func:`_write_event`)."""
-    event, params = _new_event(task, **kwargs)
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT_SQL.format(event=TaskEvent._meta.db_table), params)
-    event._state.adding, event._state.db = False, connection.alias
+def _event_deferred(run, task: Task, *, expected: int, lease_generation: int | None, now, event_type: str,
+                    payload: dict, actor: str, causation_id, occurred_at) -> TaskEvent:
+    """The event at ``seq = expected + 1``, handed to ``run`` to insert with the others of its
+    transaction (the run holds the task row; see :func:`_write_event`)."""
+    generation = lease_generation if lease_generation is not None else task.lease_generation
+    event = TaskEvent(id=uuid.uuid4(), task_id=task.pk, tenant_id=task.tenant_id, seq=expected + 1, type=event_type,
+                      payload=payload, payload_digest=sha256_json(payload), occurred_at=occurred_at, recorded_at=now,
+                      causation_id=causation_id, actor=actor, lease_generation=generation)
+    run.defer_event(event)
     return event
+
+
+_LOCK_SQL = """
+SELECT 1 FROM {task} WHERE id = %s AND version = %s AND lease_generation = %s FOR NO KEY UPDATE
+"""
+
+
+def _lock_for_run(task_id, *, expected: int, lease_generation: int) -> None:
+    """The CAS of a run's first event in its transaction, without a write: lock the task row (as
+    the CAS's ``UPDATE`` would: ``FOR NO KEY UPDATE``, which foreign-key checks do not wait for)
+    while it stands at version ``expected`` under fencing token ``lease_generation``. Raises
+    :class:`StaleWrite` when it does not."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_SQL.format(task=Task._meta.db_table), [task_id, expected, lease_generation])
+        if cursor.fetchone() is None:
+            raise StaleWrite(f"task {task_id}: expected version {expected}, generation {lease_generation}")
 
 
 _APPEND_SQL = """

@@ -42,6 +42,13 @@ def _seen_elsewhere(task_id) -> tuple[int, int]:
     return version, events
 
 
+def _lease_elsewhere(task_id):
+    """``(lease_owner, lease_generation)`` of the task as another session sees it."""
+    with _other_session() as other:
+        return other.execute("SELECT lease_owner, lease_generation FROM tasks_task WHERE id = %s",
+                             [task_id]).fetchone()
+
+
 @pytest.fixture
 def accepted(requester, device):
     return task_submit(principal=p(requester), device_id=device.pk, symptom="Paper jam in tray 2").task
@@ -75,8 +82,9 @@ def test_a_runs_events_commit_together_at_its_end_and_replay(accepted):
 
 
 def test_a_held_row_is_written_once_per_commit_and_read_as_it_stands(accepted):
-    """After its first CAS the run holds the row and appends without a CAS statement per event; a
-    read of the task table inside the run sees the row as the events left it; the commit writes it."""
+    """The run's first event locks the row under the CAS's conditions and writes nothing; the next
+    events need no statement; a read of the task table inside the run first writes the events (one
+    ``INSERT``) and the row's image (one ``UPDATE``), so it sees the row as the events left it."""
     lease = task_claim(task_id=accepted.pk)
     with RunTransaction():
         task = Task.objects.get(pk=accepted.pk)
@@ -86,17 +94,71 @@ def test_a_held_row_is_written_once_per_commit_and_read_as_it_stands(accepted):
                                      actor="worker:test", lease_generation=lease.generation, task=task)
             task, _ = budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 1},
                                      actor="worker:test", lease_generation=lease.generation, task=task)
-        writes = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith(("UPDATE", "WITH"))
-                  and "tasks_task" in q["sql"]]
-        assert len(writes) == 1 and writes[0].lstrip().startswith("WITH cas"), \
-            "one CAS for the first event; none for the next ones while the run holds the row"
+        # (the tests snapshot every fourth event: version 4's snapshot is its own insert)
+        statements = [q["sql"].lstrip() for q in queries if "tasksnapshot" not in q["sql"]]
+        assert len(statements) == 1 and "FOR NO KEY UPDATE" in statements[0], \
+            "one lock for the first event, no write and no statement for the next ones"
         # a reader in the same transaction sees the row as it stands (written before the read)
-        assert Task.objects.values_list("version", "status").get(pk=accepted.pk) == (4, reducer.RETRIEVING)
+        with CaptureQueriesContext(connection) as queries:
+            assert Task.objects.values_list("version", "status").get(pk=accepted.pk) == (4, reducer.RETRIEVING)
+        inserted, updated, read = (q["sql"].lstrip() for q in queries)
+        assert inserted.startswith("INSERT INTO events_taskevent") and inserted.count("::jsonb") == 3
+        assert updated.startswith("UPDATE tasks_task") and read.startswith("SELECT")
         task_release(lease=lease)
     row = Task.objects.get(pk=accepted.pk)
     assert row.version == 4 and row.state["limits"]["tool_calls"]["reserved"] == 4
     assert list(TaskEvent.objects.filter(task_id=accepted.pk).values_list("seq", flat=True)) == [1, 2, 3, 4]
     assert task_replay(row).ok
+
+
+def test_a_read_of_the_events_inside_the_run_sees_the_runs_events(accepted):
+    with _started(accepted) as (lease, task):
+        budget_reserve(task_id=task.pk, activity="context_read", amounts={"tool_calls": 2}, actor="worker:test",
+                       lease_generation=lease.generation, task=task)
+        assert list(TaskEvent.objects.filter(task_id=accepted.pk).order_by("seq").values_list("type", flat=True)) \
+            == ["task.accepted", "retrieval.started", "budget.reserved"]
+        task_release(lease=lease)
+    assert _seen_elsewhere(accepted.pk) == (3, 3)
+
+
+def test_the_release_goes_with_the_rows_last_image_and_only_at_the_commit(accepted):
+    with _started(accepted) as (lease, task):
+        with CaptureQueriesContext(connection) as queries:
+            assert task_release(lease=lease) is True
+        assert queries.captured_queries == [], "no statement of its own while the run holds the row"
+        assert _lease_elsewhere(accepted.pk) == (lease.owner, lease.generation), "not released before the commit"
+    assert _seen_elsewhere(accepted.pk) == (2, 2)
+    assert _lease_elsewhere(accepted.pk) == (None, lease.generation)
+
+
+def test_a_renewal_goes_with_the_rows_next_image_or_alone_when_the_run_holds_nothing(accepted):
+    from apps.tasks.leases import task_lease_renew
+
+    lease = task_claim(task_id=accepted.pk)
+    before = Task.objects.values_list("lease_expires_at", flat=True).get(pk=accepted.pk)
+    with RunTransaction():
+        task_lease_renew(lease=lease, seconds=600)  # nothing held yet: written at once (in the transaction)
+        renewed = Task.objects.values_list("lease_expires_at", flat=True).get(pk=accepted.pk)
+        assert renewed > before
+        _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+        with CaptureQueriesContext(connection) as queries:
+            task_lease_renew(lease=lease, seconds=1200)
+        assert queries.captured_queries == []
+        with checkpoint():
+            # committed with the row's image, before the activity
+            expires = Task.objects.values_list("lease_expires_at", flat=True).get(pk=accepted.pk)
+            assert (expires - renewed).total_seconds() > 500
+        task_release(lease=lease)
+    assert _lease_elsewhere(accepted.pk) == (None, lease.generation)
+
+
+def test_a_run_whose_lease_passed_on_writes_nothing_at_its_first_event(accepted):
+    lease = task_claim(task_id=accepted.pk)
+    Task.objects.filter(pk=accepted.pk).update(lease_generation=lease.generation + 1)  # another worker's claim
+    with pytest.raises(StaleWrite), RunTransaction():
+        _append(Task.objects.get(pk=accepted.pk), lease, "retrieval.started")
+    assert _seen_elsewhere(accepted.pk) == (1, 1)
+    assert RefusedEvent.objects.filter(task_id=accepted.pk, type="retrieval.started").exists()
 
 
 def test_a_checkpoint_commits_what_was_recorded_and_runs_its_block_outside_any_transaction(accepted):
