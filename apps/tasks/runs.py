@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import structlog
-from django.db import connection, transaction
+from django.db import transaction
 
+from apps.core import sql
 from apps.events.models import TaskEvent
 from apps.tasks.models import Task
 from apps.tasks.usage import TenantLedgerBuffer
@@ -252,12 +253,10 @@ class RunTransaction:
                 if row.lease is not None:
                     sets.append("lease_owner = %(owner)s, lease_expires_at = %(until)s")
                     params.update(owner=row.lease[0], until=row.lease[1])
-                with connection.cursor() as cursor:
-                    cursor.execute(_ROW_SQL.format(task=_TASK_TABLE, sets=", ".join(sets)), params)
-                    if cursor.rowcount != 1:
-                        transaction.set_rollback(True)
-                        raise RuntimeError(f"task {task_id}: its row left version {row.written} or fencing token "
-                                           f"{row.generation} while locked")
+                if sql.execute_bound(_ROW_SQL.format(task=_TASK_TABLE, sets=", ".join(sets)), params) != 1:
+                    transaction.set_rollback(True)
+                    raise RuntimeError(f"task {task_id}: its row left version {row.written} or fencing token "
+                                       f"{row.generation} while locked")
                 row.written, row.lease = row.version, None
         finally:
             self._flushing = False

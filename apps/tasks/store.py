@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from apps.core.digests import sha256_json
 from apps.core.failpoints import failpoint
+from apps.core.sql import execute_bound
 from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
 from apps.tasks import reducer
 from apps.tasks.models import Task
@@ -273,9 +274,8 @@ def events_insert_many(events: list[TaskEvent]) -> None:
     for e in events:
         params += [e.id, e.task_id, e.tenant_id, e.seq, e.type, json.dumps(e.payload), e.payload_digest,
                    e.occurred_at, e.recorded_at, e.causation_id, e.actor, e.lease_generation]
-    sql = _INSERT_MANY_SQL.format(event=TaskEvent._meta.db_table, rows=", ".join([_INSERT_ROW] * len(events)))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    execute_bound(_INSERT_MANY_SQL.format(event=TaskEvent._meta.db_table,
+                                          rows=", ".join([_INSERT_ROW] * len(events))), params)
     for e in events:
         e._state.adding, e._state.db = False, connection.alias
 
