@@ -3,6 +3,7 @@ task's bounds and deadline, and closing reservations left by earlier leases."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import uuid
 
@@ -22,6 +23,12 @@ log = logging.getLogger(__name__)
 
 
 MAX_STEPS_PER_RUN = 20
+
+#: the pool of the run this context is in (``agent`` or ``tools``; :func:`apps.agent.runner.agent_run`
+#: sets it), or None outside a run
+RUN_POOL: contextvars.ContextVar[str | None] = contextvars.ContextVar("faultdesk_run_pool", default=None)
+#: the pool of the context reads, which are tool calls: a ticket system's answer may be waited for here
+TOOLS_POOL = "tools"
 
 
 def actor_of(lease: Lease) -> str:

@@ -16,6 +16,8 @@ from apps.actions.registry import ParamsInvalid, params_validate, tool_get
 from apps.actions.services import action_create
 from apps.agent.common import (
     REQUESTER_GONE,
+    RUN_POOL,
+    TOOLS_POOL,
     actor_of,
     has_ledger,
     invalidating,
@@ -120,8 +122,10 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
     own_key = tool.object_scope != "ticket"  # a new ticket's row is alone in its ordering key
     ordering_key = f"{tool.name}:{key}" if own_key else f"ticket:{connector}:{params['ticket_id']}"
     # Direct delivery: this run delivers the row itself right after the intent's commit (see
-    # :func:`direct_delivery_take`), when no other row can be ahead of it in its ordering key.
-    deliver_by = worker_identity() if own_key and settings.FAULTDESK["OUTBOX_DIRECT_DELIVERY"] else None
+    # :func:`direct_delivery_take`), when no other row can be ahead of it in its ordering key, and
+    # only on the tools pool: waiting for a ticket system is a tool call's wait, never a model slot's.
+    direct = own_key and settings.FAULTDESK["OUTBOX_DIRECT_DELIVERY"] and RUN_POOL.get() == TOOLS_POOL
+    deliver_by = worker_identity() if direct else None
 
     written = []
 

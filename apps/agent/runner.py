@@ -28,6 +28,8 @@ from apps.agent.authorization import (
 )
 from apps.agent.common import (
     MAX_STEPS_PER_RUN,
+    RUN_POOL,
+    TOOLS_POOL,
     actor_of,
     bounds_exceeded,
     fail,
@@ -58,7 +60,7 @@ from config.logs import bind
 log = logging.getLogger(__name__)
 
 #: the pools a run can be on, by the Celery task (and queue) that starts it
-AGENT, TOOLS = "agent", "tools"
+AGENT, TOOLS = "agent", TOOLS_POOL
 #: a step that may run on any pool
 ANY = "any"
 #: the Celery task that starts a run on each pool
@@ -91,6 +93,7 @@ def agent_run(*, task_id: uuid.UUID, pool: str = AGENT) -> None:
     lease = task_claim(task_id=task_id)
     if lease is None:
         return
+    pool_token = RUN_POOL.set(pool)
     try:
         with RunTransaction():
             handover = _run_steps(task_id, lease, pool)
@@ -100,6 +103,7 @@ def agent_run(*, task_id: uuid.UUID, pool: str = AGENT) -> None:
         raise
     finally:
         direct_deliveries_forget(lease)  # a row claimed and not delivered waits for its lease's end
+        RUN_POOL.reset(pool_token)
     if handover is not None:
         enqueue_on_commit(POOL_TASK[handover], task_id)
 

@@ -6,33 +6,40 @@ Nothing is skipped that a dispatcher does; the steps only move:
 
 1. the intent's transaction writes the row already claimed by the run's process
    (:func:`~apps.outbox.services.outbox_enqueue` with ``deliver_by``: ``IN_FLIGHT``, leased,
-   fencing token 1), re-authorizes it at once (:func:`~apps.outbox.dispatch.preflight`) and writes
-   the attempt row (:func:`direct_attempt_open`) — all durable in one commit before any request;
-2. outside any transaction, the request with the action's idempotency key and the row's fencing
-   token; an error answer is recorded exactly as a dispatcher records it (:func:`direct_send`);
+   fencing token 1) and the attempt row (:func:`direct_attempt_open`) — durable in one commit
+   before any request;
+2. after that commit, outside any transaction, the re-authorization at the moment of dispatch
+   (:func:`~apps.outbox.dispatch.preflight`, the task's status read under a share lock, so a
+   cancel that waited for the intent's commit is seen), then the request with the action's
+   idempotency key and the row's fencing token; an error answer is recorded exactly as a
+   dispatcher records it (:func:`direct_send`);
 3. the receipt goes on the outbox's rows in the run's next transaction
    (:func:`direct_receipt_record`), where the run appends ``receipt.recorded`` and
    ``task.completed`` and gives its lease back: one commit.
 
 A run that dies anywhere leaves the row ``IN_FLIGHT`` under a lease that expires; a dispatcher then
 claims it with the next fencing token and resends with the same key (the ticket system replays the
-ticket, or fences the old token out), as for a dispatcher that died. A row whose re-authorization
-does not say "send" at once (a ticket system without idempotency, an approval no longer bound) is
-delivered by :func:`~apps.outbox.dispatch.outbox_deliver` after the commit, the one-row path."""
+ticket, or fences the old token out), as for a dispatcher that died. A row for a ticket system
+without idempotency gets no attempt at its intent and goes the one-row path after the commit
+(:func:`~apps.outbox.dispatch.outbox_deliver`, which looks the key up before any resend); so does a
+row whose re-authorization does not say "send" (a cancel, an approval no longer bound), after its
+unsent attempt is closed as not sent."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 
+from django.db import connection
 from django.utils import timezone
 
-from apps.actions.models import Action, ActionAttempt, ActionStatus
+from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
 from apps.actions.services import attempts_start
 from apps.core import sql
 from apps.core import tool_errors as errors
 from apps.core.failpoints import failpoint
-from apps.outbox.dispatch import preflight
+from apps.outbox.dispatch import outbox_deliver, preflight
 from apps.outbox.models import OutboxMessage
 from apps.outbox.receipts import receipt_taken_by_task, receipts_write_rows
 from apps.outbox.sending import request_timeout
@@ -47,36 +54,58 @@ log = logging.getLogger(__name__)
 @dataclass
 class DirectSend:
     """A row claimed at its intent whose attempt is written: the row (its ``lease_generation`` the
-    fencing token), its action and task, the parameters to send, the attempt row, the lease owner."""
+    fencing token), its action and task, the parameters to send (set by the re-authorization), the
+    attempt row, the lease owner."""
 
     message: OutboxMessage
     action: Action
     task: Task
-    params: dict
+    params: dict | None
     attempt: ActionAttempt
     owner: str
 
 
 def direct_attempt_open(*, message: OutboxMessage, action: Action, task: Task, owner: str) -> DirectSend | None:
     """Step 1's second half, in the intent's transaction (the caller's), for ``message`` just
-    written claimed by ``owner``: re-authorize (:func:`~apps.outbox.dispatch.preflight` at now)
-    and, when it says ``"send"``, write the attempt row (number 1, the row's fencing token) and
-    count it on the row. Returns the :class:`DirectSend`, or None when the row must take the
-    one-row path after the commit (:func:`~apps.outbox.dispatch.outbox_deliver`). Raises what the
-    database raises."""
-    check = preflight(message, action, task, now=timezone.now())
-    if check.kind != "send":
+    written claimed by ``owner``: when the action's ticket system is idempotent by key, write the
+    attempt row (number 1, the row's fencing token) and count it on the row. Returns the
+    :class:`DirectSend`, or None when the row must take the one-row path after the commit
+    (:func:`~apps.outbox.dispatch.outbox_deliver`: a ticket system without idempotency, whose key is
+    looked up before any resend). Raises what the database raises."""
+    if not connector_for(action.tool, action.connector).idempotent_by_key:
         return None
     attempt = attempts_start([(action, message.lease_generation)], worker=owner, now=timezone.now())[action.pk]
     OutboxMessage.objects.filter(pk=message.pk).update(attempts=attempt.number)
     message.attempts = attempt.number
-    return DirectSend(message=message, action=action, task=task, params=check.params, attempt=attempt, owner=owner)
+    return DirectSend(message=message, action=action, task=task, params=None, attempt=attempt, owner=owner)
+
+
+#: the task's status and cancel flag as they stand once every writer that waited for its row has
+#: committed (a share lock queues behind them), without the rest of its state's JSON
+_TASK_NOW_SQL = """
+SELECT status, coalesce((state ->> 'cancel_requested')::boolean, false) FROM {task} WHERE id = %s FOR SHARE
+"""
+
+
+def _authorized_now(send: DirectSend):
+    """:func:`~apps.outbox.dispatch.preflight` for ``send`` after the intent's commit, on the task's
+    status as it stands now: read with a share lock in a statement of its own, so a cancel (or any
+    writer) that was waiting for the run's lock on the task row — it is released by the very commit
+    before the request — is committed first and seen here."""
+    task = copy.copy(send.task)
+    with connection.cursor() as cursor:  # autocommit: the lock is held for this statement only
+        cursor.execute(_TASK_NOW_SQL.format(task=Task._meta.db_table), [task.pk])
+        task.status, cancel_requested = cursor.fetchone()
+    return preflight(send.message, send.action, task, now=timezone.now(), cancel_requested=cancel_requested)
 
 
 def direct_send(send: DirectSend) -> Receipt | None:
-    """Step 2, outside any transaction (the intent and the attempt row are committed): the request
-    with the action's stable idempotency key and the row's fencing token, its timeout bounded by
-    the task's deadline. An error answer is recorded as a dispatcher records it
+    """Step 2, outside any transaction (the intent and the attempt row are committed): the
+    re-authorization at the moment of dispatch (:func:`_authorized_now`) — when it does not say
+    "send", the attempt is closed as not sent and the row goes the one-row path
+    (:func:`~apps.outbox.dispatch.outbox_deliver`: a cancel recorded as not sent, an approval
+    invalidated) — then the request with the action's stable idempotency key and the row's
+    fencing token, its timeout bounded by the task's deadline. An error answer is recorded as a dispatcher records it
     (:func:`~apps.outbox.settlement.attempt_error_record`: unknown, retry with backoff, failure),
     and a receipt that is not a new ticket is recorded the one-row way
     (:func:`~apps.outbox.settlement.receipt_record`); both return None. Returns a new ticket's
@@ -84,6 +113,17 @@ def direct_send(send: DirectSend) -> Receipt | None:
     action, message = send.action, send.message
     bind(tenant_id=action.tenant_id, task_id=action.task_id, action_id=action.pk, outbox_id=message.pk,
          fencing_token=message.lease_generation, attempt=send.attempt.number, step="dispatch:direct")
+    check = _authorized_now(send)
+    if check.kind != "send":
+        # Not sent, and this process knows it: the attempt is closed as such, and the one-row path
+        # records why (not executed: nothing of the action can have reached the remote).
+        ActionAttempt.objects.filter(pk=send.attempt.pk, outcome=AttemptOutcome.IN_FLIGHT).update(
+            outcome=AttemptOutcome.SKIPPED, error={"code": "not_sent", "detail": check.reason or check.kind},
+            finished_at=timezone.now())
+        outcome = outbox_deliver(message_id=message.pk, fencing_token=message.lease_generation, owner=send.owner)
+        log.info("direct delivery of %s: %s before the request (%s)", message.pk, outcome, check.kind)
+        return None
+    send.params = check.params
     failpoint("before_send")
     try:
         receipt = connector_for(action.tool, action.connector).execute(

@@ -21,14 +21,13 @@ from apps.core.digests import sha256_json
 from apps.core.failpoints import failpoint
 from apps.events.models import TaskEvent, TaskSnapshot
 from apps.tasks import reducer
+from apps.tasks.event_rows import events_insert_many, snapshots_insert_many
 from apps.tasks.models import Task
 from apps.tasks.store import (
     StaleWrite,
-    events_insert_many,
     projections_run,
     reduce_pinned,
     row_columns,
-    snapshots_insert_many,
     state_digest,
 )
 from apps.tasks.usage import tenant_ledger_apply_many

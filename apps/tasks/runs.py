@@ -21,6 +21,7 @@ from django.db import transaction
 
 from apps.core import sql
 from apps.events.models import TaskEvent
+from apps.tasks.event_rows import events_insert_many
 from apps.tasks.models import Task
 from apps.tasks.usage import TenantLedgerBuffer
 
@@ -188,11 +189,13 @@ class RunTransaction:
     def lease_change(self, task_id, generation: int, *, until=None, owner: str | None = None) -> bool:
         """Write a lease change of ``task_id`` with its row's next image instead of a statement of
         its own: a renewal to ``until`` for ``owner``, or (``until`` None) the release. Only while this
-        transaction holds the row under ``generation`` (nobody else can have taken the lease);
-        returns False otherwise, and the caller writes it itself. Other sessions see a lease change
+        transaction holds the row under ``generation`` (nobody else can have taken the lease) and at
+        its own level (not inside a savepoint, which may roll back without it); returns False
+        otherwise, and the caller writes it itself. Other sessions see a lease change
         at the commit either way."""
         row = self.held(task_id, generation)
-        if row is None:
+        if row is None or len(transaction.get_connection().atomic_blocks) != self._depth:
+            # inside a savepoint of the run the change must roll back with it: written at once
             return False
         row.lease = (owner, until)
         return True
@@ -228,8 +231,6 @@ class RunTransaction:
     def _write_rows(self) -> None:
         """Insert the deferred events (one statement), then write each held row's pending image —
         its version, state and derived columns, and a pending lease change — in one ``UPDATE``."""
-        from apps.tasks.store import events_insert_many  # the store writes through this module
-
         self._flushing = True
         try:
             if self._events:

@@ -10,6 +10,7 @@ reference ticket service is a real HTTP server on loopback."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -288,3 +289,102 @@ def test_a_comment_on_an_open_ticket_waits_for_a_dispatcher_in_its_tickets_order
     settle_receipts()
     assert Task.objects.get(pk=second.pk).status == reducer.COMPLETED
     assert len(refadmin.tickets()) == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the cancel commits in the gap the intent's commit opens
+def test_a_cancel_committed_after_the_intent_stops_the_request(requester, device, kb, direct_on, refadmin,
+                                                               monkeypatch):
+    from apps.tasks import store
+
+    task = _submit(requester, device)
+    real = store.failpoint
+
+    def after_intent(name):
+        if name == "after_commit:intent.committed":
+            task_cancel(principal=p(requester), task_id=task.pk, reason="fixed itself")
+        real(name)
+
+    monkeypatch.setattr(store, "failpoint", after_intent)
+    task = _runs(task.pk)
+    action = Action.objects.get(task=task, compensates__isnull=True)
+    assert refadmin.requests(action.idempotency_key) == 0
+    assert task.status == reducer.CANCELLED
+    assert action.status == ActionStatus.NOT_SENT
+    [attempt] = ActionAttempt.objects.filter(action=action)
+    assert attempt.outcome == AttemptOutcome.SKIPPED  # never left: not "may have reached the remote"
+    assert OutboxMessage.objects.get(action=action).status == OutboxStatus.CANCELLED
+    assert _events(task)[-2:] == ["cancel.requested", "dispatch.failed"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_waiting_for_the_runs_lock_is_seen_before_the_request(requester, device, kb, direct_on,
+                                                                       refadmin, monkeypatch):
+    """The requester cancels while the run's transaction (the reads' results, the draft, the
+    intent) holds the task row: the cancel waits for that lock, which the intent's commit releases
+    right before the request. The re-authorization reads the task under a share lock, which queues
+    behind the waiting cancel: it sees the task cancelled, and nothing is sent."""
+    from apps.tasks import store
+
+    task = _submit(requester, device)
+    cancelled = threading.Event()
+    real = store.failpoint
+
+    def cancel_from_another_session():
+        try:
+            task_cancel(principal=p(requester), task_id=task.pk, reason="fixed itself")
+            cancelled.set()
+        finally:
+            connection.close()
+
+    def before_intent(name):
+        if name == "before_commit:intent.committed" and not cancelled.is_set():
+            threading.Thread(target=cancel_from_another_session).start()
+            # the cancel is now waiting for the run's lock on the task row
+            deadline = time.monotonic() + 5
+            while not _waiting_for_a_lock() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        real(name)
+
+    monkeypatch.setattr(store, "failpoint", before_intent)
+    task = _runs(task.pk)
+    assert cancelled.is_set()
+    action = Action.objects.get(task=task, compensates__isnull=True)
+    events = _events(task)
+    assert events.index("cancel.requested") > events.index("intent.committed")
+    assert refadmin.requests(action.idempotency_key) == 0
+    assert action.status == ActionStatus.NOT_SENT and task.status == reducer.CANCELLED
+
+
+def _waiting_for_a_lock() -> bool:
+    """Whether another session of this database waits for a lock (read from a session of its own)."""
+    import psycopg
+
+    params = {k: v for k, v in connection.get_connection_params().items()
+              if k not in ("options", "cursor_factory", "context", "prepare_threshold", "client_encoding")}
+    with psycopg.connect(**params, autocommit=True) as other:
+        return other.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                             "AND datname = current_database()").fetchone()[0] > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_intent_committed_on_the_agent_pool_leaves_the_request_to_the_dispatcher(
+        settings, requester, approver, device, kb, refservice, refadmin, sent):
+    """After a person's approval the intent is committed by a run on the ``agent`` pool (model
+    steps): it never waits for a ticket system there (a slow one would hold model slots)."""
+    from apps.approvals.models import ApprovalStatus
+    from apps.approvals.services import approval_decide
+
+    settings.FAULTDESK = {**settings.FAULTDESK, "OUTBOX_DIRECT_DELIVERY": True}
+    task = _runs(_submit(requester, device).pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    agent_run(task_id=task.pk)  # the agent pool's run
+    action = Action.objects.get(task=task)
+    row = OutboxMessage.objects.get(action=action)
+    assert (row.status, row.lease_owner) == (OutboxStatus.PENDING, None)
+    assert refadmin.requests(action.idempotency_key) == 0
+    assert (queue.OUTBOX_DISPATCH,) in sent
+    assert outbox_dispatch_batch() == 1
+    settle_receipts()
+    assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED
