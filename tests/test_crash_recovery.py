@@ -113,6 +113,26 @@ def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp
         assert ref_client(stack).get("/_admin/effects", params={"idempotency_key": key}).json()["requests"] == 2
 
 
+def test_sigkill_after_the_dispatchers_receipt_before_the_task_learns_it(stack, tmp_path):
+    """With direct delivery off, the dispatcher records a batch's receipts on the outbox's rows and
+    the task learns them in a second commit (``settle_receipts``): a death between the two leaves
+    the receipt durable on the action's row, and the next worker settles the task from the row —
+    nothing is sent again."""
+    tenant, requester, device = seed_acme(auto_approve=True)
+    fired = tmp_path / "failpoint-fired"
+    off = {"FAULTDESK_OUTBOX_DIRECT_DELIVERY": "false"}
+    stack.start_worker("doomed", pool="solo", FAULTDESK_FAILPOINT="before_commit:task.completed",
+                       FAULTDESK_FAILPOINT_ONCE=str(fired), **off)
+    task_id = _file(stack, device)
+    _wait_for(fired, 120, stack)
+    assert stack.wait_exit("doomed", 30) == -9  # SIGKILL
+    stack.start_worker("survivor", **off)
+    task = _assert_completed_once(stack, task_id)
+    assert task.state["receipt"]["replayed"] is False
+    key = task.state["action"]["idempotency_key"]
+    assert ref_client(stack).get("/_admin/effects", params={"idempotency_key": key}).json()["requests"] == 1
+
+
 def _stalled_then_taken_over(stack, tmp_path, point: str, seconds: int) -> Task:
     """Worker A stalls ``seconds`` at failpoint ``point`` (past its 3 s lease); worker B starts
     once A stalled. Returns the task once completed (checked by :func:`_assert_completed_once`)."""

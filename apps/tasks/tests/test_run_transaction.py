@@ -320,3 +320,12 @@ def test_an_event_written_inside_a_nested_transaction_of_a_run_keeps_the_row_in_
     row = Task.objects.get(pk=accepted.pk)
     assert row.version == 4 and row.state["limits"]["tool_calls"]["reserved"] == 2
     assert task_replay(row).ok
+
+
+def test_a_release_inside_a_savepoint_that_rolls_back_is_rolled_back_with_it(accepted):
+    with _started(accepted) as (lease, task):
+        with pytest.raises(RuntimeError), transaction.atomic():
+            assert task_release(lease=lease) is True
+            raise RuntimeError("the savepoint rolls back")
+    assert _seen_elsewhere(accepted.pk) == (2, 2)
+    assert _lease_elsewhere(accepted.pk) == (lease.owner, lease.generation), "the release went with the savepoint"
