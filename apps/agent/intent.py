@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -25,7 +24,7 @@ from apps.agent.common import (
 )
 from apps.approvals.models import ApprovalRequest
 from apps.core import sql
-from apps.outbox.direct import DirectSend, direct_attempt_open
+from apps.outbox.direct import DirectSend, direct_attempt_open, direct_give_back
 from apps.outbox.services import outbox_enqueue
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
@@ -124,7 +123,10 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
     # Direct delivery: this run delivers the row itself right after the intent's commit (see
     # :func:`direct_delivery_take`), when no other row can be ahead of it in its ordering key, and
     # only on the tools pool: waiting for a ticket system is a tool call's wait, never a model slot's.
-    direct = own_key and settings.FAULTDESK["OUTBOX_DIRECT_DELIVERY"] and RUN_POOL.get() == TOOLS_POOL
+    # A ticket system without idempotency (its key looked up before any resend) keeps the dispatcher's
+    # one-row path too.
+    direct = own_key and settings.FAULTDESK["OUTBOX_DIRECT_DELIVERY"] and RUN_POOL.get() == TOOLS_POOL \
+        and CONNECTORS[connector].idempotent_by_key
     deliver_by = worker_identity() if direct else None
 
     written = []
@@ -152,37 +154,34 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
     # goes on to DISPATCHING at once and sends it after the commit (apps/agent/runner.py).
     action, message = written[0]
     send = direct_attempt_open(message=message, action=action, task=task, owner=deliver_by)
-    _DIRECT[(lease.task_id, lease.generation)] = DirectDelivery(message.pk, message.lease_generation, deliver_by, send)
+    if send is None:
+        return False  # handed to the dispatcher in this transaction
+    _DIRECT[(lease.task_id, lease.generation)] = send
     return True
-
-
-@dataclass(frozen=True)
-class DirectDelivery:
-    """An outbox row the run claimed in its intent's transaction to deliver itself: the row's id,
-    its fencing token, the lease owner it was claimed for, and its attempt when it was opened in
-    that transaction (:func:`~apps.outbox.direct.direct_attempt_open`; None: the row takes the
-    one-row path, :func:`~apps.outbox.dispatch.outbox_deliver`)."""
-
-    message_id: uuid.UUID
-    fencing_token: int
-    owner: str
-    send: DirectSend | None = None
 
 
 #: rows this process's runs claimed at their intents and have not delivered yet, by (task id, lease
 #: generation): a run is one process's, and the generation keeps a later run from taking an earlier one's
-_DIRECT: dict[tuple[uuid.UUID, int], DirectDelivery] = {}
+_DIRECT: dict[tuple[uuid.UUID, int], DirectSend] = {}
 
 
-def direct_delivery_take(lease: Lease) -> DirectDelivery | None:
+def direct_delivery_take(lease: Lease) -> DirectSend | None:
     """The outbox row ``lease``'s run claimed at its intent (docs/architecture.md §6, direct
-    delivery), taken off the list, or None. The row is delivered once its intent is committed; a row
-    never taken (the run ended first) stays leased until its lease expires, then a dispatcher
-    claims it."""
+    delivery), with its attempt opened, taken off the list; or None. The row is delivered once its
+    intent is committed; a row never taken (the run ended first) is handed to the dispatcher when
+    the run ends (:func:`direct_deliveries_forget`)."""
     return _DIRECT.pop((lease.task_id, lease.generation), None)
 
 
 def direct_deliveries_forget(lease: Lease) -> None:
-    """Drop what ``lease``'s run claimed and did not deliver (its run is over; see
-    :func:`direct_delivery_take`)."""
-    _DIRECT.pop((lease.task_id, lease.generation), None)
+    """``lease``'s run is over: a row it claimed at its intent and never sent (it ended first, e.g.
+    at its step limit) goes to the dispatcher now, its attempt closed as not sent
+    (:func:`~apps.outbox.direct.direct_give_back`), rather than waiting for its lease to expire.
+    When that fails the lease's expiry still hands it over."""
+    send = _DIRECT.pop((lease.task_id, lease.generation), None)
+    if send is None:
+        return
+    try:
+        direct_give_back(send, "the run ended before its request")
+    except Exception:  # noqa: BLE001 - the row's lease expires and a dispatcher takes it over anyway
+        log.exception("handing the outbox row %s back to the dispatcher failed", send.message.pk)

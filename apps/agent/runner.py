@@ -44,7 +44,6 @@ from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.llm.providers import runs_in_process
 from apps.outbox.direct import direct_receipt_record, direct_send
-from apps.outbox.dispatch import outbox_deliver
 from apps.outbox.receipts import receipt_unsettled
 from apps.outbox.settlement import receipt_record
 from apps.tasks import reducer
@@ -214,28 +213,25 @@ def deliver_directly(lease: Lease) -> bool:
     next transaction, where the next steps append ``receipt.recorded`` and ``task.completed``
     (:func:`receipt_settle`, :func:`completion_on_receipt`) and the release commits with them. An
     error answer is recorded as a dispatcher records it; a receipt the task does not take now (it
-    was cancelled meanwhile) is recorded the one-row way, with δ's refusal. A row whose attempt
-    was not opened at the intent goes the dispatcher's one-row path
-    (:func:`~apps.outbox.dispatch.outbox_deliver`). Returns whether there was a row (the run then
-    reads the task again).
+    was cancelled meanwhile) is recorded the one-row way, with δ's refusal. Returns whether there
+    was a row (the run then reads the task again).
 
-    An exception while sending is logged, not raised: the row stays leased until its lease expires
-    and a dispatcher claims it with the next fencing token and resends with the same key."""
+    An exception while sending is logged, not raised: a request that never left is handed back to
+    the dispatcher (:func:`~apps.outbox.direct.direct_give_back`); otherwise the row stays leased
+    until its lease expires and a dispatcher claims it with the next fencing token and resends
+    with the same key."""
     direct = direct_delivery_take(lease)
     if direct is None:
         return False
     receipt = None
     with checkpoint():
         try:
-            if direct.send is None:
-                outbox_deliver(message_id=direct.message_id, fencing_token=direct.fencing_token, owner=direct.owner)
-            else:
-                receipt = direct_send(direct.send)
-        except Exception:  # noqa: BLE001 - the row's lease expires and a dispatcher takes it over
-            log.exception("delivering the outbox row %s directly failed", direct.message_id)
-    if receipt is not None and not direct_receipt_record(direct.send, receipt):
+            receipt = direct_send(direct)
+        except Exception:  # noqa: BLE001 - handed back to the dispatcher, or its lease expires
+            log.exception("delivering the outbox row %s directly failed", direct.message.pk)
+    if receipt is not None and not direct_receipt_record(direct, receipt):
         with checkpoint():
-            receipt_record(action_id=direct.send.action.pk, receipt=receipt, attempt_id=direct.send.attempt.pk,
+            receipt_record(action_id=direct.action.pk, receipt=receipt, attempt_id=direct.attempt.pk,
                            actor=f"dispatcher:{direct.owner}")
     return True
 

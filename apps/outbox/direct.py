@@ -31,7 +31,7 @@ import copy
 import logging
 from dataclasses import dataclass
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.actions.models import Action, ActionAttempt, ActionStatus, AttemptOutcome
@@ -39,11 +39,12 @@ from apps.actions.services import attempts_start
 from apps.core import sql
 from apps.core import tool_errors as errors
 from apps.core.failpoints import failpoint
+from apps.core.queue import OUTBOX_DISPATCH, kick_on_commit
 from apps.outbox.dispatch import outbox_deliver, preflight
-from apps.outbox.models import OutboxMessage
+from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.receipts import receipt_taken_by_task, receipts_write_rows
 from apps.outbox.sending import request_timeout
-from apps.outbox.settlement import attempt_error_record, receipt_record
+from apps.outbox.settlement import attempt_error_record, receipt_record, still_ours
 from apps.tasks.models import Task
 from apps.tickets.connectors import Receipt, connector_for
 from config.logs import bind
@@ -67,12 +68,15 @@ class DirectSend:
 
 def direct_attempt_open(*, message: OutboxMessage, action: Action, task: Task, owner: str) -> DirectSend | None:
     """Step 1's second half, in the intent's transaction (the caller's), for ``message`` just
-    written claimed by ``owner``: when the action's ticket system is idempotent by key, write the
-    attempt row (number 1, the row's fencing token) and count it on the row. Returns the
-    :class:`DirectSend`, or None when the row must take the one-row path after the commit
-    (:func:`~apps.outbox.dispatch.outbox_deliver`: a ticket system without idempotency, whose key is
-    looked up before any resend). Raises what the database raises."""
+    written claimed by ``owner``: write the attempt row (number 1, the row's fencing token) and
+    count it on the row. Returns the :class:`DirectSend`. A ticket system without idempotency
+    (whose key a dispatcher looks up before any resend) is never delivered directly: its row is
+    handed to the dispatcher in the same transaction (unleased, due now, kicked on commit) and
+    None is returned. Raises what the database raises."""
     if not connector_for(action.tool, action.connector).idempotent_by_key:
+        OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.PENDING, lease_owner=None,
+                                                           lease_expires_at=None)
+        kick_on_commit(OUTBOX_DISPATCH)
         return None
     attempt = attempts_start([(action, message.lease_generation)], worker=owner, now=timezone.now())[action.pk]
     OutboxMessage.objects.filter(pk=message.pk).update(attempts=attempt.number)
@@ -85,6 +89,25 @@ def direct_attempt_open(*, message: OutboxMessage, action: Action, task: Task, o
 _TASK_NOW_SQL = """
 SELECT status, coalesce((state ->> 'cancel_requested')::boolean, false) FROM {task} WHERE id = %s FOR SHARE
 """
+
+
+def direct_give_back(send: DirectSend, reason: str) -> bool:
+    """Hand a row claimed at its intent whose request never left to the dispatcher, in one
+    transaction of its own (after the intent's commit: the run ended before its request, or its
+    re-authorization could not be read): its attempt closed ``SKIPPED`` with ``reason`` — this
+    process knows it was never sent, so it never counts as "may have reached the remote" — and the
+    row ``PENDING``, unleased and due now, with a dispatcher kick on commit. Nothing when the row
+    is no longer held at its fencing token (a dispatcher took it over: it owns the row now).
+    Returns whether the row was handed over. Raises what the database raises."""
+    with transaction.atomic():
+        if not still_ours(send.message.pk, send.message.lease_generation).exists():
+            return False
+        ActionAttempt.objects.filter(pk=send.attempt.pk, outcome=AttemptOutcome.IN_FLIGHT).update(
+            outcome=AttemptOutcome.SKIPPED, error={"code": "not_sent", "detail": reason}, finished_at=timezone.now())
+        OutboxMessage.objects.filter(pk=send.message.pk).update(status=OutboxStatus.PENDING, lease_owner=None,
+                                                                lease_expires_at=None, available_at=timezone.now())
+        kick_on_commit(OUTBOX_DISPATCH)
+    return True
 
 
 def _authorized_now(send: DirectSend):
@@ -113,7 +136,12 @@ def direct_send(send: DirectSend) -> Receipt | None:
     action, message = send.action, send.message
     bind(tenant_id=action.tenant_id, task_id=action.task_id, action_id=action.pk, outbox_id=message.pk,
          fencing_token=message.lease_generation, attempt=send.attempt.number, step="dispatch:direct")
-    check = _authorized_now(send)
+    try:
+        check = _authorized_now(send)
+    except Exception:
+        # e.g. a lock timeout: nothing was sent, and the dispatcher re-authorizes when it claims the row
+        _give_back_or_log(send, "the re-authorization before the request failed")
+        raise
     if check.kind != "send":
         # Not sent, and this process knows it: the attempt is closed as such, and the one-row path
         # records why (not executed: nothing of the action can have reached the remote).
@@ -140,6 +168,13 @@ def direct_send(send: DirectSend) -> Receipt | None:
                        actor=f"dispatcher:{send.owner}")
         return None
     return receipt
+
+
+def _give_back_or_log(send: DirectSend, reason: str) -> None:
+    try:
+        direct_give_back(send, reason)
+    except Exception:  # noqa: BLE001 - the row's lease expires and a dispatcher takes it over anyway
+        log.exception("handing the outbox row %s back to the dispatcher failed", send.message.pk)
 
 
 def direct_receipt_record(send: DirectSend, receipt: Receipt) -> bool:

@@ -95,7 +95,8 @@ class _DatabaseCollector:
             a.add_metric(list(labels), n)
         yield a
         d = CounterMetricFamily("faultdesk_dispatch_attempts", "Dispatch attempts to ticket systems by tool and "
-                                "outcome.", labels=["tool", "outcome"])
+                                "outcome (SKIPPED: written before a request that never left).",
+                                labels=["tool", "outcome"])
         for labels, n in _merged(((_bounded(t, tools), _bounded(o, AttemptOutcome.values)), n)
                                  for t, o, n in attempts):
             d.add_metric(list(labels), n)
@@ -253,7 +254,8 @@ def tenant_metrics(*, tenant_id: int, days: int = 14) -> dict:
     ended = totals["completed"] + totals["failed"] + totals["cancelled"]
     return {
         "totals": {**totals, "cost_used": totals["cost_used"] or 0, "faulted": faulted, "recovered": recovered,
-                   "duplicate_actions": duplicates, "attempts": ActionAttempt.objects.for_tenant(tenant_id).count()},
+                   "duplicate_actions": duplicates, "attempts": ActionAttempt.objects.for_tenant(tenant_id)
+                   .exclude(outcome=AttemptOutcome.SKIPPED).count()},
         "rates": {"completion": _rate(totals["completed"], ended), "recovery": _rate(recovered, faulted)},
         "by_version": by_version,
         "by_day": by_day,

@@ -388,3 +388,67 @@ def test_an_intent_committed_on_the_agent_pool_leaves_the_request_to_the_dispatc
     assert outbox_dispatch_batch() == 1
     settle_receipts()
     assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_ends_before_its_request_hands_the_row_to_the_dispatcher_at_once(
+        requester, device, kb, direct_on, refadmin, monkeypatch, sent):
+    """A run that stops right after its intent (its step limit) never sent the request and knows
+    it: the attempt is closed as not sent and the row is the dispatcher's now, not after its lease."""
+    from apps.agent import runner
+
+    monkeypatch.setattr(runner, "deliver_directly", lambda lease: False)  # the run ends at DISPATCHING
+    task = _runs(_submit(requester, device).pk, rounds=2)
+    action = Action.objects.get(task=task)
+    row = OutboxMessage.objects.get(action=action)
+    assert (row.status, row.lease_owner) == (OutboxStatus.PENDING, None)
+    assert (queue.OUTBOX_DISPATCH,) in sent
+    [attempt] = ActionAttempt.objects.filter(action=action)
+    assert attempt.outcome == AttemptOutcome.SKIPPED
+    assert outbox_dispatch_batch() == 1
+    settle_receipts()
+    assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED
+    first, second = ActionAttempt.objects.filter(action=action).order_by("number")
+    assert (first.outcome, second.outcome, second.fencing_token) == (AttemptOutcome.SKIPPED,
+                                                                     AttemptOutcome.RECEIPT, 2)
+    assert refadmin.requests(action.idempotency_key) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_re_authorization_that_fails_hands_the_unsent_row_to_the_dispatcher(
+        requester, device, kb, direct_on, refadmin, monkeypatch):
+    from django.db import OperationalError
+
+    def lock_timeout(send):
+        raise OperationalError("canceling statement due to lock timeout")
+
+    monkeypatch.setattr(direct, "_authorized_now", lock_timeout)
+    task = _runs(_submit(requester, device).pk)
+    action = Action.objects.get(task=task)
+    assert refadmin.requests(action.idempotency_key) == 0
+    row = OutboxMessage.objects.get(action=action)
+    assert (row.status, row.lease_owner) == (OutboxStatus.PENDING, None)
+    assert ActionAttempt.objects.get(action=action).outcome == AttemptOutcome.SKIPPED
+    monkeypatch.undo()
+    assert outbox_dispatch_batch() == 1
+    settle_receipts()
+    assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED
+    assert refadmin.effects(action.idempotency_key) == 1
+
+
+def test_a_ticket_system_without_idempotency_is_left_to_the_dispatcher(tenant, requester, device, kb, direct_on,
+                                                                       monkeypatch):
+    """django-helpdesk cannot be asked to replay a key: its key is looked up before any resend, and
+    a cancel waiting for the run's lock could slip past a read right after the intent's commit. Its
+    rows are never delivered directly."""
+    from apps.tickets.helpdesk import HelpdeskConnector
+
+    tenant.ticket_system = HelpdeskConnector.name
+    tenant.save(update_fields=["ticket_system"])
+    task = _runs(_submit(requester, device).pk)
+    assert task.status == reducer.DISPATCHING
+    action = Action.objects.get(task=task)
+    assert action.connector == HelpdeskConnector.name
+    row = OutboxMessage.objects.get(action=action)
+    assert (row.status, row.lease_owner) == (OutboxStatus.PENDING, None)
+    assert not ActionAttempt.objects.filter(action=action).exists()
