@@ -9,8 +9,8 @@ Nothing is skipped that a dispatcher does; the steps only move:
    fencing token 1) and the attempt row (:func:`direct_attempt_open`) — durable in one commit
    before any request;
 2. after that commit, outside any transaction, the re-authorization at the moment of dispatch
-   (:func:`~apps.outbox.dispatch.preflight`, the task's status read under a share lock, so a
-   cancel that waited for the intent's commit is seen), then the request with the action's
+   (:func:`~apps.outbox.dispatch.preflight`, on the task's status read once every cancel already
+   begun has ended: :mod:`apps.tasks.cancel_gate`), then the request with the action's
    idempotency key and the row's fencing token; an error answer is recorded exactly as a
    dispatcher records it (:func:`direct_send`);
 3. the receipt goes on the outbox's rows in the run's next transaction
@@ -45,6 +45,7 @@ from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.outbox.receipts import receipt_taken_by_task, receipts_write_rows
 from apps.outbox.sending import request_timeout
 from apps.outbox.settlement import attempt_error_record, receipt_record, still_ours
+from apps.tasks.cancel_gate import cancels_in_flight_wait
 from apps.tasks.models import Task
 from apps.tickets.connectors import Receipt, connector_for
 from config.logs import bind
@@ -84,10 +85,9 @@ def direct_attempt_open(*, message: OutboxMessage, action: Action, task: Task, o
     return DirectSend(message=message, action=action, task=task, params=None, attempt=attempt, owner=owner)
 
 
-#: the task's status and cancel flag as they stand once every writer that waited for its row has
-#: committed (a share lock queues behind them), without the rest of its state's JSON
+#: the task's status and cancel flag, without the rest of its state's JSON
 _TASK_NOW_SQL = """
-SELECT status, coalesce((state ->> 'cancel_requested')::boolean, false) FROM {task} WHERE id = %s FOR SHARE
+SELECT status, coalesce((state ->> 'cancel_requested')::boolean, false) FROM {task} WHERE id = %s
 """
 
 
@@ -112,11 +112,12 @@ def direct_give_back(send: DirectSend, reason: str) -> bool:
 
 def _authorized_now(send: DirectSend):
     """:func:`~apps.outbox.dispatch.preflight` for ``send`` after the intent's commit, on the task's
-    status as it stands now: read with a share lock in a statement of its own, so a cancel (or any
-    writer) that was waiting for the run's lock on the task row — it is released by the very commit
-    before the request — is committed first and seen here."""
+    status as it stands once every cancel already begun has ended (:mod:`apps.tasks.cancel_gate`):
+    a cancel issued while the run's transaction held the task row waited for that lock, which the
+    very commit before the request released — it is committed first and seen here."""
     task = copy.copy(send.task)
-    with connection.cursor() as cursor:  # autocommit: the lock is held for this statement only
+    cancels_in_flight_wait(task.pk)
+    with connection.cursor() as cursor:
         cursor.execute(_TASK_NOW_SQL.format(task=Task._meta.db_table), [task.pk])
         task.status, cancel_requested = cursor.fetchone()
     return preflight(send.message, send.action, task, now=timezone.now(), cancel_requested=cancel_requested)

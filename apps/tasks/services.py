@@ -22,6 +22,7 @@ from apps.devices.selectors import device_get
 from apps.llm.drafter import PROMPT_TEMPLATE_VERSION
 from apps.llm.parser import PARSER_VERSION
 from apps.tasks import reducer
+from apps.tasks.cancel_gate import cancel_gate_enter
 from apps.tasks.models import Task, Urgency
 from apps.tasks.selectors import task_get
 from apps.tasks.store import task_append_event, task_append_with_retry
@@ -193,7 +194,8 @@ def _same_key(existing: Task, digest: str) -> SubmitResult:
 
 
 def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -> Task:
-    """Cancel a task (DESIGN.md §8): a ``cancel.requested`` event first; it stops new dispatch.
+    """Cancel a task (DESIGN.md §8): a ``cancel.requested`` event first; it stops new dispatch — also
+    a request whose last re-authorization is under way, which waits for it (:mod:`apps.tasks.cancel_gate`).
 
     Raises ``NotFound`` (the principal may not even see it: another tenant's, or another
     requester's for a requester — the same answer as for an id that does not exist),
@@ -204,13 +206,17 @@ def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -
         raise NotFound("task not found")
     if task.requester_id != principal.user_id and not principal.is_admin:
         raise Forbidden("only the requester or an admin may cancel")
-    try:
-        return task_append_with_retry(  # the approvals app closes the task's pending approvals (a projection)
-            task_id=task.pk, event_type="cancel.requested", payload_fn=lambda t: {"reason": reason[:200]},
-            actor=principal.as_actor(),
-        )
-    except reducer.IllegalTransition as exc:
-        raise Conflict(f"cannot cancel: {exc.reason}", status=task.status) from exc
+    with transaction.atomic():
+        # before it waits for the task row: a request about to leave waits for this cancel
+        cancel_gate_enter(task.pk)
+        try:
+            return task_append_with_retry(  # the approvals app closes the task's pending approvals (a projection)
+                task_id=task.pk, event_type="cancel.requested", payload_fn=lambda t: {"reason": reason[:200]},
+                actor=principal.as_actor(),
+            )
+        except reducer.IllegalTransition as exc:
+            refused = exc  # its record is written; this transaction commits it
+    raise Conflict(f"cannot cancel: {refused.reason}", status=task.status) from refused
 
 
 def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -> Task:

@@ -452,3 +452,58 @@ def test_a_ticket_system_without_idempotency_is_left_to_the_dispatcher(tenant, r
     row = OutboxMessage.objects.get(action=action)
     assert (row.status, row.lease_owner) == (OutboxStatus.PENDING, None)
     assert not ActionAttempt.objects.filter(action=action).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_already_begun_is_waited_for_however_slow_it_is(requester, device, kb, direct_on, refadmin,
+                                                                 monkeypatch):
+    """A cancel that has begun — it took the cancel gate — but is slow to reach the task row (its
+    backend not scheduled, say) is still waited for by the re-authorization before the request: the
+    gate, not the row's lock, orders them."""
+    from django.db import transaction
+
+    from apps.tasks import store
+    from apps.tasks.cancel_gate import cancel_gate_enter
+    from apps.tasks.store import task_append_with_retry
+
+    task = _submit(requester, device)
+    entered, done = threading.Event(), threading.Event()
+    real = store.failpoint
+
+    def slow_cancel():
+        try:
+            with transaction.atomic():
+                cancel_gate_enter(task.pk)
+                entered.set()
+                time.sleep(1.0)  # past the intent's commit and into the re-authorization
+                task_append_with_retry(task_id=task.pk, event_type="cancel.requested",
+                                       payload_fn=lambda t: {"reason": "slow"}, actor="user:slow")
+            done.set()
+        finally:
+            connection.close()
+
+    def before_intent(name):
+        if name == "before_commit:intent.committed" and not entered.is_set():
+            threading.Thread(target=slow_cancel).start()
+            assert entered.wait(5)
+        real(name)
+
+    monkeypatch.setattr(store, "failpoint", before_intent)
+    task = _runs(task.pk)
+    assert done.is_set()
+    action = Action.objects.get(task=task, compensates__isnull=True)
+    assert refadmin.requests(action.idempotency_key) == 0
+    assert action.status == ActionStatus.NOT_SENT and task.status == reducer.CANCELLED
+
+
+def test_a_refused_cancel_keeps_its_record(requester, device, kb, direct_on, refadmin):
+    """The cancel's own transaction (it holds the cancel gate) still commits the record of a cancel
+    δ refused: a task already completed cannot be cancelled, and the attempt is on file."""
+    from apps.core.errors import Conflict
+    from apps.events.models import RefusedEvent
+
+    task = _runs(_submit(requester, device).pk)
+    assert task.status == reducer.COMPLETED
+    with pytest.raises(Conflict):
+        task_cancel(principal=p(requester), task_id=task.pk, reason="too late")
+    assert RefusedEvent.objects.filter(task=task, type="cancel.requested").exists()
