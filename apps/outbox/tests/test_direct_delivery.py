@@ -87,6 +87,15 @@ def _kill():
     raise Killed
 
 
+def _killed_at(monkeypatch, point: str, requester, device):
+    """A report whose run dies at the direct sender's failpoint ``point``; ``(task, action)``."""
+    _at(monkeypatch, point, _kill)
+    task = _submit(requester, device)
+    with pytest.raises(Killed):
+        _runs(task.pk)
+    return task, Action.objects.get(task=task)
+
+
 def _expire_outbox_leases():
     for row in OutboxMessage.objects.filter(status=OutboxStatus.IN_FLIGHT):
         OutboxMessage.objects.filter(pk=row.pk).update(lease_expires_at=row.created_at)
@@ -157,11 +166,7 @@ def test_the_intent_the_claimed_row_and_the_attempt_are_committed_before_the_req
 
 def test_a_run_that_dies_before_the_request_leaves_its_row_to_a_dispatcher_after_the_lease(
         requester, device, kb, direct_on, refadmin, monkeypatch):
-    _at(monkeypatch, "before_send", _kill)
-    task = _submit(requester, device)
-    with pytest.raises(Killed):
-        _runs(task.pk)
-    action = Action.objects.get(task=task)
+    task, action = _killed_at(monkeypatch, "before_send", requester, device)
     row = OutboxMessage.objects.get(action=action)
     assert (row.status, row.lease_generation) == (OutboxStatus.IN_FLIGHT, 1)
     assert refadmin.requests(action.idempotency_key) == 0
@@ -181,11 +186,7 @@ def test_a_run_that_dies_before_the_request_leaves_its_row_to_a_dispatcher_after
 
 def test_a_run_that_dies_after_the_ticket_was_made_gets_the_same_ticket_back(
         requester, device, kb, direct_on, refadmin, monkeypatch):
-    _at(monkeypatch, "after_send", _kill)
-    task = _submit(requester, device)
-    with pytest.raises(Killed):
-        _runs(task.pk)
-    action = Action.objects.get(task=task)
+    task, action = _killed_at(monkeypatch, "after_send", requester, device)
     assert refadmin.effects(action.idempotency_key) == 1
     assert Action.objects.get(pk=action.pk).status == ActionStatus.INTENDED  # nothing of the receipt committed
     _expire_outbox_leases()
