@@ -51,6 +51,7 @@ from apps.outbox.settlement import (
     still_ours,
 )
 from apps.tasks import reducer
+from apps.tasks.cancel_gate import cancels_in_flight_wait
 from apps.tasks.models import Task
 from apps.tasks.store import worker_identity
 from apps.tickets.connectors import connector_for
@@ -180,6 +181,9 @@ def _dispatch_batch(*, limit: int | None = None) -> list[OutboxMessage]:
     # states (15-20 KB of JSON each) are not read: re-authorization needs only whether a cancel was
     # requested, read as that one key.
     task_ids = list({m.action.task_id for m in rows})
+    # every cancel of these tasks already begun ends before their status is read (a lock timeout
+    # raises here: nothing is sent, and the rows are claimed again once their leases expire)
+    cancels_in_flight_wait(*task_ids)
     tasks = {t.pk: t for t in sql.rows(Task, "t0.id = ANY(%s)", [task_ids], related=("tenant",),
                                        defer=frozenset({"state"}))}
     with connection.cursor() as cursor:
@@ -274,6 +278,7 @@ def outbox_deliver(*, message_id, fencing_token: int, owner: str) -> str:
     ``"cancelled"``, ``"invalidated"`` or ``"lost_lease"``."""
     message = OutboxMessage.objects.select_related("action", "action__approval").get(pk=message_id)
     action = message.action
+    cancels_in_flight_wait(action.task_id)  # a cancel already begun is seen (apps/tasks/cancel_gate.py)
     task = Task.objects.select_related("tenant").get(pk=action.task_id)
     now = timezone.now()
     bind(tenant_id=action.tenant_id, task_id=action.task_id, action_id=action.pk, outbox_id=message.pk,

@@ -6,12 +6,13 @@ that lock until its commit, so a cancel issued meanwhile waits for it and commit
 the moment between the intent's commit and the request, when a plain read of the task does not see
 it yet, and a row lock taken on the task does not reliably queue behind it either (the cancel waits
 on the old row version; the commit made a new one). So a cancel first takes this gate, shared, in
-its own transaction before it waits for the row (:func:`cancel_gate_enter`), and a re-authorization
-that must see every cancel already begun takes it exclusively first (:func:`cancels_in_flight_wait`):
-that waits until each such cancel has committed or rolled back, and the read after it sees the
-outcome. A cancel that begins after that is the window every re-authorization has before its
-request; it is handled as a cancel during the request (its ticket recorded, its compensation asked
-for). PostgreSQL advisory locks: in memory, no write, released at the end of their transaction."""
+its own transaction before it waits for the row (:func:`cancel_gate_enter`), and every
+re-authorization before a request — direct delivery's and the dispatcher's — takes it exclusively
+first (:func:`cancels_in_flight_wait`): that waits until each such cancel has committed or rolled
+back, and the read after it sees the outcome; past the lock timeout nothing is sent. A cancel that
+begins after that is the window every re-authorization has before its request; it is handled as a
+cancel during the request (its ticket recorded, its compensation asked for). PostgreSQL advisory
+locks: in memory, no write, released at the end of their transaction."""
 
 from __future__ import annotations
 
@@ -36,10 +37,15 @@ def cancel_gate_enter(task_id) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", [_NAMESPACE, _key(task_id)])
 
 
-def cancels_in_flight_wait(task_id) -> None:
-    """Wait until every cancel of ``task_id`` that has entered the gate has ended (committed or
-    rolled back); outside any transaction, so the gate is held for this statement only. A read of
-    the task after it sees those cancels. Raises ``OperationalError`` past the session's
-    ``lock_timeout``."""
+def cancels_in_flight_wait(*task_ids) -> None:
+    """Wait until every cancel of the tasks ``task_ids`` that has entered the gate has ended
+    (committed or rolled back); one statement outside any transaction, so the gates are held for
+    that statement only, taken in key order (two waiters never hold each other up in a cycle). A
+    read of the tasks after it sees those cancels. Raises ``OperationalError`` past the session's
+    ``lock_timeout`` — the caller must then not send (fail closed)."""
+    keys = sorted({_key(task_id) for task_id in task_ids})
+    if not keys:
+        return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_NAMESPACE, _key(task_id)])
+        cursor.execute("SELECT count(pg_advisory_xact_lock(%s, k)) FROM (SELECT k FROM unnest(%s::int[]) AS k "
+                       "ORDER BY k) AS ordered", [_NAMESPACE, keys])

@@ -216,7 +216,8 @@ def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -
             )
         except reducer.IllegalTransition as exc:
             refused = exc  # its record is written; this transaction commits it
-    raise Conflict(f"cannot cancel: {refused.reason}", status=task.status) from refused
+    status = Task.objects.filter(pk=task.pk).values_list("status", flat=True).first()  # as it is now
+    raise Conflict(f"cannot cancel: {refused.reason}", status=status) from refused
 
 
 def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -> Task:

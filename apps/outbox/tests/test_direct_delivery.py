@@ -322,8 +322,8 @@ def test_a_cancel_waiting_for_the_runs_lock_is_seen_before_the_request(requester
                                                                        refadmin, monkeypatch):
     """The requester cancels while the run's transaction (the reads' results, the draft, the
     intent) holds the task row: the cancel waits for that lock, which the intent's commit releases
-    right before the request. The re-authorization reads the task under a share lock, which queues
-    behind the waiting cancel: it sees the task cancelled, and nothing is sent."""
+    right before the request. The re-authorization first waits at the cancel gate, which the cancel
+    entered before it waited for the row: it sees the task cancelled, and nothing is sent."""
     from apps.tasks import store
 
     task = _submit(requester, device)
@@ -455,46 +455,109 @@ def test_a_ticket_system_without_idempotency_is_left_to_the_dispatcher(tenant, r
     assert not ActionAttempt.objects.filter(action=action).exists()
 
 
+def _slow_cancel(task_id, seconds: float):
+    """Start, on another thread and session, a cancel of ``task_id`` that enters the cancel gate at
+    once and reaches the task row only ``seconds`` later (a backend slow to be scheduled). Returns
+    ``(entered, done)`` events."""
+    from django.db import transaction
+
+    from apps.tasks.cancel_gate import cancel_gate_enter
+    from apps.tasks.store import task_append_with_retry
+
+    entered, done = threading.Event(), threading.Event()
+
+    def cancel():
+        try:
+            with transaction.atomic():
+                cancel_gate_enter(task_id)
+                entered.set()
+                time.sleep(seconds)
+                task_append_with_retry(task_id=task_id, event_type="cancel.requested",
+                                       payload_fn=lambda t: {"reason": "slow"}, actor="user:slow")
+            done.set()
+        finally:
+            connection.close()
+
+    threading.Thread(target=cancel).start()
+    assert entered.wait(5)
+    return entered, done
+
+
+def _slow_cancel_at_the_intent(monkeypatch, task_id, seconds: float):
+    """:func:`_slow_cancel`, started while the run's transaction is about to record the intent."""
+    from apps.tasks import store
+
+    real, started = store.failpoint, []
+
+    def before_intent(name):
+        if name == "before_commit:intent.committed" and not started:
+            started.append(_slow_cancel(task_id, seconds))
+        real(name)
+
+    monkeypatch.setattr(store, "failpoint", before_intent)
+    return started
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_cancel_already_begun_is_waited_for_however_slow_it_is(requester, device, kb, direct_on, refadmin,
                                                                  monkeypatch):
     """A cancel that has begun — it took the cancel gate — but is slow to reach the task row (its
     backend not scheduled, say) is still waited for by the re-authorization before the request: the
     gate, not the row's lock, orders them."""
-    from django.db import transaction
-
-    from apps.tasks import store
-    from apps.tasks.cancel_gate import cancel_gate_enter
-    from apps.tasks.store import task_append_with_retry
-
     task = _submit(requester, device)
-    entered, done = threading.Event(), threading.Event()
-    real = store.failpoint
-
-    def slow_cancel():
-        try:
-            with transaction.atomic():
-                cancel_gate_enter(task.pk)
-                entered.set()
-                time.sleep(1.0)  # past the intent's commit and into the re-authorization
-                task_append_with_retry(task_id=task.pk, event_type="cancel.requested",
-                                       payload_fn=lambda t: {"reason": "slow"}, actor="user:slow")
-            done.set()
-        finally:
-            connection.close()
-
-    def before_intent(name):
-        if name == "before_commit:intent.committed" and not entered.is_set():
-            threading.Thread(target=slow_cancel).start()
-            assert entered.wait(5)
-        real(name)
-
-    monkeypatch.setattr(store, "failpoint", before_intent)
+    started = _slow_cancel_at_the_intent(monkeypatch, task.pk, 1.0)
     task = _runs(task.pk)
-    assert done.is_set()
+    assert started and started[0][1].is_set()
     action = Action.objects.get(task=task, compensates__isnull=True)
     assert refadmin.requests(action.idempotency_key) == 0
     assert action.status == ActionStatus.NOT_SENT and task.status == reducer.CANCELLED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_slower_than_the_lock_timeout_still_stops_the_request(requester, device, kb, direct_on,
+                                                                       refadmin, monkeypatch):
+    """Past the lock timeout the re-authorization gives up and hands the row to the dispatcher,
+    whose re-authorization waits at the same gate: nothing is sent while the cancel is under way,
+    and once it has committed the row is closed as not sent."""
+    task = _submit(requester, device)
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '300ms'")
+    started = _slow_cancel_at_the_intent(monkeypatch, task.pk, 2.5)
+    _runs(task.pk, rounds=1)
+    action = Action.objects.get(task=task, compensates__isnull=True)
+    assert refadmin.requests(action.idempotency_key) == 0
+    row = OutboxMessage.objects.get(action=action)
+    assert (row.status, row.lease_owner) == (OutboxStatus.PENDING, None)  # handed back, not sent
+    from django.db import OperationalError
+    with pytest.raises(OperationalError):
+        outbox_dispatch_batch()  # the dispatcher waits at the gate too, and does not send
+    assert refadmin.requests(action.idempotency_key) == 0
+    assert started[0][1].wait(10)  # the cancel commits
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '10s'")
+    _expire_outbox_leases()
+    assert outbox_dispatch_batch() == 1
+    assert refadmin.requests(action.idempotency_key) == 0
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.NOT_SENT
+    assert Task.objects.get(pk=task.pk).status == reducer.CANCELLED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dispatcher_waits_for_a_cancel_already_begun(requester, device, kb, refservice, refadmin, tenant,
+                                                         monkeypatch):
+    """Direct delivery off: a dispatcher that claims the row right after the intent's commit still
+    sees a cancel that began before it (it waits at the cancel gate)."""
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules={
+        "ticket.create": {"requires_approval": False, "ttl_minutes": 60}})
+    task = _submit(requester, device)
+    started = _slow_cancel_at_the_intent(monkeypatch, task.pk, 1.0)
+    task = _runs(task.pk)
+    assert task.status == reducer.DISPATCHING and started
+    outbox_dispatch_batch()  # at once, while the cancel is still on its way
+    action = Action.objects.get(task=task, compensates__isnull=True)
+    assert refadmin.requests(action.idempotency_key) == 0
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.NOT_SENT
+    assert Task.objects.get(pk=task.pk).status == reducer.CANCELLED
 
 
 def test_a_refused_cancel_keeps_its_record(requester, device, kb, direct_on, refadmin):
