@@ -113,7 +113,9 @@ def run(bench: Bench, *, n: int = 2000, dispatchers: int = 2, profile: bool = Fa
     try:
         # Stage 1: the backlog, through the main job up to the committed intent.
         bench.start_web(env=env)
-        bench.start_worker(2, queues="agent,tools", name="worker-fill", env=env)
+        # the backlog is for the dispatcher: the runs must not deliver their new tickets themselves
+        bench.start_worker(2, queues="agent,tools", name="worker-fill",
+                           env={**env, "FAULTDESK_OUTBOX_DIRECT_DELIVERY": "false"})
         started = time.monotonic()
         ids = submit_all(f"http://127.0.0.1:{bench.ports['web']}", seeded.users["requester"], seeded.devices, n,
                          prefix="outbox")
