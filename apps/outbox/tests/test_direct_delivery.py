@@ -519,9 +519,19 @@ def test_a_cancel_slower_than_the_lock_timeout_still_stops_the_request(requester
     """Past the lock timeout the re-authorization gives up and hands the row to the dispatcher,
     whose re-authorization waits at the same gate: nothing is sent while the cancel is under way,
     and once it has committed the row is closed as not sent."""
+    from django.db import transaction
+
+    from apps.outbox import dispatch
+    from apps.tasks.cancel_gate import cancels_in_flight_wait
+
+    def impatient(*task_ids):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '300ms'")
+            cancels_in_flight_wait(*task_ids)
+
+    monkeypatch.setattr(direct, "cancels_in_flight_wait", impatient)
+    monkeypatch.setattr(dispatch, "cancels_in_flight_wait", impatient)
     task = _submit(requester, device)
-    with connection.cursor() as cursor:
-        cursor.execute("SET lock_timeout = '300ms'")
     started = _slow_cancel_at_the_intent(monkeypatch, task.pk, 2.5)
     _runs(task.pk, rounds=1)
     action = Action.objects.get(task=task, compensates__isnull=True)
@@ -533,8 +543,6 @@ def test_a_cancel_slower_than_the_lock_timeout_still_stops_the_request(requester
         outbox_dispatch_batch()  # the dispatcher waits at the gate too, and does not send
     assert refadmin.requests(action.idempotency_key) == 0
     assert started[0][1].wait(10)  # the cancel commits
-    with connection.cursor() as cursor:
-        cursor.execute("SET lock_timeout = '10s'")
     _expire_outbox_leases()
     assert outbox_dispatch_batch() == 1
     assert refadmin.requests(action.idempotency_key) == 0
