@@ -97,7 +97,7 @@ def _receipts_record_together(items: list[tuple], actor: str) -> list[tuple]:
                                [[str(a.task_id) for a in mains], _SETTLED_LATER])
                 current = {row[0]: row[1:] for row in cursor.fetchall()}
             # A task takes the receipt of its current action, still INTENDED, with no receipt yet.
-            taking = {a.task_id for a in mains if current.get(a.task_id) == (str(a.pk), "INTENDED", True)}
+            taking = {a.task_id for a in mains if _takes(a, current.get(a.task_id))}
         alone += [item for item in items if actions[item[0]].compensates_id is not None
                   or actions[item[0]].task_id not in taking]
         items = [item for item in items if actions[item[0]].compensates_id is None
@@ -141,7 +141,13 @@ def receipt_taken_by_task(action: Action) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(_TAKING_SQL.format(task=Task._meta.db_table), [[str(action.task_id)], _SETTLED_LATER])
         row = cursor.fetchone()
-    return row is not None and tuple(row[1:]) == (str(action.pk), "INTENDED", True)
+    return row is not None and _takes(action, tuple(row[1:]))
+
+
+def _takes(action: Action, current: tuple | None) -> bool:
+    """Whether a task whose current action reads ``current`` (``(id, status, no receipt yet)`` from
+    :data:`_TAKING_SQL`) takes ``action``'s receipt: it is that action, still INTENDED, with none."""
+    return current == (str(action.pk), "INTENDED", True)
 
 
 def receipt_event_payload(action: Action) -> dict:
