@@ -196,7 +196,9 @@ def _summary(bench) -> None:
         if roles:
             lines.append(f"            {v(e + 'sql_statements_per_task') or 0:.0f} SQL statements/task (alone); "
                          f"CPU per task {v(e + 'cpu_ms_per_task.total'):.1f} ms: "
-                         + ", ".join(f"{role} {v(e + 'cpu_ms_per_task.' + role):.1f}" for role in roles))
+                         + ", ".join(f"{role} {v(e + 'cpu_ms_per_task.' + role):.1f}" for role in roles)
+                         + (f"; load generator {v(e + 'loadgen_cpu_ms_per_task'):.1f} aside"
+                            if v(e + 'loadgen_cpu_ms_per_task') else ""))
     if v("outbox.messages_per_s"):
         lines.append(f"  outbox    {v('outbox.messages_per_s'):,.1f} messages/s, "
                      f"{v('outbox.commits_per_message'):.2f} commits/message, {ratio('outbox.ratio_to_ceiling')} "

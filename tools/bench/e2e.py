@@ -10,6 +10,7 @@ the ceiling's share per task (``ceiling ÷ commits per task``)."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 
 import httpx
@@ -80,6 +81,12 @@ def submit_all(base: str, username: str, devices: list[int], n: int, *, prefix: 
     return ids
 
 
+def _own_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process so far, all its threads."""
+    t = os.times()
+    return t.user + t.system
+
+
 def wait_terminal(conn, ids: list[str], *, timeout: float, alive=None) -> int:
     """Wait until every task in ``ids`` is terminal (or ``timeout`` s); returns how many are.
     ``alive()``, when given, is asked each round: a worker that died ends the wait with
@@ -136,12 +143,14 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         wal = WalCommits(conn)
         wal.start()
         cpu_before = bench.cpu_seconds(ROLES)
+        loadgen_before = _own_cpu_seconds()
         started = time.time()
         ids = submit_all(base, seeded.users["requester"], seeded.devices[:n], n, prefix=f"e2e-{workers}",
                          clients=sessions)
         submitted = time.time() - started
         done = wait_terminal(conn, ids, timeout=max(300, n * 2), alive=alive)
         cpu_after = bench.cpu_seconds(ROLES)
+        loadgen = _own_cpu_seconds() - loadgen_before
         commits, _ = wal.stop()
         if sampler is not None:
             sampler.stop()
@@ -197,6 +206,7 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         "sql_control_per_task": control / len(alone) if alone else float("nan"),
         "cpu_ms_per_task": {role: (cpu_after[role] - cpu_before[role]) * 1000 / n
                             for role in cpu_after if role in cpu_before},
+        "loadgen_cpu_ms_per_task": loadgen * 1000 / n,
         "unloaded_p50_s": percentile(unloaded, 50), "unloaded_max_s": max(unloaded, default=float("nan")),
     }
 
@@ -232,6 +242,9 @@ def run(bench: Bench, *, n: int = 500, worker_counts=(1, 2, 4), profile: bool = 
                              if role == "web" else "")
             bench.figure(f"{key}.cpu_ms_per_task.total", sum(cpu.values()), "ms",
                          " + ".join(f"{role} {ms:.1f}" for role, ms in cpu.items()) + "; the load generator aside")
+            bench.figure(f"{key}.loadgen_cpu_ms_per_task", r["loadgen_cpu_ms_per_task"], "ms",
+                         "CPU of the bench process sending the reports and polling for their end, on the same "
+                         "cores (not in the total)")
             if floor:
                 bench.figure(f"{key}.ratio_to_floor", r["tasks_per_s"] / floor, "", "tasks/s ÷ floor flows/s")
             if ceiling:

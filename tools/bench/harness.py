@@ -332,7 +332,9 @@ class SqlStatements:
     statement slows the server, so measure a quiet part of a run (the reports sent one at a time),
     not the throughput."""
 
-    _LINE = re.compile(r"\[(\d+)\] LOG:  (?:statement|execute [^:]*): (\w+)")
+    #: the statement's first word, when it starts on the log line (a statement written as
+    #: ``"""\n    SELECT …"""`` starts on the next line: the word is empty, and it is a statement)
+    _LINE = re.compile(r"\[(\d+)\] LOG:  (?:statement|execute [^:]*):[ \t]*(\w*)")
     _CONTROL = frozenset({"BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "START"})
 
     def __init__(self, conn):
