@@ -49,7 +49,7 @@ from apps.outbox.settlement import receipt_record
 from apps.tasks import reducer
 from apps.tasks.answer import completion_event
 from apps.tasks.budget import stale_reservations
-from apps.tasks.leases import Lease, task_claim, task_release
+from apps.tasks.leases import Lease, task_claim_read, task_release
 from apps.tasks.models import Task
 from apps.tasks.runs import RunTransaction, checkpoint, run_current_task
 from apps.tasks.store import StaleWrite, task_append_event
@@ -82,20 +82,23 @@ def agent_run(*, task_id: uuid.UUID, pool: str = AGENT) -> None:
     other pool (then it is handed over, after the lease is given back). Returns quietly when
     another worker holds the lease or the task is terminal.
 
-    The lease claim commits first, alone (a fencing token is never given out twice); the events
-    and the release commit at the run's checkpoints (:class:`~apps.tasks.runs.RunTransaction`).
+    The lease claim commits first, alone (a fencing token is never given out twice), and reads the
+    task in the same statement; the events and the release commit at the run's checkpoints
+    (:class:`~apps.tasks.runs.RunTransaction`).
     An exception other than the refusals the run expects ends the run with what it recorded
     committed (unless the transaction broke) and the lease given back, and is raised: the Celery
     task retries a retryable database refusal, and the sweeper brings the task back otherwise."""
     # The claim commits by itself: a fencing token is given out once, whatever becomes of the run's
-    # transaction (a rolled-back claim would hand the same token to the next worker).
-    lease = task_claim(task_id=task_id)
-    if lease is None:
+    # transaction (a rolled-back claim would hand the same token to the next worker). Its statement
+    # also reads the task with its device, tenant and requester.
+    claimed = task_claim_read(task_id=task_id, related=_RELATED)
+    if claimed is None:
         return
+    lease, first = claimed
     pool_token = RUN_POOL.set(pool)
     try:
         with RunTransaction():
-            handover = _run_steps(task_id, lease, pool)
+            handover = _run_steps(task_id, lease, pool, first)
             task_release(lease=lease)
     except BaseException:
         task_release(lease=lease)  # a no-op once the lease passed on (another fencing token)
@@ -113,12 +116,12 @@ def context_read(*, task_id: uuid.UUID) -> None:
     agent_run(task_id=task_id, pool=TOOLS)
 
 
-def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
-    """The loop of :func:`agent_run` under ``lease``; returns the pool to hand the task over to,
-    or None. The refusals a run expects end it here, recorded: a lost lease or CAS
-    (``StaleWrite``), an event δ refused (``IllegalTransition``)."""
+def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str, first: Task) -> str | None:
+    """The loop of :func:`agent_run` under ``lease``, from ``first`` (the task as the claim read
+    it, with its device, tenant and requester); returns the pool to hand the task over to, or
+    None. The refusals a run expects end it here, recorded: a lost lease or CAS (``StaleWrite``),
+    an event δ refused (``IllegalTransition``)."""
     try:
-        first = _read_with_related(task_id)
         bind(tenant_id=first.tenant_id, task_id=first.pk, lease_generation=lease.generation, step=f"run:{pool}")
         if has_ledger(first) and stale_reservations(first, lease.generation):
             release_stale(first, lease)
@@ -149,10 +152,14 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str) -> str | None:
     return None
 
 
+#: the rows a run reads with its task, once, at its claim
+_RELATED = ("device", "tenant", "requester")
+
+
 def _read_with_related(task_id: uuid.UUID) -> Task:
     """The task row with its device, tenant and requester (one statement, :mod:`apps.core.sql`).
     Raises ``Task.DoesNotExist``."""
-    task = sql.row(Task, "t0.id = %s", [task_id], related=("device", "tenant", "requester"))
+    task = sql.row(Task, "t0.id = %s", [task_id], related=_RELATED)
     if task is None:
         raise Task.DoesNotExist(f"task {task_id}")
     return task

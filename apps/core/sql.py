@@ -130,19 +130,7 @@ def rows(model: type[Model], where: str, params, *, tenant_id=UNSCOPED, related:
         # caller's literals, with every value bound as a parameter.
         cursor.execute(f"SELECT {select} FROM {source} WHERE {where} {tail}", params)  # noqa: S608
         fetched = cursor.fetchall()
-    base, joined = parts[0], parts[1:]
-    out = []
-    for values in fetched:
-        obj = _instance(base, values, conn)
-        made = {(): obj}
-        for part in joined:
-            parent = made.get(part.path[:-1])
-            related_obj = _instance(part, values, conn) if parent is not None else None
-            made[part.path] = related_obj
-            if parent is not None:
-                part.relation.set_cached_value(parent, related_obj)
-        out.append(obj)
-    return out
+    return [_assemble(parts, values, conn) for values in fetched]
 
 
 def row(model: type[Model], where: str, params, **kwargs) -> Model | None:
@@ -150,6 +138,38 @@ def row(model: type[Model], where: str, params, **kwargs) -> Model | None:
     found = rows(model, where, params, **kwargs)
     return found[0] if found else None
 
+
+
+def written_rows(model: type[Model], write: str, params, *, related: tuple[str, ...] = ()) -> list[Model]:
+    """Instances of ``model`` from the rows a write statement leaves — ``write`` is an ``UPDATE``
+    or ``INSERT`` of ``model``'s table ending in ``RETURNING *`` — with the related rows of
+    ``related`` joined and cached as :func:`rows` caches them, in one statement
+    (``WITH t0 AS (write) SELECT … FROM t0 JOIN …``). What comes back is the rows as the write left
+    them (the latest version it locked, not the statement's snapshot); the related rows are read
+    as of the statement's start. ``params`` bind the ``%s`` or ``%(name)s`` of ``write``. Raises
+    what the database raises."""
+    select, source, parts = _shape(model, tuple(related), frozenset())
+    qn = connection.ops.quote_name
+    source = source.replace(f"{qn(model._meta.db_table)} t0", "t0", 1)
+    conn = connections[DEFAULT_DB_ALIAS]
+    with conn.cursor() as cursor:
+        cursor.execute(f"WITH t0 AS ({write}) SELECT {select} FROM {source}", params)  # noqa: S608
+        fetched = cursor.fetchall()
+    return [_assemble(parts, values, conn) for values in fetched]
+
+
+def _assemble(parts: tuple, values, conn) -> Model:
+    """The base instance of one fetched row, with its related instances cached on it."""
+    base, joined = parts[0], parts[1:]
+    obj = _instance(base, values, conn)
+    made = {(): obj}
+    for part in joined:
+        parent = made.get(part.path[:-1])
+        related_obj = _instance(part, values, conn) if parent is not None else None
+        made[part.path] = related_obj
+        if parent is not None:
+            part.relation.set_cached_value(parent, related_obj)
+    return obj
 
 @cache
 def _insert_shape(model: type[Model]) -> tuple[str, tuple, object]:

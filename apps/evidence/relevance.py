@@ -122,6 +122,7 @@ class _Doc:
     scope: str
     kinds: list[str]
     codes: list[str]
+    title: str = ""
     chunks: dict[int, float] = field(default_factory=dict)  # chunk id -> cosine to the report
     text_rank: int | None = None
     cross_lingual: bool = False  # written in another language than the report
@@ -162,7 +163,7 @@ class Selection:
 
 
 _CANDIDATE_SQL = f"""
-SELECT c.id, d.id, d.doc_id, c.locale, c.scope, c.device_kinds, c.alert_codes,
+SELECT c.id, d.id, d.doc_id, c.locale, c.scope, c.device_kinds, c.alert_codes, d.title,
        CASE WHEN c.embedding_model = %(emodel)s THEN 1 - (c.embedding <=> %(qvec)s::vector) ELSE 0 END
 FROM evidence_chunk c
 JOIN evidence_documentversion v ON v.id = c.document_version_id
@@ -225,10 +226,10 @@ def evidence_select(
     docs: dict[int, _Doc] = {}
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(_CANDIDATE_SQL, params)
-        for cid, did, doc_id, locale, scope, kinds, codes, cos in cur.fetchall():
+        for cid, did, doc_id, locale, scope, kinds, codes, title, cos in cur.fetchall():
             # A document that names no device kind is a candidate for a device on similarity alone.
             codes = list(codes) if kinds or kind is None else []
-            d = docs.setdefault(did, _Doc(did, doc_id, locale, scope, list(kinds), codes))
+            d = docs.setdefault(did, _Doc(did, doc_id, locale, scope, list(kinds), codes, title))
             d.chunks[cid] = float(cos)
         text_ids = text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=text, limit=50, now=now) \
             if report else []
@@ -302,7 +303,7 @@ def evidence_select(
     if primary is not None and not out_of_scope and not primary.report_code and report:
         excluded = excluded_subject(
             report, kind=kind,
-            title=Document.objects.filter(pk=primary.document_id).values_list("title", flat=True).first() or "",
+            title=primary.title or "",
             body=lambda: " ".join(Chunk.objects.filter(pk__in=list(primary.chunks)).values_list("text", flat=True)))
         out_of_scope = excluded is not None
     signals["excluded_subject"] = excluded

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import numpy as np
 from django.conf import settings
 
 from apps.evidence.embedding import embed_texts
@@ -74,28 +75,31 @@ OUT_OF_SCOPE_TERMS = (
 _CODE_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.\-]*[A-Za-z0-9]|\d")
 
 
-def _topic_vectors(model: str) -> list[list[float]]:
+def _topic_vectors(model: str) -> np.ndarray:
     topics = tuple(settings.FAULTDESK.get("OUT_OF_SCOPE_TOPICS") or OUT_OF_SCOPE_TOPICS)
     key = (model, topics)
     if key not in _TOPICS:
-        _TOPICS[key] = embed_texts(list(topics), model=model) if topics else []
+        _TOPICS[key] = np.asarray(embed_texts(list(topics), model=model) if topics else [], dtype=np.float64)
     return _TOPICS[key]
 
 
 _TOPICS: dict = {}
 
 
-def _generic_vectors(model: str) -> list[list[float]]:
+def _generic_vectors(model: str) -> np.ndarray:
     if model not in _GENERIC:
-        _GENERIC[model] = embed_texts(list(GENERIC_COMPLAINTS), model=model)
+        _GENERIC[model] = np.asarray(embed_texts(list(GENERIC_COMPLAINTS), model=model), dtype=np.float64)
     return _GENERIC[model]
 
 
-_GENERIC: dict[str, list[list[float]]] = {}
+_GENERIC: dict[str, np.ndarray] = {}
 
 
-def _dot(a, b) -> float:
-    return float(sum(x * y for x, y in zip(a, b, strict=True)))
+def _best_dot(vectors, q) -> float:
+    """The largest dot product of query vector ``q`` with the rows of ``vectors`` (0.0 for none)."""
+    if len(vectors) == 0:
+        return 0.0
+    return float(np.max(vectors @ np.asarray(q, dtype=np.float64)))
 
 
 #: Words of alert codes that say how a thing is, not what it is (OUT in LBL-MEDIA-OUT-02, TEMP in
@@ -142,13 +146,13 @@ def report_codes(report: str, codes: set[str]) -> set[str]:
 def vagueness(q: list[float], *, model: str) -> float:
     """The similarity of query vector ``q`` (unit length, of ``model``) to the closest generic
     complaint: near 1 for "it is broken", low for a report that says what is wrong."""
-    return max((_dot(v, q) for v in _generic_vectors(model)), default=0.0)
+    return _best_dot(_generic_vectors(model), q)
 
 
 def topic_similarity(q: list[float], *, model: str) -> float:
     """The similarity of query vector ``q`` to the closest topic the desk does not handle (0.0
     when the setting lists none)."""
-    return max((_dot(v, q) for v in _topic_vectors(model)), default=0.0)
+    return _best_dot(_topic_vectors(model), q)
 
 
 def out_of_scope_terms() -> tuple[str, ...]:

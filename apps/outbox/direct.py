@@ -69,19 +69,22 @@ class DirectSend:
 
 def direct_attempt_open(*, message: OutboxMessage, action: Action, task: Task, owner: str) -> DirectSend | None:
     """Step 1's second half, in the intent's transaction (the caller's), for ``message`` just
-    written claimed by ``owner``: write the attempt row (number 1, the row's fencing token) and
-    count it on the row. Returns the :class:`DirectSend`. A ticket system without idempotency
-    (whose key a dispatcher looks up before any resend) is never delivered directly: its row is
-    handed to the dispatcher in the same transaction (unleased, due now, kicked on commit) and
+    written claimed by ``owner``, its first attempt counted
+    (:func:`~apps.outbox.services.outbox_enqueue`): write that attempt row (number 1, the row's
+    fencing token). Returns the :class:`DirectSend`. A ticket system without idempotency (whose key
+    a dispatcher looks up before any resend) is never delivered directly: its row is handed to the
+    dispatcher in the same transaction (unleased, due now, kicked on commit) and
     None is returned. Raises what the database raises."""
     if not connector_for(action.tool, action.connector).idempotent_by_key:
         OutboxMessage.objects.filter(pk=message.pk).update(status=OutboxStatus.PENDING, lease_owner=None,
-                                                           lease_expires_at=None)
+                                                           lease_expires_at=None, attempts=0)
+        message.attempts = 0
         kick_on_commit(OUTBOX_DISPATCH)
         return None
     attempt = attempts_start([(action, message.lease_generation)], worker=owner, now=timezone.now())[action.pk]
-    OutboxMessage.objects.filter(pk=message.pk).update(attempts=attempt.number)
-    message.attempts = attempt.number
+    if message.attempts != attempt.number:  # the row was written counting this first attempt
+        OutboxMessage.objects.filter(pk=message.pk).update(attempts=attempt.number)
+        message.attempts = attempt.number
     return DirectSend(message=message, action=action, task=task, params=None, attempt=attempt, owner=owner)
 
 

@@ -25,14 +25,14 @@ def outbox_enqueue(*, action, ordering_key: str, deliver_by: str | None = None) 
     it anyway). ``ordering_key``: rows with the same key are delivered one after the other
     (per-ticket order).
 
-    ``deliver_by`` (a lease owner, ``host:pid``): direct delivery (docs/architecture.md §6). The row
-    is written already claimed by that process — ``IN_FLIGHT``, leased for
-    ``FAULTDESK["OUTBOX_LEASE_SECONDS"]``, fencing token 1, as a dispatcher's claim would leave it —
-    and no dispatcher is kicked: the caller delivers it after the commit with
-    :func:`~apps.outbox.dispatch.outbox_deliver` at that token. If the caller dies first, the lease
-    expires and a dispatcher claims the row (with the next token), as it would a dead dispatcher's.
-    Only for an ordering key no other row can hold (the action's own): a claim here does not look
-    for an older open row of the key, which a concurrent intent could still be writing. Returns
+    ``deliver_by`` (a lease owner, ``host:pid``): direct delivery (docs/architecture.md §6). The row is
+    written already claimed by that process — ``IN_FLIGHT``, leased for
+    ``FAULTDESK["OUTBOX_LEASE_SECONDS"]``, fencing token 1, its first attempt counted, as a dispatcher's
+    claim and attempt would leave it — and no dispatcher is kicked: the caller delivers it after the
+    commit with :func:`~apps.outbox.dispatch.outbox_deliver` at that token. If the caller dies first,
+    the lease expires and a dispatcher claims the row (with the next token), as it would a dead
+    dispatcher's. Only for an ordering key no other row can hold (the action's own): a claim here does
+    not look for an older open row of the key, which a concurrent intent could still be writing. Returns
     the row (its ``status`` says whether it was claimed)."""
     now = timezone.now()
     message = OutboxMessage(tenant_id=action.tenant_id, action=action, ordering_key=ordering_key, available_at=now)
@@ -41,6 +41,7 @@ def outbox_enqueue(*, action, ordering_key: str, deliver_by: str | None = None) 
         message.lease_owner = deliver_by
         message.lease_expires_at = now + timedelta(seconds=settings.FAULTDESK["OUTBOX_LEASE_SECONDS"])
         message.lease_generation = 1
+        message.attempts = 1  # the claimer's first attempt, whose row it writes in this transaction
     sql.insert(message)
     if deliver_by is None:
         kick_on_commit(OUTBOX_DISPATCH)

@@ -84,8 +84,12 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
         row = cursor.fetchone()
     if row is not None:
         return Lease(task_id=task_id, owner=owner, generation=row[0])
-    # A terminal task is claimable only when a compensation is due for it, or its receipt is still
-    # to be recorded (cancelled after the outbox recorded the receipt on its rows).
+    return _claim_terminal(task_id, owner=owner, seconds=seconds, now=now)
+
+
+def _claim_terminal(task_id: uuid.UUID, *, owner: str, seconds: int, now) -> Lease | None:
+    """A terminal task is claimable only when a compensation is due for it, or its receipt is still
+    to be recorded (cancelled after the outbox recorded the receipt on its rows)."""
     with transaction.atomic():
         task = (
             Task.objects.select_for_update(skip_locked=True)
@@ -102,6 +106,41 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
         task.save(update_fields=["lease_owner", "lease_expires_at", "lease_generation"])
     return Lease(task_id=task.pk, owner=owner, generation=task.lease_generation)
 
+
+
+
+_CLAIM_RETURNING_SQL = """
+UPDATE {task} SET lease_owner = %(owner)s, lease_expires_at = %(until)s, lease_generation = lease_generation + 1
+WHERE id = (SELECT id FROM {task} WHERE id = %(task_id)s AND NOT (status = ANY(%(terminal)s))
+              AND (lease_owner IS NULL OR lease_expires_at < %(now)s)
+            FOR UPDATE SKIP LOCKED)
+RETURNING *
+"""
+
+
+def task_claim_read(*, task_id: uuid.UUID, related: tuple[str, ...] = ()) -> tuple[Lease, Task] | None:
+    """:func:`task_claim` that also reads the task: returns the :class:`Lease` and the task as the
+    claim left it (the latest version, which the claim locked), with the ``related`` rows cached
+    (e.g. ``("device", "tenant", "requester")``) — the usual claim and the read in one statement —
+    or None when :func:`task_claim` would return None. Like it, call it outside any transaction:
+    the claim commits by itself, so a fencing token is given out once, whatever becomes of what
+    the holder does next."""
+    from apps.core import sql
+
+    owner = worker_identity()
+    seconds = settings.FAULTDESK["LEASE_SECONDS"]
+    now = timezone.now()
+    claimed = sql.written_rows(Task, _CLAIM_RETURNING_SQL.format(task=Task._meta.db_table), {
+        "owner": owner, "until": now + timedelta(seconds=seconds), "task_id": task_id,
+        "terminal": [str(s) for s in reducer.TERMINAL], "now": now}, related=related)
+    if claimed:
+        task = claimed[0]
+        return Lease(task_id=task.pk, owner=owner, generation=task.lease_generation), task
+    lease = _claim_terminal(task_id, owner=owner, seconds=seconds, now=now)
+    if lease is None:
+        return None
+    task = sql.row(Task, "t0.id = %s", [task_id], related=related)
+    return (lease, task) if task is not None else None
 
 _RENEW_SQL = "UPDATE {task} SET lease_owner = %s, lease_expires_at = %s WHERE id = %s AND lease_generation = %s"
 
