@@ -51,7 +51,7 @@ from apps.tasks.answer import completion_event
 from apps.tasks.budget import stale_reservations
 from apps.tasks.leases import Lease, task_claim_read, task_release
 from apps.tasks.models import Task
-from apps.tasks.runs import RunTransaction, checkpoint, run_current_task
+from apps.tasks.runs import RunTransaction, checkpoint, open_run, run_current_task
 from apps.tasks.store import StaleWrite, task_append_event
 from apps.tasks.usage import BudgetExceeded
 from config.logs import bind
@@ -200,7 +200,7 @@ def completion_on_receipt(task: Task, lease: Lease) -> bool:
     delivery, below); once the receipt is recorded, complete the task with its answer; until then
     the outbox acts. (The outbox completes it when it records the receipt; this step is for a
     receipt recorded without it, or recorded on the action's row and not yet on the task.)"""
-    if deliver_directly(lease):
+    if deliver_directly(task, lease):
         return True
     if receipt_settle(task, lease):
         return True
@@ -212,16 +212,17 @@ def completion_on_receipt(task: Task, lease: Lease) -> bool:
     return False
 
 
-def deliver_directly(lease: Lease) -> bool:
+def deliver_directly(current: Task, lease: Lease) -> bool:
     """Direct delivery (docs/architecture.md §6; :mod:`apps.outbox.direct`): when this run claimed
     its action's outbox row in the intent's transaction (:func:`~apps.agent.intent.direct_delivery_take`),
     commit what the run recorded — the intent, the claimed row, its attempt — send the request
     outside any transaction, and record a new ticket's receipt on the outbox's rows in the run's
-    next transaction, where the next steps append ``receipt.recorded`` and ``task.completed``
-    (:func:`receipt_settle`, :func:`completion_on_receipt`) and the release commits with them. An
-    error answer is recorded as a dispatcher records it; a receipt the task does not take now (it
-    was cancelled meanwhile) is recorded the one-row way, with δ's refusal. Returns whether there
-    was a row (the run then reads the task again).
+    next transaction, which locks the task row, holds it and appends ``receipt.recorded`` there;
+    the next step appends ``task.completed`` (:func:`completion_on_receipt`) and the release
+    commits with them. An error answer is recorded as a dispatcher records it; a receipt the task
+    does not take now (it was cancelled meanwhile) is recorded the one-row way, with δ's refusal.
+    ``current`` is the task as the step read it (its device, tenant and requester are reused).
+    Returns whether there was a row (the run then reads the task again, unless it holds it).
 
     An exception while sending is logged, not raised: a request that never left is handed back to
     the dispatcher (:func:`~apps.outbox.direct.direct_give_back`); otherwise the row stays leased
@@ -236,10 +237,21 @@ def deliver_directly(lease: Lease) -> bool:
             receipt = direct_send(direct)
         except Exception:  # noqa: BLE001 - handed back to the dispatcher, or its lease expires
             log.exception("delivering the outbox row %s directly failed", direct.message.pk)
-    if receipt is not None and not direct_receipt_record(direct, receipt):
+    if receipt is None:
+        return True
+    recorded = direct_receipt_record(direct, receipt)
+    if not recorded.taken:
         with checkpoint():
             receipt_record(action_id=direct.action.pk, receipt=receipt, attempt_id=direct.attempt.pk,
                            actor=f"dispatcher:{direct.owner}")
+    elif recorded.payload is not None and recorded.task.lease_generation == lease.generation:
+        # The task row is locked and read as it stands: the run holds it, and its receipt.recorded
+        # goes in this transaction with the receipt on the outbox's rows (no read of either again).
+        open_run().hold_read(recorded.task, generation=lease.generation)
+        task = recorded.task
+        task.tenant, task.requester, task.device = current.tenant, current.requester, current.device
+        task_append_event(task=task, event_type="receipt.recorded", actor=actor_of(lease),
+                          lease_generation=lease.generation, payload=recorded.payload)
     return True
 
 

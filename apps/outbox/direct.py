@@ -42,7 +42,7 @@ from apps.core.failpoints import failpoint
 from apps.core.queue import OUTBOX_DISPATCH, kick_on_commit
 from apps.outbox.dispatch import outbox_deliver, preflight
 from apps.outbox.models import OutboxMessage, OutboxStatus
-from apps.outbox.receipts import receipt_taken_by_task, receipts_write_rows
+from apps.outbox.receipts import receipt_event_payload, receipt_taken_by_locked_task, receipts_write_rows
 from apps.outbox.sending import request_timeout
 from apps.outbox.settlement import attempt_error_record, receipt_record, still_ours
 from apps.tasks.cancel_gate import cancels_in_flight_wait
@@ -181,19 +181,33 @@ def _give_back_or_log(send: DirectSend, reason: str) -> None:
         log.exception("handing the outbox row %s back to the dispatcher failed", send.message.pk)
 
 
-def direct_receipt_record(send: DirectSend, receipt: Receipt) -> bool:
+@dataclass
+class DirectRecorded:
+    """What :func:`direct_receipt_record` did: ``taken`` False when the task does not take the
+    receipt now (the caller records it after its commit); ``task`` the task row as it stands,
+    locked by the caller's transaction (None when it was not read: a dispatcher had recorded the
+    receipt already); ``payload`` the task's ``receipt.recorded`` payload when this call wrote the
+    receipt on the rows (None otherwise)."""
+
+    taken: bool
+    task: Task | None = None
+    payload: dict | None = None
+
+
+def direct_receipt_record(send: DirectSend, receipt: Receipt) -> DirectRecorded:
     """Step 3's first half, in the caller's transaction (the run's, which appends the task's
-    ``receipt.recorded`` next, read back from the action row by
-    :func:`~apps.outbox.receipts.receipt_unsettled`): lock the action; unless it is SUCCEEDED
-    already (a dispatcher that took the row over recorded it), write the receipt on the outbox's
-    rows (:func:`~apps.outbox.receipts.receipts_write_rows`) when the task takes it now. Returns
-    False when the task does not take it (cancelled meanwhile, another action current): the
-    caller records it after its commit with :func:`~apps.outbox.settlement.receipt_record`, where
-    δ's refusal is recorded; True otherwise."""
+    ``receipt.recorded`` next with the returned payload): lock the action; unless it is SUCCEEDED
+    already (a dispatcher that took the row over recorded it), lock and read the task row
+    (:func:`~apps.outbox.receipts.receipt_taken_by_locked_task`) and, when the task takes the
+    receipt now, write it on the outbox's rows (:func:`~apps.outbox.receipts.receipts_write_rows`).
+    ``taken`` False when the task does not take it (cancelled meanwhile, another action current):
+    the caller records it after its commit with :func:`~apps.outbox.settlement.receipt_record`,
+    where δ's refusal is recorded. Raises what the database raises."""
     action = sql.row(Action, "t0.id = %s", [send.action.pk], tail="FOR UPDATE")
     if action.status == ActionStatus.SUCCEEDED:
-        return True
-    if not receipt_taken_by_task(action):
-        return False
+        return DirectRecorded(taken=True)
+    takes, task = receipt_taken_by_locked_task(action)
+    if not takes:
+        return DirectRecorded(taken=False, task=task)
     receipts_write_rows([(action, send.attempt.pk, receipt)], now=timezone.now())
-    return True
+    return DirectRecorded(taken=True, task=task, payload=receipt_event_payload(action))

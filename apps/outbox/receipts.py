@@ -133,15 +133,20 @@ def receipts_write_rows(items: list[tuple], *, now) -> None:
                        [OutboxStatus.DELIVERED.value, now, [str(i) for i in ids]])
 
 
-def receipt_taken_by_task(action: Action) -> bool:
-    """Whether ``action``'s task takes its receipt now: the task is in a status whose receipts are
+def receipt_taken_by_locked_task(action: Action) -> tuple[bool, Task | None]:
+    """Whether ``action``'s task takes its receipt now — the task is in a status whose receipts are
     recorded on the rows first (DISPATCHING, CANCELLED), its current action is ``action``, still
-    INTENDED, and it holds no receipt yet (one statement; the state's JSON read for this task
-    only)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_TAKING_SQL.format(task=Task._meta.db_table), [[str(action.task_id)], _SETTLED_LATER])
-        row = cursor.fetchone()
-    return row is not None and _takes(action, tuple(row[1:]))
+    INTENDED, and it holds no receipt yet (the batch's rule, :func:`_takes`) — read on the task row
+    whole and locked (``FOR NO KEY UPDATE``, in the caller's transaction, after ``action``'s row
+    lock: the order every receipt takes). Returns ``(takes it, the task as it stands)``, the task
+    None when it is gone: for a caller that appends the task's next events in the same transaction
+    (direct delivery) and so needs the row anyway."""
+    task = sql.row(Task, "t0.id = %s", [action.task_id], tail="FOR NO KEY UPDATE")
+    if task is None:
+        return False, None
+    current = (task.state or {}).get("action") or {}
+    row = (current.get("id"), current.get("status"), (task.state or {}).get("receipt") is None)
+    return task.status in _SETTLED_LATER and _takes(action, row), task
 
 
 def _takes(action: Action, current: tuple | None) -> bool:

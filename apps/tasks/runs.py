@@ -180,6 +180,18 @@ class RunTransaction:
             self._held[task_id] = _HeldRow(generation=generation, written=version if written is None else written,
                                            version=version, columns=columns, now=now)
 
+    def hold_read(self, task: Task, *, generation: int) -> None:
+        """This transaction locked ``task``'s row and read it whole as ``task`` (e.g. ``SELECT …
+        FOR NO KEY UPDATE``), at fencing token ``generation``, which the row carries: the run's next
+        event on it needs no lock statement, and ``task`` is current without a read
+        (:meth:`current`). Raises ``ValueError`` when the row carries another token (the lease
+        passed on: nothing may be written under ``generation``)."""
+        if task.lease_generation != generation:
+            raise ValueError(f"task {task.pk}: the row carries fencing token {task.lease_generation}, "
+                             f"not {generation}")
+        self.hold(task.pk, version=task.version, generation=generation)
+        self._held[task.pk].task = task
+
     def defer_event(self, event) -> None:
         """Insert ``event`` (a :class:`~apps.events.models.TaskEvent` built in memory, of a row this
         transaction holds) with the others of this transaction in one statement, before any

@@ -136,6 +136,41 @@ def test_the_receipt_the_task_receipt_and_the_answer_commit_together(requester, 
     assert OutboxMessage.objects.get(action=action).delivered_at == action.updated_at
 
 
+def test_the_receipts_transaction_locks_the_action_then_the_task_and_reads_neither_again(
+        requester, device, kb, direct_on, refadmin, monkeypatch):
+    """After the request, the run's transaction locks the action's row, then the task's (read whole:
+    the run holds it), writes the receipt on the outbox's rows and appends ``receipt.recorded`` and
+    ``task.completed`` with no further read of the task or the action and no separate lock."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.outbox import direct
+
+    captured = {}
+    real = direct.direct_send
+
+    def send_then_capture(send):
+        receipt = real(send)
+        captured["ctx"] = CaptureQueriesContext(connection)
+        captured["ctx"].__enter__()  # from here to the run's end: the receipt's transaction
+        return receipt
+
+    monkeypatch.setattr("apps.agent.runner.direct_send", send_then_capture)
+    task = _submit(requester, device)
+    agent_run(task_id=task.pk)  # retrieval.started, then handed to the tools pool
+    context_read(task_id=task.pk)  # the reads, the draft, the intent, the request, the receipt
+    captured["ctx"].__exit__(None, None, None)
+    task = Task.objects.get(pk=task.pk)
+    assert task.status == reducer.COMPLETED
+    statements = [q["sql"].lstrip() for q in captured["ctx"].captured_queries]
+    on_task = [q for q in statements if "tasks_task" in q.split(" WHERE ")[0] and not q.startswith("UPDATE")]
+    on_action = [q for q in statements if q.startswith("SELECT") and '"actions_action"' in q.split(" WHERE ")[0]]
+    assert len(on_task) == 1 and on_task[0].endswith("FOR NO KEY UPDATE"), on_task
+    assert len(on_action) == 1 and on_action[0].endswith("FOR UPDATE"), on_action
+    assert not [q for q in statements if q.startswith("SELECT 1 FROM tasks_task")], "no separate lock of the row"
+    assert _events(task)[-2:] == ["receipt.recorded", "task.completed"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_intent_the_claimed_row_and_the_attempt_are_committed_before_the_request_leaves(
         requester, device, kb, direct_on, refadmin, monkeypatch):
@@ -398,7 +433,7 @@ def test_a_run_that_ends_before_its_request_hands_the_row_to_the_dispatcher_at_o
     it: the attempt is closed as not sent and the row is the dispatcher's now, not after its lease."""
     from apps.agent import runner
 
-    monkeypatch.setattr(runner, "deliver_directly", lambda lease: False)  # the run ends at DISPATCHING
+    monkeypatch.setattr(runner, "deliver_directly", lambda task, lease: False)  # the run ends at DISPATCHING
     task = _runs(_submit(requester, device).pk, rounds=2)
     action = Action.objects.get(task=task)
     row = OutboxMessage.objects.get(action=action)

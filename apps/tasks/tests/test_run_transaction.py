@@ -329,3 +329,21 @@ def test_a_release_inside_a_savepoint_that_rolls_back_is_rolled_back_with_it(acc
             raise RuntimeError("the savepoint rolls back")
     assert _seen_elsewhere(accepted.pk) == (2, 2)
     assert _lease_elsewhere(accepted.pk) == (lease.owner, lease.generation), "the release went with the savepoint"
+
+
+def test_a_run_holds_a_row_it_read_locked_only_under_the_token_the_row_carries(accepted):
+    """``hold_read``: a row the run locked and read whole is held (its next event needs no lock
+    statement) only when it carries the run's fencing token; under another, nothing is held."""
+    lease = task_claim(task_id=accepted.pk)
+    with RunTransaction() as run:
+        task = Task.objects.select_for_update(no_key=True).get(pk=accepted.pk)
+        with pytest.raises(ValueError):
+            run.hold_read(task, generation=lease.generation + 1)
+        assert run.held(task.pk, lease.generation + 1) is None
+        run.hold_read(task, generation=lease.generation)
+        assert run.current(task.pk, lease.generation) is task
+        with CaptureQueriesContext(connection) as queries:
+            _append(task, lease, "retrieval.started")
+        assert queries.captured_queries == [], "held: no lock statement, the event is written at the commit"
+        task_release(lease=lease)
+    assert _seen_elsewhere(accepted.pk) == (2, 2)
