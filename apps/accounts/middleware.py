@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import structlog
 from django.conf import settings
-from django.http import JsonResponse
+from django.db import DatabaseError
+from django.http import HttpResponse, JsonResponse
+
+from config.database import retryable
 
 
 class RejectMalformedRequestsMiddleware:
@@ -116,3 +120,38 @@ class ApiJsonErrorsMiddleware:
             if header in response:
                 replaced[header] = response[header]
         return replaced
+
+
+#: seconds a client is told to wait after the database refused a request for now
+BUSY_RETRY_AFTER_SECONDS = 1
+
+
+class DatabaseBusyMiddleware:
+    """A request the database refused for now — a lock it waited on past ``lock_timeout`` (a
+    cancel queued behind a run that holds the task, or behind a request's last re-authorization),
+    a statement past ``statement_timeout``, a deadlock or a serialization failure
+    (:func:`config.database.retryable`) — is answered ``503`` with ``Retry-After``, not a 500: its
+    transaction rolled back whole, so nothing of it was kept and the same request can simply be
+    sent again. JSON ``{"error": "busy", …}`` under ``/api/``, a short page elsewhere. Any other
+    exception is left to Django."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exc):
+        refusal = retryable(exc) if isinstance(exc, DatabaseError) else None
+        if refusal is None:
+            return None
+        structlog.get_logger("faultdesk.web").warning("request.refused_for_now", path=request.path[:200],
+                                                      refusal=refusal)
+        detail = "the database is busy with this record right now; nothing was changed — try again shortly"
+        if request.path.startswith("/api/"):
+            response = JsonResponse({"error": "busy", "detail": detail}, status=503)
+        else:
+            response = HttpResponse(f"<!doctype html><title>Busy</title><p>{detail.capitalize()}.</p>",
+                                    status=503, content_type="text/html; charset=utf-8")
+        response["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
+        return response

@@ -69,6 +69,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # a database refusal for now (lock or statement timeout, deadlock) is a 503 with Retry-After
+    "apps.accounts.middleware.DatabaseBusyMiddleware",
     "axes.middleware.AxesMiddleware",  # last: it turns a locked-out sign-in into its 429 answer
 ]
 
