@@ -33,6 +33,10 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 #: Reports sent one at a time after the measured burst, for the latency of a task that waits for
 #: nobody (not counted in tasks/s or commits).
 UNLOADED = 8
+#: warm-up reports at least: enough that each web process (2, by accept order) and each pool process
+#: has served some before the measured part (a first request imports Celery's result backends and
+#: such, a first retrieval loads the embedding model)
+WARM_MIN = 16
 
 _LATENCY_SQL = """
 SELECT t.status,
@@ -118,7 +122,8 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
     import redis
 
     redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
-    seeded = tenant_seed(f"e2e-{workers}w", devices=n + 2 * workers + UNLOADED)
+    warm_n = max(2 * workers, WARM_MIN)
+    seeded = tenant_seed(f"e2e-{workers}w", devices=n + warm_n + UNLOADED)
     base = f"http://127.0.0.1:{bench.ports['web']}"
     bench.start_web()
     bench.start_beat()
@@ -128,8 +133,9 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
         return all(bench.procs[name].poll() is None for name in ("worker", "web", "beat", "refservice"))
 
     try:
-        # Warm-up, not measured: each pool process loads the embedding model on its first retrieval.
-        warm = submit_all(base, seeded.users["requester"], seeded.devices[n:], 2 * workers, prefix=f"warm-{workers}")
+        # Warm-up, not measured: each pool process loads the embedding model on its first retrieval,
+        # each web process imports what its first report needs.
+        warm = submit_all(base, seeded.users["requester"], seeded.devices[n:], warm_n, prefix=f"warm-{workers}")
         if wait_terminal(conn, warm, timeout=180, alive=alive) < len(warm):
             raise SystemExit(f"e2e with {workers} worker processes: the warm-up tasks did not end in 180 s")
         sampler = None
@@ -163,7 +169,7 @@ def run_one(bench: Bench, conn, *, workers: int, n: int, profile: bool = False) 
             sql.start()
             try:
                 for i in range(UNLOADED):
-                    alone += submit_all(base, seeded.users["requester"], [seeded.devices[n + 2 * workers + i]], 1,
+                    alone += submit_all(base, seeded.users["requester"], [seeded.devices[n + warm_n + i]], 1,
                                         prefix=f"alone-{workers}-{i}", clients=sessions[:1])
                     wait_terminal(conn, alone[-1:], timeout=60)
             finally:
