@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import structlog
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps.accounts.principal import Principal
@@ -140,9 +140,6 @@ def task_submit(
     return SubmitResult(task=task, created=True)
 
 
-_ACTIVE_SQL = "SELECT count(*) FROM {task} WHERE tenant_id = %s AND status = ANY(%s)"
-
-
 def _tenant_admits(tenant_id: int) -> None:
     """Per-tenant admission of a new request: the tenant's row is locked, so
     concurrent submits of one tenant are counted one after the other. Raises
@@ -151,7 +148,7 @@ def _tenant_admits(tenant_id: int) -> None:
     count), or when what is left of today's cost units (or, for a hosted model, tokens) is less
     than one request's budget: such a request could not run to its end."""
     from apps.accounts.models import Tenant
-    from apps.tasks.usage import tenant_usage_today
+    from apps.tasks.usage import tenant_load_today
 
     conf = settings.FAULTDESK
     # NO KEY UPDATE: submits of one tenant still queue here, but the foreign-key checks (KEY SHARE)
@@ -160,14 +157,13 @@ def _tenant_admits(tenant_id: int) -> None:
     if tenant is None:
         raise Tenant.DoesNotExist(f"tenant {tenant_id}")
     quota = tenant.quota()
-    with connection.cursor() as cursor:
-        cursor.execute(_ACTIVE_SQL.format(task=Task._meta.db_table), [tenant_id, list(reducer.NON_TERMINAL)])
-        active = cursor.fetchone()[0]
+    # Both read after the lock (the statement's snapshot is taken once it holds it): the submits
+    # that held it before are counted.
+    active, usage = tenant_load_today(tenant, statuses=reducer.NON_TERMINAL)
     if active >= quota["active_tasks"]:
         noun = "request" if active == 1 else "requests"
         raise QuotaExceeded(f"this tenant already has {active} open {noun} (limit {quota['active_tasks']}); "
                             "wait for one to finish, or cancel one", retry_after=60)
-    usage = tenant_usage_today(tenant)
     needs = {"money": conf["TASK_BUDGET_UNITS"],
              "tokens": conf["TASK_TOKEN_LIMIT"] if conf["MODEL_PROVIDER"] != "local" else 0}
     now = timezone.now()
