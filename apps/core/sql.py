@@ -185,6 +185,17 @@ def _insert_shape(model: type[Model]) -> tuple[str, tuple, object]:
     return statement, fields, auto
 
 
+def insert_statement(obj: Model) -> tuple[str, list]:
+    """``(INSERT statement, parameters)`` that :func:`insert` runs for the new row ``obj`` (each
+    field's ``pre_save`` applied, so ``auto_now_add`` is set on ``obj``): for a caller that writes
+    it inside a larger statement (``WITH t AS (INSERT … RETURNING id) …``). Only for a model
+    whose primary key is set before the write (no auto key); ``ValueError`` otherwise."""
+    statement, fields, auto = _insert_shape(type(obj))
+    if auto is not None:
+        raise ValueError(f"{type(obj).__name__}: an auto primary key is read back by insert(), not here")
+    return statement, [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+
+
 def insert(obj: Model) -> Model:
     """Write the new row ``obj`` (built with ``Model(...)``, not saved) with one ``INSERT`` whose
     text is made once per model — what ``Model.objects.create`` writes (each field's ``pre_save``,

@@ -25,7 +25,7 @@ from apps.tasks import reducer
 from apps.tasks.cancel_gate import cancel_gate_enter
 from apps.tasks.models import Task, Urgency
 from apps.tasks.selectors import task_get
-from apps.tasks.store import task_append_event, task_append_with_retry
+from apps.tasks.store import task_append_with_retry, task_create
 
 CONTROLLER_VERSION = "controller/1"
 
@@ -101,7 +101,7 @@ def task_submit(
     try:
         with transaction.atomic():
             _tenant_admits(principal.tenant_id)
-            task = sql.insert(Task(
+            new = Task(
                 tenant_id=principal.tenant_id,
                 requester_id=principal.user_id,
                 device=device,
@@ -115,18 +115,19 @@ def task_submit(
                 request_digest=digest,
                 version=0,
                 state=reducer.initial_state(),
-            ))
-            task_append_event(
-                task=task,
+            )
+            # The row and its task.accepted event in one statement.
+            task = task_create(
+                task=new,
                 event_type="task.accepted",
                 payload={
                     "request": {**body, "asset_tag": device.asset_tag, "requester": principal.username,
                                 "tenant": principal.tenant_slug},
-                    "budget_total": task.budget_total,
+                    "budget_total": new.budget_total,
                     "limits": {"tokens": conf["TASK_TOKEN_LIMIT"], "tool_calls": conf["TASK_TOOL_CALL_LIMIT"],
                                "retries": conf["TASK_RETRY_LIMIT"]},
-                    "deadline_at": task.deadline_at.isoformat(),
-                    "artifact_bundle": task.artifact_bundle,
+                    "deadline_at": new.deadline_at.isoformat(),
+                    "artifact_bundle": new.artifact_bundle,
                 },
                 actor=principal.as_actor(),
                 occurred_at=now,

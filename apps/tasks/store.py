@@ -16,6 +16,7 @@ each of several tasks commits in one transaction with :mod:`apps.tasks.batch`.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -27,6 +28,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.core import sql
 from apps.core.digests import sha256_json
 from apps.core.failpoints import failpoint
 from apps.events.models import RefusedEvent, TaskEvent, TaskSnapshot
@@ -161,6 +163,60 @@ def task_append_event(
     task.version = expected + 1
     # "After commit" means after the outermost commit: inside a caller's transaction (a receipt
     # recorded with its action and outbox rows) the failpoint waits for that commit.
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: failpoint(f"after_commit:{event_type}"))
+    else:
+        failpoint(f"after_commit:{event_type}")
+    return task
+
+
+_CREATE_SQL = """
+WITH t AS ({insert} RETURNING id)
+INSERT INTO {event} (id, task_id, tenant_id, seq, type, payload, payload_digest, occurred_at, recorded_at,
+                     causation_id, actor, lease_generation)
+SELECT %s, t.id, %s, 1, %s, %s::jsonb, %s, %s, %s, NULL, %s, %s FROM t
+"""
+
+
+def task_create(*, task: Task, event_type: str, payload: dict, actor: str, occurred_at=None) -> Task:
+    """Write the new task ``task`` — built with ``Task(...)``, not saved, at version 0 with the
+    reducer's initial state — together with its first event, in one statement of the caller's
+    transaction: the row as δ leaves it at version 1 and the event at seq 1 (what
+    :func:`apps.core.sql.insert` then :func:`task_append_event` would write, in two statements
+    and a savepoint). The snapshot when one is due, the projections, the event's log line and its
+    failpoints are as :func:`task_append_event`'s; an event that moves the tenant's day row is
+    written that way instead. Returns ``task``, updated. Raises :class:`reducer.IllegalTransition`
+    when δ refuses the event (nothing written: there is no row to record the refusal on) and what
+    the database raises (``IntegrityError`` for a unique request key already taken)."""
+    new_state = reduce_pinned(task, event_type, payload)
+    if "limits" in new_state and tenant_ledger_moves(task.state, new_state):
+        sql.insert(task)
+        return task_append_event(task=task, event_type=event_type, payload=payload, actor=actor,
+                                 occurred_at=occurred_at)
+    now = timezone.now()
+    failpoint(f"before_commit:{event_type}")
+    before = copy.copy(task)  # the projections see the task as it was before the event
+    for name, value in row_columns(task, new_state).items():
+        setattr(task, name, value)
+    task.version = 1
+    event, params = _new_event(task, expected=0, lease_generation=None, now=now, event_type=event_type,
+                               payload=payload, actor=actor, causation_id=None, occurred_at=occurred_at or now)
+    insert, values = sql.insert_statement(task)
+    # No savepoint of its own inside the caller's transaction: a failure here fails the caller's.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        cursor.execute(_CREATE_SQL.format(insert=insert, event=TaskEvent._meta.db_table), [
+            *values, event.id, task.tenant_id, event_type, params["payload"], event.payload_digest,
+            event.occurred_at, now, actor, event.lease_generation])
+        task._state.adding, task._state.db = False, connection.alias
+        event._state.adding, event._state.db = False, connection.alias
+        every = settings.FAULTDESK["SNAPSHOT_EVERY"]
+        if every and 1 % every == 0:
+            TaskSnapshot.objects.create(
+                task_id=task.pk, seq=1, state=new_state, digest=state_digest(new_state),
+                reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION))
+        projections_run(before, event, new_state)
+    events_log.info("event.appended", tenant_id=str(task.tenant_id), task_id=str(task.pk), event_seq=1,
+                    event_type=event_type, actor=actor, lease_generation=None, status=new_state["status"])
     if transaction.get_connection().in_atomic_block:
         transaction.on_commit(lambda: failpoint(f"after_commit:{event_type}"))
     else:
@@ -304,10 +360,10 @@ def _cas_and_insert(task: Task, columns: dict, *, expected: int, lease_generatio
     event, params = _new_event(task, expected=expected, lease_generation=lease_generation, now=now,
                                event_type=event_type, payload=payload, actor=actor, causation_id=causation_id,
                                occurred_at=occurred_at)
-    sql = _APPEND_SQL.format(task=Task._meta.db_table, event=TaskEvent._meta.db_table,
-                             fence="AND lease_generation = %(fence)s" if lease_generation is not None else "")
+    statement = _APPEND_SQL.format(task=Task._meta.db_table, event=TaskEvent._meta.db_table,
+                                   fence="AND lease_generation = %(fence)s" if lease_generation is not None else "")
     with connection.cursor() as cursor:
-        cursor.execute(sql, {
+        cursor.execute(statement, {
             **params, "expected": expected, "fence": lease_generation, "seq": expected + 1,
             "status": str(columns["status"]), "state": json.dumps(columns["state"]),
             "reason": columns["termination_reason"], "total": columns["budget_total"],

@@ -60,3 +60,31 @@ def test_another_requesters_task_is_answered_like_one_that_does_not_exist(reques
 def test_an_approver_who_sees_the_task_is_told_it_is_forbidden(requester, approver, device):
     task = _api(requester).post("/api/tasks/", {**BODY, "device_id": device.pk}, format="json").json()
     assert _api(approver).post(f"/api/tasks/{task['id']}/cancel/", {"reason": "x"}, format="json").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)  # the submit's transaction is the outermost one, as in a request
+def test_a_submit_writes_the_task_row_and_its_accepted_event_in_one_statement(requester, device):
+    """The new row (at version 1, as δ leaves it) and ``task.accepted`` (seq 1) go in one statement
+    with no savepoint; what they hold is what a replay of the event gives."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.events.models import TaskEvent
+    from apps.tasks.replay import task_replay
+    from apps.tasks.services import task_submit
+    from tests.conftest import p
+
+    with CaptureQueriesContext(connection) as queries:
+        task = task_submit(principal=p(requester), device_id=device.pk, symptom="Toner low warning",
+                           request_key="one-statement").task
+    statements = [q["sql"].lstrip() for q in queries]
+    writes = [s for s in statements if "INSERT INTO" in s]
+    assert len(writes) == 1 and writes[0].startswith("WITH t AS (INSERT INTO \"tasks_task\"")
+    assert "events_taskevent" in writes[0]
+    assert not [s for s in statements if s.startswith(("SAVEPOINT", "UPDATE"))]
+    row = Task.objects.get(pk=task.pk)
+    [event] = TaskEvent.objects.filter(task=row)
+    assert (row.version, row.status, event.seq, event.type) == (1, "ACCEPTED", 1, "task.accepted")
+    assert (task.version, task.state) == (row.version, row.state)
+    assert event.payload["request"]["symptom"] == "Toner low warning"
+    assert task_replay(row, use_snapshot=False).ok
