@@ -29,6 +29,7 @@ point on the trace. Thresholds are calibrated on the labelled eval (``manage.py 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -36,10 +37,9 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.core import sql
 from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.governance import evidence_standing, is_chinese
-from apps.evidence.models import Chunk, Document
+from apps.evidence.models import Chunk
 from apps.evidence.report_signals import (
     excluded_subject,
     has_content,
@@ -379,9 +379,52 @@ def _one_locale_each(docs: dict[int, _Doc], preferred: str) -> dict[int, _Doc]:
     return out
 
 
-#: what a cited chunk's read leaves out: the vectors, and the whole document text and metadata
-_CITED_DEFER = frozenset({"embedding", "search_vector", "document_version__content",
-                          "document_version__document__metadata"})
+#: the cited chunks' fields and their documents' (no vectors, no whole document text), as tuples
+_CITED_SQL = """
+SELECT c.id, c.ordinal, c.section, c.start_offset, c.end_offset, c.scope, c.content_digest, c.text, c.locale,
+       v.version, v.metadata, d.id, d.title, d.source, d.doc_id, d.requires_human_gate, d.owner
+FROM evidence_chunk c
+JOIN evidence_documentversion v ON v.id = c.document_version_id
+JOIN evidence_document d ON d.id = v.document_id
+WHERE c.id = ANY(%s)
+"""
+
+
+@dataclass(frozen=True)
+class _Cited:
+    """A candidate chunk for citation with what its reference needs (one row of :data:`_CITED_SQL`)."""
+
+    pk: int
+    ordinal: int
+    section: str
+    start_offset: int
+    end_offset: int
+    scope: str
+    content_digest: str
+    text: str
+    locale: str
+    version: int
+    version_metadata: dict
+    document_id: int
+    title: str
+    source: str
+    doc_id: str
+    requires_human_gate: bool
+    owner: str
+
+
+def _cited_chunks(ids: list[int]) -> dict[int, _Cited]:
+    """The chunks ``ids`` with their versions' and documents' fields, by id (one statement; the
+    ids come from the reader's permitted candidates)."""
+    with connection.cursor() as cur:
+        cur.execute(_CITED_SQL, [ids])
+        fetched = cur.fetchall()
+    out = {}
+    for row in fetched:
+        meta = row[10]
+        meta = json.loads(meta) if isinstance(meta, str | bytes) else (meta or {})
+        out[row[0]] = _Cited(*row[:10], meta or {}, *row[11:])
+    return out
 
 
 def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, now: datetime, vague: bool,
@@ -391,8 +434,7 @@ def _citations(primary: _Doc, ranked: list[_Doc], *, threshold: float, k: int, n
     no other document fits it, else :data:`PER_DOCUMENT`), then the best chunk of each other
     document that also passes ``threshold`` within :data:`SECONDARY_MARGIN`, up to ``k``."""
     wanted = [*primary.chunks, *(max(d.chunks, key=d.chunks.get) for d in ranked if d is not primary and d.chunks)]
-    chunks = {c.pk: c for c in sql.rows(Chunk, "t0.id = ANY(%s)", [wanted], related=("document_version__document",),
-                                        defer=_CITED_DEFER)}
+    chunks = _cited_chunks(wanted)
     own = sorted(primary.chunks, key=lambda cid: (chunks[cid].ordinal, cid))
     by_role: dict[str, list[int]] = {}
     for cid in own:
@@ -437,14 +479,13 @@ def _cos_of(cid: int, ranked: list[_Doc]) -> float:
     return next((d.chunks[cid] for d in ranked if cid in d.chunks), 0.0)
 
 
-def _ref(c: Chunk, *, cos: float, now: datetime) -> EvidenceRef:
-    doc: Document = c.document_version.document
-    standing = evidence_standing(c.document_version.metadata or {}, now=now)
+def _ref(c: _Cited, *, cos: float, now: datetime) -> EvidenceRef:
+    standing = evidence_standing(c.version_metadata, now=now)
     return EvidenceRef(
-        chunk_id=c.pk, document_id=doc.pk, document_title=doc.title, source=doc.source,
-        version=c.document_version.version, section=c.section, start=c.start_offset, end=c.end_offset,
+        chunk_id=c.pk, document_id=c.document_id, document_title=c.title, source=c.source,
+        version=c.version, section=c.section, start=c.start_offset, end=c.end_offset,
         scope=c.scope, content_digest=c.content_digest, score=round(cos, 6), vector_rank=None, text_rank=None,
-        excerpt=c.text, locale=c.locale, doc_id=doc.doc_id, stale=standing.stale,
-        stale_reason=standing.reason if standing.stale else "", requires_human_gate=doc.requires_human_gate,
-        owner=doc.owner,
+        excerpt=c.text, locale=c.locale, doc_id=c.doc_id, stale=standing.stale,
+        stale_reason=standing.reason if standing.stale else "", requires_human_gate=c.requires_human_gate,
+        owner=c.owner,
     )
