@@ -166,6 +166,8 @@ def _first_at(text: str, word: str) -> int | None:
     if is_chinese(word):
         i = text.find(word.lower())
         return None if i < 0 else i
+    if word.lower() not in text:  # the usual case, without a regular expression
+        return None
     m = re.search(rf"(?<![a-z0-9]){re.escape(word.lower())}(?:s|es)?(?![a-z0-9])", text)
     return m.start() if m else None
 

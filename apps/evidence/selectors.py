@@ -209,7 +209,19 @@ def rrf_fuse(*rankings: list[int], k: int, rrf_k: int = RRF_K) -> list[tuple[int
 def vector_literal(values) -> str:
     """``values`` (a sequence of floats, e.g. an embedding) as a pgvector literal ``"[x,y,...]"``
     with 7 decimals, for a ``%s::vector`` parameter."""
-    return "[" + ",".join(f"{x:.7f}" for x in values) + "]"
+    values = tuple(values)
+    return "[" + (_VECTOR_FORMATS.get(len(values)) or _vector_format(len(values))) % values + "]"
+
+
+_VECTOR_FORMATS: dict[int, str] = {}
+
+
+def _vector_format(n: int) -> str:
+    """The ``%``-format of an ``n``-dimensional vector literal's inside (one format string per
+    dimension count, made once: formatting 512 floats in one operation costs a third less than
+    joining 512 formatted ones)."""
+    _VECTOR_FORMATS[n] = ",".join(["%.7f"] * n)
+    return _VECTOR_FORMATS[n]
 
 
 def evidence_retrieve(
