@@ -239,11 +239,6 @@ CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     "coordination": coordination_cache(CELERY_BROKER_URL),
 }
-# Sessions are written through to the database and read from the shared Redis cache when there is
-# one (a signed-in request reads no session row; a cache lost or flushed falls back to the rows).
-# Never a per-process cache: a sign-out in one process must end the session in every other.
-SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
-SESSION_CACHE_ALIAS = "coordination"
 # Workers log through Django's LOGGING (structured JSON), not Celery's own plain-text root handler.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_RESULT_BACKEND = None
