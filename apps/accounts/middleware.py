@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpResponse, JsonResponse
 
-from config.database import retryable
+from config.database import RETRYABLE_SQLSTATES
 
 
 class RejectMalformedRequestsMiddleware:
@@ -126,6 +126,20 @@ class ApiJsonErrorsMiddleware:
 BUSY_RETRY_AFTER_SECONDS = 1
 
 
+def _refused_for_now(exc: BaseException) -> str | None:
+    """The retryable refusal (:data:`config.database.RETRYABLE_SQLSTATES`) that ``exc`` itself is:
+    a Django ``DatabaseError`` whose psycopg cause (``raise … from``) carries the refusal's
+    SQLSTATE. Not an error merely raised while another was being handled (``__context__``): a
+    real failure after a lock timeout must stay a failure, not become "nothing was changed"."""
+    if not isinstance(exc, DatabaseError):
+        return None
+    for candidate in (exc, exc.__cause__):
+        state = getattr(candidate, "sqlstate", None)
+        if state in RETRYABLE_SQLSTATES:
+            return RETRYABLE_SQLSTATES[state]
+    return None
+
+
 class DatabaseBusyMiddleware:
     """A request the database refused for now — a lock it waited on past ``lock_timeout`` (a
     cancel queued behind a run that holds the task, or behind a request's last re-authorization),
@@ -142,7 +156,7 @@ class DatabaseBusyMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exc):
-        refusal = retryable(exc) if isinstance(exc, DatabaseError) else None
+        refusal = _refused_for_now(exc)
         if refusal is None:
             return None
         structlog.get_logger("faultdesk.web").warning("request.refused_for_now", path=request.path[:200],

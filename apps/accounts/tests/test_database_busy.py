@@ -41,10 +41,10 @@ def gate_held():
     does) until the test ends; yields a function that takes the gate of a task id."""
     params = {k: v for k, v in connection.get_connection_params().items()
               if k not in ("options", "cursor_factory", "context", "prepare_threshold", "client_encoding")}
-    other = psycopg.connect(**params, autocommit=True)
+    other = psycopg.connect(**params)  # one open transaction, rolled back when it closes
 
     def hold(task_id):
-        other.execute("SELECT pg_advisory_lock(%s, %s)", [_NAMESPACE, _key(task_id)])
+        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_NAMESPACE, _key(task_id)])
 
     yield hold
     other.close()
@@ -74,3 +74,34 @@ def test_a_page_the_database_refuses_for_now_is_a_503_page_not_a_server_error(
     assert resp.status_code == 503 and resp["Retry-After"] == "1"
     assert b"try again" in resp.content
     assert list(TaskEvent.objects.filter(task_id=task.pk).values_list("type", flat=True)) == ["task.accepted"]
+
+
+def test_only_the_refusal_itself_is_busy_not_an_error_raised_while_handling_one():
+    """A real database error raised while a lock timeout was being handled is not "busy": only an
+    exception whose own SQLSTATE (or its explicit cause's) is a retryable refusal is."""
+    from django.db import OperationalError, ProgrammingError
+    from django.test import RequestFactory
+
+    from apps.accounts.middleware import DatabaseBusyMiddleware
+
+    class LockTimeout(Exception):
+        sqlstate = "55P03"
+
+    def raised_from(cause):
+        try:
+            raise OperationalError("canceling statement due to lock timeout") from cause
+        except OperationalError as exc:
+            return exc
+
+    middleware = DatabaseBusyMiddleware(lambda request: None)
+    request = RequestFactory().post("/api/tasks/")
+    refusal = raised_from(LockTimeout())
+    assert middleware.process_exception(request, refusal).status_code == 503
+    try:
+        try:
+            raise refusal
+        except OperationalError:
+            raise ProgrammingError("column does not exist")  # noqa: B904 - the case: no "from"
+    except ProgrammingError as masked:
+        assert middleware.process_exception(request, masked) is None
+    assert middleware.process_exception(request, ValueError("not a database error")) is None
