@@ -43,14 +43,16 @@ def timeout_options(db: dict, *, statement_ms: int, lock_ms: int, idle_in_transa
     return {**db, "OPTIONS": options}
 
 
-def retryable(exc: BaseException) -> str | None:
+def retryable(exc: BaseException, *, context: bool = True) -> str | None:
     """The name of the retryable refusal behind ``exc`` (a Django ``DatabaseError`` wrapping a
-    psycopg error, or the psycopg error itself), or None when it is not one."""
+    psycopg error, or the psycopg error itself), or None when it is not one. ``context=False``
+    follows only explicit causes (``raise … from``), not an exception that was merely being handled
+    when ``exc`` was raised: ``exc`` must itself be the refusal."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         state = getattr(exc, "sqlstate", None)
         if state in RETRYABLE_SQLSTATES:
             return RETRYABLE_SQLSTATES[state]
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ or (exc.__context__ if context else None)
     return None

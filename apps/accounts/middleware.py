@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpResponse, JsonResponse
 
-from config.database import RETRYABLE_SQLSTATES
+from config.database import retryable
 
 
 class RejectMalformedRequestsMiddleware:
@@ -126,20 +126,6 @@ class ApiJsonErrorsMiddleware:
 BUSY_RETRY_AFTER_SECONDS = 1
 
 
-def _refused_for_now(exc: BaseException) -> str | None:
-    """The retryable refusal (:data:`config.database.RETRYABLE_SQLSTATES`) that ``exc`` itself is:
-    a Django ``DatabaseError`` whose psycopg cause (``raise … from``) carries the refusal's
-    SQLSTATE. Not an error merely raised while another was being handled (``__context__``): a
-    real failure after a lock timeout must stay a failure, not become "nothing was changed"."""
-    if not isinstance(exc, DatabaseError):
-        return None
-    for candidate in (exc, exc.__cause__):
-        state = getattr(candidate, "sqlstate", None)
-        if state in RETRYABLE_SQLSTATES:
-            return RETRYABLE_SQLSTATES[state]
-    return None
-
-
 class DatabaseBusyMiddleware:
     """A request the database refused for now — a lock it waited on past ``lock_timeout`` (a
     cancel queued behind a run that holds the task, or behind a request's last re-authorization),
@@ -156,7 +142,9 @@ class DatabaseBusyMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exc):
-        refusal = _refused_for_now(exc)
+        # Only an exception that is itself the refusal (its own or its explicit cause's SQLSTATE):
+        # a real failure raised while a lock timeout was being handled must stay a failure.
+        refusal = retryable(exc, context=False) if isinstance(exc, DatabaseError) else None
         if refusal is None:
             return None
         structlog.get_logger("faultdesk.web").warning("request.refused_for_now", path=request.path[:200],

@@ -139,7 +139,6 @@ def row(model: type[Model], where: str, params, **kwargs) -> Model | None:
     return found[0] if found else None
 
 
-
 def written_rows(model: type[Model], write: str, params, *, related: tuple[str, ...] = ()) -> list[Model]:
     """Instances of ``model`` from the rows a write statement leaves — ``write`` is an ``UPDATE``
     or ``INSERT`` of ``model``'s table ending in ``RETURNING *`` — with the related rows of
@@ -170,6 +169,7 @@ def _assemble(parts: tuple, values, conn) -> Model:
         if parent is not None:
             part.relation.set_cached_value(parent, related_obj)
     return obj
+
 
 @cache
 def _insert_shape(model: type[Model]) -> tuple[str, tuple, object]:

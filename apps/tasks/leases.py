@@ -16,6 +16,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from apps.actions.models import Action, ActionStatus
+from apps.core import sql
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.runs import open_run
@@ -59,7 +60,7 @@ UPDATE {task} SET lease_owner = %(owner)s, lease_expires_at = %(until)s, lease_g
 WHERE id = (SELECT id FROM {task} WHERE id = %(task_id)s AND NOT (status = ANY(%(terminal)s))
               AND (lease_owner IS NULL OR lease_expires_at < %(now)s)
             FOR UPDATE SKIP LOCKED)
-RETURNING lease_generation
+RETURNING {returning}
 """
 
 
@@ -78,7 +79,7 @@ def task_claim(*, task_id: uuid.UUID, owner: str | None = None, seconds: int | N
     now = timezone.now()
     # The usual claim, in one statement: a task that is not terminal.
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL.format(task=Task._meta.db_table),
+        cursor.execute(_CLAIM_SQL.format(task=Task._meta.db_table, returning="lease_generation"),
                        {"owner": owner, "until": now + timedelta(seconds=seconds), "task_id": task_id,
                         "terminal": [str(s) for s in reducer.TERMINAL], "now": now})
         row = cursor.fetchone()
@@ -108,16 +109,6 @@ def _claim_terminal(task_id: uuid.UUID, *, owner: str, seconds: int, now) -> Lea
 
 
 
-
-_CLAIM_RETURNING_SQL = """
-UPDATE {task} SET lease_owner = %(owner)s, lease_expires_at = %(until)s, lease_generation = lease_generation + 1
-WHERE id = (SELECT id FROM {task} WHERE id = %(task_id)s AND NOT (status = ANY(%(terminal)s))
-              AND (lease_owner IS NULL OR lease_expires_at < %(now)s)
-            FOR UPDATE SKIP LOCKED)
-RETURNING *
-"""
-
-
 def task_claim_read(*, task_id: uuid.UUID, related: tuple[str, ...] = ()) -> tuple[Lease, Task] | None:
     """:func:`task_claim` that also reads the task: returns the :class:`Lease` and the task as the
     claim left it (the latest version, which the claim locked), with the ``related`` rows cached
@@ -125,12 +116,10 @@ def task_claim_read(*, task_id: uuid.UUID, related: tuple[str, ...] = ()) -> tup
     or None when :func:`task_claim` would return None. Like it, call it outside any transaction:
     the claim commits by itself, so a fencing token is given out once, whatever becomes of what
     the holder does next."""
-    from apps.core import sql
-
     owner = worker_identity()
     seconds = settings.FAULTDESK["LEASE_SECONDS"]
     now = timezone.now()
-    claimed = sql.written_rows(Task, _CLAIM_RETURNING_SQL.format(task=Task._meta.db_table), {
+    claimed = sql.written_rows(Task, _CLAIM_SQL.format(task=Task._meta.db_table, returning="*"), {
         "owner": owner, "until": now + timedelta(seconds=seconds), "task_id": task_id,
         "terminal": [str(s) for s in reducer.TERMINAL], "now": now}, related=related)
     if claimed:
@@ -141,6 +130,7 @@ def task_claim_read(*, task_id: uuid.UUID, related: tuple[str, ...] = ()) -> tup
         return None
     task = sql.row(Task, "t0.id = %s", [task_id], related=related)
     return (lease, task) if task is not None else None
+
 
 _RENEW_SQL = "UPDATE {task} SET lease_owner = %s, lease_expires_at = %s WHERE id = %s AND lease_generation = %s"
 

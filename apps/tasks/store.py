@@ -161,13 +161,27 @@ def task_append_event(
     for name, value in columns.items():
         setattr(task, name, value)
     task.version = expected + 1
-    # "After commit" means after the outermost commit: inside a caller's transaction (a receipt
-    # recorded with its action and outbox rows) the failpoint waits for that commit.
+    _after_commit_failpoint(event_type)
+    return task
+
+
+def _after_commit_failpoint(event_type: str) -> None:
+    """The ``after_commit:<event_type>`` failpoint, after the outermost commit: inside a caller's
+    transaction (a receipt recorded with its action and outbox rows) it waits for that commit."""
     if transaction.get_connection().in_atomic_block:
         transaction.on_commit(lambda: failpoint(f"after_commit:{event_type}"))
     else:
         failpoint(f"after_commit:{event_type}")
-    return task
+
+
+def _snapshot_if_due(task: Task, seq: int, new_state: dict) -> None:
+    """Write the snapshot of ``new_state`` at ``seq`` when ``seq`` is a multiple of
+    ``FAULTDESK["SNAPSHOT_EVERY"]`` (0: never), in the event's transaction."""
+    every = settings.FAULTDESK["SNAPSHOT_EVERY"]
+    if every and seq % every == 0:
+        TaskSnapshot.objects.create(
+            task_id=task.pk, seq=seq, state=new_state, digest=state_digest(new_state),
+            reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION))
 
 
 _CREATE_SQL = """
@@ -209,18 +223,11 @@ def task_create(*, task: Task, event_type: str, payload: dict, actor: str, occur
             event.occurred_at, now, actor, event.lease_generation])
         task._state.adding, task._state.db = False, connection.alias
         event._state.adding, event._state.db = False, connection.alias
-        every = settings.FAULTDESK["SNAPSHOT_EVERY"]
-        if every and 1 % every == 0:
-            TaskSnapshot.objects.create(
-                task_id=task.pk, seq=1, state=new_state, digest=state_digest(new_state),
-                reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION))
+        _snapshot_if_due(task, 1, new_state)
         projections_run(before, event, new_state)
     events_log.info("event.appended", tenant_id=str(task.tenant_id), task_id=str(task.pk), event_seq=1,
                     event_type=event_type, actor=actor, lease_generation=None, status=new_state["status"])
-    if transaction.get_connection().in_atomic_block:
-        transaction.on_commit(lambda: failpoint(f"after_commit:{event_type}"))
-    else:
-        failpoint(f"after_commit:{event_type}")
+    _after_commit_failpoint(event_type)
     return task
 
 
@@ -278,12 +285,7 @@ def _write_event(task: Task, new_state: dict, columns: dict, *, lean: bool, expe
         if moves and run is None:
             # In its own savepoint: BudgetExceeded rolls the event back with it.
             tenant_ledger_apply(task, task.state, new_state)
-        every = settings.FAULTDESK["SNAPSHOT_EVERY"]
-        if every and (expected + 1) % every == 0:
-            TaskSnapshot.objects.create(
-                task_id=task.pk, seq=expected + 1, state=new_state, digest=state_digest(new_state),
-                reducer_version=(task.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION),
-            )
+        _snapshot_if_due(task, expected + 1, new_state)
         if side_effects is not None:
             side_effects(task, event)
         projections_run(task, event, new_state)

@@ -197,9 +197,14 @@ def tenant_usage_today(tenant) -> dict:
     """``{"day", "money": {"limit", "used", "reserved"}, "tokens": {...}}`` for ``tenant`` today."""
     day = timezone.now().astimezone(UTC).date()
     row = sql.row(TenantUsage, "t0.day = %s", [day], tenant_id=tenant.pk)
+    return _usage(tenant, day, {dim: (getattr(row, f"{dim}_used", 0), getattr(row, f"{dim}_reserved", 0))
+                                for dim in ("money", "tokens")})
+
+
+def _usage(tenant, day, used: dict) -> dict:
+    """The dict of :func:`tenant_usage_today` from ``used`` (``{dim: (used, reserved)}``)."""
     quota = tenant.quota()
-    return {"day": day.isoformat(), **{dim: {"limit": quota[dim], "used": getattr(row, f"{dim}_used", 0),
-                                             "reserved": getattr(row, f"{dim}_reserved", 0)}
+    return {"day": day.isoformat(), **{dim: {"limit": quota[dim], "used": used[dim][0], "reserved": used[dim][1]}
                                        for dim in ("money", "tokens")}}
 
 
@@ -219,7 +224,5 @@ def tenant_load_today(tenant, *, statuses) -> tuple[int, dict]:
         cursor.execute(_LOAD_SQL.format(task=Task._meta.db_table, usage=TenantUsage._meta.db_table),
                        {"tenant": tenant.pk, "statuses": list(statuses), "day": day})
         active, money_used, money_reserved, tokens_used, tokens_reserved = cursor.fetchone()
-    quota = tenant.quota()
-    used = {"money": (money_used or 0, money_reserved or 0), "tokens": (tokens_used or 0, tokens_reserved or 0)}
-    return active, {"day": day.isoformat(), **{dim: {"limit": quota[dim], "used": used[dim][0],
-                                                     "reserved": used[dim][1]} for dim in ("money", "tokens")}}
+    return active, _usage(tenant, day, {"money": (money_used or 0, money_reserved or 0),
+                                        "tokens": (tokens_used or 0, tokens_reserved or 0)})
