@@ -43,6 +43,19 @@ def timeout_options(db: dict, *, statement_ms: int, lock_ms: int, idle_in_transa
     return {**db, "OPTIONS": options}
 
 
+def binding_options(db: dict, *, prepare_threshold: int) -> dict:
+    """``db`` (a Django DATABASES entry) with its parameters bound by the server and its statements
+    prepared: psycopg prepares a statement on a connection once it ran ``prepare_threshold`` times
+    there (``0`` turns preparing off, as a transaction-pooling PgBouncer older than 1.21 needs), so
+    the hot statements of a report are parsed and planned once per connection instead of at every
+    run, and values (a task's state JSON) travel as parameters instead of quoted into the
+    statement's text (docs/performance.md, "Prepared statements"). Options the URL already carries
+    win."""
+    options = {"server_side_binding": True, "prepare_threshold": int(prepare_threshold) or None,
+               **(db.get("OPTIONS") or {})}
+    return {**db, "OPTIONS": options}
+
+
 def retryable(exc: BaseException, *, context: bool = True) -> str | None:
     """The name of the retryable refusal behind ``exc`` (a Django ``DatabaseError`` wrapping a
     psycopg error, or the psycopg error itself), or None when it is not one. ``context=False``

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from config import embedded
-from config.database import timeout_options
+from config.database import binding_options, timeout_options
 from config.env import BASE_DIR, VAR_DIR, env
 from config.logs import configure_structlog, logging_config
 
@@ -127,6 +127,9 @@ DATABASE_TIMEOUTS = {
     "idle_in_transaction_ms": env.int("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=60_000),
 }
 DATABASES["default"] = timeout_options(DATABASES["default"], **DATABASE_TIMEOUTS)
+# Statements prepared once per connection (0 turns preparing off): config/database.py
+DATABASE_PREPARE_THRESHOLD = env.int("DATABASE_PREPARE_THRESHOLD", default=5)
+DATABASES["default"] = binding_options(DATABASES["default"], prepare_threshold=DATABASE_PREPARE_THRESHOLD)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -163,6 +166,8 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 
+# Django's database sessions, the row read by a statement written once (apps/accounts/sessions.py)
+SESSION_ENGINE = "apps.accounts.sessions"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"

@@ -8,7 +8,7 @@ checks (``config/deploy_checks.py``; ``manage.py check --deploy``) name every on
 web and worker entry points run those checks and refuse to start while one fails.
 """
 
-from config.database import timeout_options
+from config.database import binding_options, timeout_options
 from config.env import env
 from config.settings.base import *  # noqa: F403
 
@@ -28,6 +28,8 @@ DATABASES = {"default": {**PERSISTENT_CONNECTIONS, **env.db_url_config(_database
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 if _database_url:
     DATABASES["default"] = timeout_options(DATABASES["default"], **DATABASE_TIMEOUTS)  # noqa: F405
+    DATABASES["default"] = binding_options(DATABASES["default"],  # noqa: F405
+                                           prepare_threshold=DATABASE_PREPARE_THRESHOLD)  # noqa: F405
 CELERY_BROKER_URL = env("REDIS_URL", default="")
 CACHES = {**CACHES, "coordination": coordination_cache(CELERY_BROKER_URL)}  # noqa: F405
 

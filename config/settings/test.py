@@ -17,7 +17,7 @@ STORAGES = {
 import os  # noqa: E402
 
 from config import embedded  # noqa: E402
-from config.database import timeout_options  # noqa: E402
+from config.database import binding_options, timeout_options  # noqa: E402
 from config.env import env  # noqa: E402
 
 # The test session needs PostgreSQL with pgvector: with no DATABASE_URL it starts the embedded one
@@ -28,6 +28,8 @@ if "DATABASE_URL" not in os.environ:
 # test's transaction open while the test waits on threads and processes, which is not a stuck client.
 DATABASES["default"] = timeout_options(  # noqa: F405
     DATABASES["default"], **{**DATABASE_TIMEOUTS, "idle_in_transaction_ms": 0})  # noqa: F405
+DATABASES["default"] = binding_options(DATABASES["default"],  # noqa: F405
+                                       prepare_threshold=DATABASE_PREPARE_THRESHOLD)  # noqa: F405
 
 # In-process tests never talk to a broker; end-to-end tests give their worker processes a real one.
 CELERY_BROKER_URL = "memory://"
