@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from apps.evidence.relevance import section_role
 
@@ -103,14 +104,27 @@ def code_line(ref: dict, code: str) -> Quote | None:
 def for_other_codes(text: str, code: str) -> bool:
     """Whether a step is written for other codes of ``code``'s family only ("For PRN-FUSER-50.1
     and 50.4, ..." under a PRN-FUSER-50.2 alert): it names a sibling code and not ``code``."""
-    family, _, tail = code.upper().rpartition("-")
-    if not family:
+    patterns = _code_patterns(code.upper())
+    if patterns is None:
         return False
+    own, own_tail, sibling = patterns
     upper = text.upper()
-    if re.search(rf"(?<![A-Z0-9]){re.escape(code.upper())}(?![A-Z0-9])", upper) or \
-            re.search(rf"(?<![A-Z0-9.]){re.escape(tail)}(?![A-Z0-9])", upper):
+    if own.search(upper) or own_tail.search(upper):
         return False
-    return re.search(rf"(?<![A-Z0-9]){re.escape(family)}-[A-Z0-9.]+", upper) is not None
+    return sibling.search(upper) is not None
+
+
+@lru_cache(maxsize=256)
+def _code_patterns(code: str) -> tuple[re.Pattern, re.Pattern, re.Pattern] | None:
+    """``(the code itself, its last part alone, any code of its family)`` for an upper-case alert
+    code, compiled once per code (a report's steps are each tested against the same code); None for
+    a code without a family (no ``-``)."""
+    family, _, tail = code.rpartition("-")
+    if not family:
+        return None
+    return (re.compile(rf"(?<![A-Z0-9]){re.escape(code)}(?![A-Z0-9])"),
+            re.compile(rf"(?<![A-Z0-9.]){re.escape(tail)}(?![A-Z0-9])"),
+            re.compile(rf"(?<![A-Z0-9]){re.escape(family)}-[A-Z0-9.]+"))
 
 
 def guidance_build(refs: list[dict], *, alert_code: str | None) -> dict:

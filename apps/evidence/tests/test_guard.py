@@ -70,3 +70,17 @@ def test_every_pattern_has_trigger_words_and_the_corpus_agrees():
     for text in texts:
         assert injection_flags(text) == injection_flags_unfiltered(text)
         assert injection_flags(text.upper()) == injection_flags_unfiltered(text.upper())
+
+
+def test_a_step_for_sibling_codes_only_is_told_apart_from_one_for_the_alert():
+    from apps.evidence.guidance import for_other_codes
+
+    code = "PRN-FUSER-50.2"
+    assert for_other_codes("For PRN-FUSER-50.1 and 50.4, replace the fuser unit.", code)
+    assert not for_other_codes("For PRN-FUSER-50.2, let the fuser cool for 30 minutes.", code)
+    assert not for_other_codes("For prn-fuser-50.1 and 50.2, reseat the fuser.", code)  # names ours too
+    assert not for_other_codes("Open the rear door and remove the jammed sheet.", code)  # names no code
+    assert not for_other_codes("For PRN-FUSER-50.1, replace the fuser.", "NOFAMILY")  # no family to compare
+    assert for_other_codes("对于 PRN-FUSER-50.1，更换定影器。", code.lower())  # case of the code does not matter
+    for _ in range(3):  # the compiled patterns are reused, the answers unchanged
+        assert for_other_codes("For PRN-FUSER-50.3 only.", code) and not for_other_codes("PRN-FUSER-50.2 only.", code)
