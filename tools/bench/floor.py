@@ -1,11 +1,14 @@
 """Phase 2, the floor: what the main job's work costs on this machine with no durability layer.
-
-One flow is the job's own work, called directly from a thread pool, in autocommit: the request
-written (one INSERT of the task row), the device read, the device's open-ticket read, permission-
-aware hybrid retrieval (the query's embedding included), the local drafter, the reference ticket
-service's ``POST /tickets`` with an idempotency key, and the answer written (one UPDATE). Nothing
-else: no events, leases, reservations, Celery, outbox, approvals or receipts — so a crash loses
-work or doubles a ticket, which is the price the durability layer exists to avoid."""
+One flow is the job's own work, called directly from a thread pool, in autocommit, through the
+same functions the job calls: the request written (one INSERT of the task row), the device read,
+the device's open-ticket read, the report's retrieval and relevance selection
+(:func:`~apps.evidence.relevance.evidence_select`: permission-aware hybrid retrieval with the
+query's embedding, then the choice of procedure or the abstention), the report, answers and
+evidence screened for instructions, the local drafter, the reference ticket service's
+``POST /tickets`` with an idempotency key, the requester's answer composed
+(:func:`~apps.tasks.answer.answer_compose`) and written (one UPDATE). Nothing else: no events,
+leases, reservations, Celery, outbox, approvals or receipts — so a crash loses work or doubles a
+ticket, which is the price the durability layer exists to avoid."""
 
 from __future__ import annotations
 
@@ -29,8 +32,10 @@ def _flow(seeded, i: int, connector) -> float:
     from django.utils import timezone
 
     from apps.devices.selectors import device_read
-    from apps.evidence.selectors import evidence_retrieve
+    from apps.evidence.guard import injection_flags, refs_flags
+    from apps.evidence.relevance import evidence_select
     from apps.llm.drafter import local_draft
+    from apps.tasks.answer import answer_compose
     from apps.tasks.models import Task
     from apps.tickets.selectors import open_ticket_read
 
@@ -38,20 +43,29 @@ def _flow(seeded, i: int, connector) -> float:
     tenant = seeded.tenant
     device_id = seeded.devices[i % len(seeded.devices)]
     symptom = SYMPTOMS[i % len(SYMPTOMS)]
+    request = {"symptom": symptom, "urgency": "high"}
     task = Task.objects.create(
         tenant=tenant, requester_id=seeded.requester_id, device_id=device_id, symptom=symptom, urgency="high",
         status="ACCEPTED", state={}, deadline_at=timezone.now() + timedelta(hours=1), budget_total=100,
         artifact_bundle={}, request_digest=uuid.uuid4().hex)
     device = device_read(tenant_id=tenant.pk, device_id=device_id)
     open_ticket_read(tenant_id=tenant.pk, device_id=device_id, connector="reference")
-    refs = [r.as_dict() for r in evidence_retrieve(tenant_id=tenant.pk, scopes=["public", "tier2"],
-                                                    query=f"{symptom} {device['alert_code']}",
-                                                    k=settings.FAULTDESK["RETRIEVAL_TOP_K"])]
-    draft = local_draft(request={"symptom": symptom, "urgency": "high"}, device=device, evidence=refs,
-                        tenant=tenant.slug, requester="floor")
+    selection = evidence_select(tenant_id=tenant.pk, scopes=["public", "tier2"], report=symptom, device=device,
+                                k=settings.FAULTDESK["RETRIEVAL_TOP_K"])
+    refs = [r.as_dict() for r in selection.refs]
+    chosen = selection.as_dict()
+    chosen.pop("refs")
+    flags = refs_flags(refs) + [f for name in ("name", "alert_message", "site", "model")
+                                for f in injection_flags(str(device.get(name) or ""))] + injection_flags(symptom)
+    draft = local_draft(request=request, device=device, evidence=refs, tenant=tenant.slug, requester="floor",
+                        selection=chosen)
     receipt = connector.create_ticket(idempotency_key=f"floor-{task.pk}", fencing_token=1, params=draft["ticket"])
+    answer = answer_compose({"status": "DISPATCHING", "request": request, "device": device, "evidence": refs,
+                             "selection": chosen, "receipt": receipt.as_dict(),
+                             "proposal": {"tool": "create_ticket", "params": draft["ticket"], "digest": ""}})
     Task.objects.filter(pk=task.pk).update(
-        status="COMPLETED", state={"draft": draft, "ticket": receipt.external_id}, updated_at=timezone.now())
+        status="COMPLETED", state={"draft": draft, "answer": answer, "flags": flags, "ticket": receipt.external_id},
+        updated_at=timezone.now())
     return time.perf_counter() - t0
 
 
