@@ -169,7 +169,7 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
     if permitted <= EXACT_MAX_ROWS:
         cur.execute(_VEC_EXACT_SQL, params)
         return [r[0] for r in cur.fetchall()], "exact"
-    cur.execute("SET LOCAL hnsw.ef_search = %s", [max(HNSW_EF_SEARCH, 2 * limit)])
+    cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(max(HNSW_EF_SEARCH, 2 * limit))])
     cur.execute(_VEC_HNSW_SQL, params)
     ids = [r[0] for r in cur.fetchall()]
     if len(ids) < limit:  # more than the cap are permitted: a short answer is redone exactly

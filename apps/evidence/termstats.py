@@ -39,7 +39,7 @@ _STATS_SQL = """
 INSERT INTO evidence_termfrequency (tenant_id, scope, lexeme, chunks)
 SELECT %(tenant)s, %(scope)s, word, ndoc FROM ts_stat(format(
     'SELECT search_vector FROM evidence_chunk WHERE tenant_id = %%s AND scope = %%L AND is_current',
-    %(tenant)s, %(scope)s))
+    %(tenant)s::bigint, %(scope)s::text))
 WHERE ndoc >= %(min)s AND length(word) <= 255
 """
 

@@ -313,7 +313,7 @@ def _measure(bench: Bench, *, label: str, tenant_id: int, name: str, scopes: lis
     params0 = {"tenant": tenant_id, "scopes": scopes, "cand": CANDIDATES, "now": timezone.now(),
                "emodel": model_configured()}
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SET LOCAL hnsw.ef_search = %s", [ef_search])
+        cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)])
         planner_hnsw = _hnsw_plan(cur, {**params0, "qvec": qvecs[0]})
     for query, qvec in zip(queries, qvecs, strict=True):
         params = {**params0, "qvec": qvec}
@@ -331,7 +331,7 @@ def _measure(bench: Bench, *, label: str, tenant_id: int, name: str, scopes: lis
         with transaction.atomic(), connection.cursor() as cur:
             # The product's HNSW query alone, without its exact fallback; the planner is made to walk
             # the index (on a selective filter it would rather sort the rows it filtered).
-            cur.execute("SET LOCAL hnsw.ef_search = %s", [ef_search])
+            cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)])
             cur.execute("SET LOCAL enable_sort = off")
             cur.execute("SET LOCAL enable_bitmapscan = off")
             cur.execute(selectors._VEC_HNSW_SQL, params)
