@@ -51,8 +51,10 @@ def binding_options(db: dict, *, prepare_threshold: int) -> dict:
     run, and values (a task's state JSON) travel as parameters instead of quoted into the
     statement's text (docs/performance.md, "Prepared statements"). Options the URL already carries
     win."""
-    options = {"server_side_binding": True, "prepare_threshold": int(prepare_threshold) or None,
-               **(db.get("OPTIONS") or {})}
+    options = {"server_side_binding": True, "prepare_threshold": prepare_threshold, **(db.get("OPTIONS") or {})}
+    # psycopg reads 0 as "prepare at the first run" and None as "never": 0 here means off, from
+    # the environment or from the URL (``?prepare_threshold=0``) alike.
+    options["prepare_threshold"] = int(options["prepare_threshold"] or 0) or None
     return {**db, "OPTIONS": options}
 
 

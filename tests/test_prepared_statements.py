@@ -19,8 +19,10 @@ from pathlib import Path
 from django.db import connection
 
 from apps.core import sql
+from apps.evidence.selectors import text_candidates
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
+from config.database import binding_options
 from tests.conftest import p
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,3 +74,20 @@ def test_the_threshold_is_read_from_the_environment_and_zero_turns_preparing_off
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,  # noqa: S603
                              timeout=120, check=True).stdout.strip().splitlines()[-1]
         assert out == expected, (value, out)
+
+
+def test_the_full_text_leg_is_planned_for_each_reader_never_prepared(db, kb, tenant):
+    for scopes in (["public", "tier2", "security"], ["public"]) * 4:  # past the threshold, both readers
+        with connection.cursor() as cur:
+            text_candidates(cur, tenant_id=tenant.pk, scopes=scopes, query="fuser error smeared pages", limit=10)
+    assert not [s for s in _prepared() if "ts_rank_cd" in s or "websearch_to_tsquery" in s or "search_vector" in s]
+    with connection.cursor() as cur:  # and it still answers
+        assert text_candidates(cur, tenant_id=tenant.pk, scopes=["public", "tier2"], query="fuser", limit=10)
+
+
+def test_zero_turns_preparing_off_from_the_url_too():
+    url_zero = binding_options({"OPTIONS": {"prepare_threshold": 0}}, prepare_threshold=5)["OPTIONS"]
+    assert url_zero == {"server_side_binding": True, "prepare_threshold": None}  # psycopg: None is never
+    assert binding_options({}, prepare_threshold=0)["OPTIONS"]["prepare_threshold"] is None
+    from_url = binding_options({"OPTIONS": {"prepare_threshold": "3"}}, prepare_threshold=5)["OPTIONS"]
+    assert from_url["prepare_threshold"] == 3

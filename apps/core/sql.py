@@ -212,6 +212,22 @@ def insert(obj: Model) -> Model:
     return obj
 
 
+def execute_unprepared(cursor, statement: str, params) -> None:
+    """Run ``statement`` on ``cursor`` (a Django cursor of the default connection) planned for these
+    parameters every time, never prepared: for a statement whose best plan depends on its
+    parameters' values — a full-text leg whose reader may see every chunk or one in a hundred — where
+    the one generic plan PostgreSQL settles on for a prepared statement after a few runs on a
+    connection would serve the next reader with the last ones' plan (three times slower for a
+    selective reader behind readers of everything). Read the rows from ``cursor`` as usual. Runs
+    outside Django's execute wrappers (not for the task and event tables, whose writes a run's
+    transaction orders through them) and raises what the database raises, wrapped as Django's
+    database errors."""
+    with cursor.db.wrap_database_errors:
+        cursor.cursor.execute(statement, params, prepare=False)
+    if cursor.db.queries_logged:
+        cursor.db.queries_log.append({"sql": statement, "time": "0.000"})
+
+
 def execute_bound(statement: str, params) -> int:
     """Run one write ``statement`` (``%s`` or ``%(name)s`` placeholders) on the default connection,
     in its current transaction, with its parameters bound by the server instead of quoted into the

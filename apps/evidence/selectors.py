@@ -15,6 +15,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.core import sql
 from apps.evidence import parallel, termstats
 from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.models import Chunk
@@ -189,7 +190,8 @@ def text_candidates(cur, *, tenant_id: int, scopes, query: str, limit: int, now:
     params = {"tenant": tenant_id, "scopes": list(scopes), "qtext": query, "cand": limit, "match": match,
               "pre": max(limit, TEXT_PRESELECT if match is None else TEXT_PRESELECT_RARE_WORDS),
               "qcjk": cjk_tsquery(query), "now": now or timezone.now()}
-    cur.execute(_TEXT_FEW_SQL if few else _TEXT_SQL, params)
+    # Planned for this reader each time: its best plan depends on how much the reader may see.
+    sql.execute_unprepared(cur, _TEXT_FEW_SQL if few else _TEXT_SQL, params)
     return [r[0] for r in cur.fetchall()]
 
 

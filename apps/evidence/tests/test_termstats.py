@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from apps.accounts.models import Tenant
 from apps.evidence import termstats
@@ -176,9 +177,7 @@ def test_few_permitted_rows_read_first_give_the_same_rows_in_the_same_order(tena
         before = text_candidates(cur, tenant_id=tenant.pk, scopes=["public"], query=query, limit=50)
         termstats.term_statistics_refresh(tenant.pk)
         assert termstats.match_query(cur, tenant_id=tenant.pk, scopes=["public"], query=query, words="") == (None, 15)
-        executed = []
-        real = cur.execute
-        cur.execute = lambda sql, params=None: executed.append(sql) or real(sql, params)
-        after = text_candidates(cur, tenant_id=tenant.pk, scopes=["public"], query=query, limit=50)
-    assert selectors._TEXT_FEW_SQL in executed
+        with CaptureQueriesContext(connection) as captured:
+            after = text_candidates(cur, tenant_id=tenant.pk, scopes=["public"], query=query, limit=50)
+    assert selectors._TEXT_FEW_SQL in [q["sql"] for q in captured.captured_queries]
     assert after == before and len(after) == 12
