@@ -19,7 +19,9 @@ from pathlib import Path
 from django.db import connection
 
 from apps.core import sql
-from apps.evidence.selectors import text_candidates
+from apps.evidence.embedding import embed_query
+from apps.evidence.relevance import evidence_select
+from apps.evidence.selectors import evidence_rank, text_candidates, vector_literal
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
 from config.database import binding_options
@@ -76,13 +78,21 @@ def test_the_threshold_is_read_from_the_environment_and_zero_turns_preparing_off
         assert out == expected, (value, out)
 
 
-def test_the_full_text_leg_is_planned_for_each_reader_never_prepared(db, kb, tenant):
+def test_the_retrieval_legs_are_planned_for_each_reader_never_prepared(db, kb, tenant, device):
+    # Their best plans depend on how much the reader may see (every chunk, or one in a hundred).
+    reading = {"kind": device.kind, "alert_code": device.alert_code, "alert_message": device.alert_message}
     for scopes in (["public", "tier2", "security"], ["public"]) * 4:  # past the threshold, both readers
         with connection.cursor() as cur:
             text_candidates(cur, tenant_id=tenant.pk, scopes=scopes, query="fuser error smeared pages", limit=10)
-    assert not [s for s in _prepared() if "ts_rank_cd" in s or "websearch_to_tsquery" in s or "search_vector" in s]
-    with connection.cursor() as cur:  # and it still answers
+        evidence_select(tenant_id=tenant.pk, scopes=scopes, report="fuser error, smeared pages", device=reading, k=5)
+        evidence_rank(tenant_id=tenant.pk, scopes=scopes, query="fuser error", k=5,
+                      qvec=vector_literal(embed_query("fuser error")))
+    legs = [s for s in _prepared() if "search_vector" in s or "<=>" in s]
+    assert not legs, legs
+    with connection.cursor() as cur:  # and they still answer
         assert text_candidates(cur, tenant_id=tenant.pk, scopes=["public", "tier2"], query="fuser", limit=10)
+    assert evidence_select(tenant_id=tenant.pk, scopes=["public", "tier2"], report="fuser error, smeared pages",
+                           device=reading, k=5).refs
 
 
 def test_zero_turns_preparing_off_from_the_url_too():

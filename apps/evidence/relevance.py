@@ -37,6 +37,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.core import sql
 from apps.evidence.embedding import embed_query, model_configured
 from apps.evidence.governance import evidence_standing, is_chinese
 from apps.evidence.models import Chunk
@@ -225,7 +226,7 @@ def evidence_select(
               "emodel": model}
     docs: dict[int, _Doc] = {}
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(_CANDIDATE_SQL, params)
+        sql.execute_unprepared(cur, _CANDIDATE_SQL, params)
         for cid, did, doc_id, locale, scope, kinds, codes, title, cos in cur.fetchall():
             # A document that names no device kind is a candidate for a device on similarity alone.
             codes = list(codes) if kinds or kind is None else []
@@ -233,7 +234,7 @@ def evidence_select(
             d.chunks[cid] = float(cos)
         text_ids = text_candidates(cur, tenant_id=tenant_id, scopes=scopes, query=text, limit=50, now=now) \
             if report else []
-        cur.execute(_WITHHELD_SQL, params)
+        sql.execute_unprepared(cur, _WITHHELD_SQL, params)
         withheld_rows = cur.fetchall()
     chunk_doc = {cid: d for d in docs.values() for cid in d.chunks}
     for rank, cid in enumerate(text_ids, start=1):

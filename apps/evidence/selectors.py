@@ -163,18 +163,18 @@ def vector_candidates(cur, *, tenant_id: int, scopes, qvec: str, limit: int,
     if counted is not None and counted > EXACT_MAX_ROWS:
         permitted = EXACT_MAX_ROWS + 1  # many at the last count: the index answers first
     else:
-        cur.execute(_COUNT_SQL, params)
+        sql.execute_unprepared(cur, _COUNT_SQL, params)
         permitted = cur.fetchone()[0]  # exact up to EXACT_MAX_ROWS; above it, "more"
     if permitted == 0:
         return [], "exact"
     if permitted <= EXACT_MAX_ROWS:
-        cur.execute(_VEC_EXACT_SQL, params)
+        sql.execute_unprepared(cur, _VEC_EXACT_SQL, params)
         return [r[0] for r in cur.fetchall()], "exact"
     cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(max(HNSW_EF_SEARCH, 2 * limit))])
-    cur.execute(_VEC_HNSW_SQL, params)
+    sql.execute_unprepared(cur, _VEC_HNSW_SQL, params)
     ids = [r[0] for r in cur.fetchall()]
     if len(ids) < limit:  # more than the cap are permitted: a short answer is redone exactly
-        cur.execute(_VEC_EXACT_SQL, params)
+        sql.execute_unprepared(cur, _VEC_EXACT_SQL, params)
         return [r[0] for r in cur.fetchall()], "exact"
     return ids, "hnsw"
 
