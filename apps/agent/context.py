@@ -48,12 +48,13 @@ def _report_text(task: Task) -> str:
 _DEVICE_TEXT_FIELDS = ("name", "alert_message", "site", "model")
 
 
-def _input_flags(task: Task, reading: dict | None) -> list[dict]:
+def input_flags(*, report: str, answers: list[str], reading: dict | None) -> list[dict]:
     """``[{"source", "flags"}]`` for the report, the requester's answers and the device's text
-    fields that read like instructions to an agent (DESIGN.md §9): recorded with the retrieval,
-    shown on the trace and the approval queue, and changing nothing else."""
+    fields (``reading``, a device reading or None) that read like instructions to an agent
+    (DESIGN.md §9): recorded with the retrieval, shown on the trace and the approval queue, and
+    changing nothing else."""
     out = []
-    for i, text in enumerate([task.symptom, *task.state.get("answers", [])]):
+    for i, text in enumerate([report, *answers]):
         if flags := injection_flags(text):
             out.append({"source": "report" if i == 0 else f"answer {i}", "flags": flags})
     for name in _DEVICE_TEXT_FIELDS:
@@ -128,12 +129,12 @@ class _Reads:
         self.ticket_read = False
 
     def evidence_payload(self, task: Task) -> dict:
-        ref_dicts = [r.as_dict() for r in self.selection.refs]
-        chosen = self.selection.as_dict()
-        chosen.pop("refs")
+        ref_dicts, chosen = self.selection.recorded()
         payload = {"query": _report_text(task), "refs": ref_dicts, "selection": chosen,
                    "retrieved_at": self.retrieved_at}
-        if flagged := refs_flags(ref_dicts) + _input_flags(task, self.device):
+        flagged = refs_flags(ref_dicts) + input_flags(report=task.symptom, answers=task.state.get("answers", []),
+                                                      reading=self.device)
+        if flagged:
             payload["injection_flags"] = flagged  # shown on the trace and queue; nothing else changes
             chosen["injection_flags"] = flagged
         return payload

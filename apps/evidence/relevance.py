@@ -162,6 +162,12 @@ class Selection:
         d["refs"] = [r.as_dict() for r in self.refs]
         return d
 
+    def recorded(self) -> tuple[list[dict], dict]:
+        """``(refs, selection)`` as ``evidence.retrieved`` records them: the references as dicts,
+        and the decision's other fields (:meth:`as_dict` without ``refs``)."""
+        chosen = self.as_dict()
+        return chosen.pop("refs"), chosen
+
 
 _CANDIDATE_SQL = f"""
 SELECT c.id, d.id, d.doc_id, c.locale, c.scope, c.device_kinds, c.alert_codes, d.title,

@@ -1,4 +1,5 @@
 """Phase 2, the floor: what the main job's work costs on this machine with no durability layer.
+
 One flow is the job's own work, called directly from a thread pool, in autocommit, through the
 same functions the job calls: the request written (one INSERT of the task row), the device read,
 the device's open-ticket read, the report's retrieval and relevance selection
@@ -31,8 +32,9 @@ def _flow(seeded, i: int, connector) -> float:
     from django.conf import settings
     from django.utils import timezone
 
+    from apps.agent.context import input_flags
     from apps.devices.selectors import device_read
-    from apps.evidence.guard import injection_flags, refs_flags
+    from apps.evidence.guard import refs_flags
     from apps.evidence.relevance import evidence_select
     from apps.llm.drafter import local_draft
     from apps.tasks.answer import answer_compose
@@ -52,11 +54,8 @@ def _flow(seeded, i: int, connector) -> float:
     open_ticket_read(tenant_id=tenant.pk, device_id=device_id, connector="reference")
     selection = evidence_select(tenant_id=tenant.pk, scopes=["public", "tier2"], report=symptom, device=device,
                                 k=settings.FAULTDESK["RETRIEVAL_TOP_K"])
-    refs = [r.as_dict() for r in selection.refs]
-    chosen = selection.as_dict()
-    chosen.pop("refs")
-    flags = refs_flags(refs) + [f for name in ("name", "alert_message", "site", "model")
-                                for f in injection_flags(str(device.get(name) or ""))] + injection_flags(symptom)
+    refs, chosen = selection.recorded()
+    flags = refs_flags(refs) + input_flags(report=symptom, answers=[], reading=device)
     draft = local_draft(request=request, device=device, evidence=refs, tenant=tenant.slug, requester="floor",
                         selection=chosen)
     receipt = connector.create_ticket(idempotency_key=f"floor-{task.pk}", fencing_token=1, params=draft["ticket"])
