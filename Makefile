@@ -4,13 +4,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install constraints audit demo up down status test browser proptest chaos bench lint clean
+.PHONY: install catalogues messages constraints audit demo up down status test browser proptest chaos bench lint clean
 
 $(STAMP): pyproject.toml constraints.txt | .env
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+## make catalogues — compile the translation catalogues (config/locale/*.po -> .mo) that changed
+catalogues: $(STAMP)
+	@$(BIN)/python -m tools.i18n compile
+
+## make messages — re-extract the marked strings into config/locale (needs GNU gettext's xgettext)
+messages: $(STAMP)
+	$(BIN)/python -m tools.i18n extract
 
 ## make constraints — re-pin constraints.txt to what the virtualenv holds (after changing pyproject.toml)
 constraints: $(STAMP)
@@ -22,7 +30,7 @@ constraints: $(STAMP)
 audit: $(STAMP)
 	@bash .ci/audit
 
-install: $(STAMP)
+install: $(STAMP) catalogues
 
 ## .env — development opts in to the local settings (embedded PostgreSQL and Redis); without it every
 ## entry point runs the production settings, which refuse to start without real secrets
@@ -33,11 +41,11 @@ install: $(STAMP)
 
 ## make demo — set up, start everything, run the main job over HTTP, keep the web up until Ctrl-C
 ## (DEMO_ARGS="--no-wait" exits after the DEMO OK line; "--tenant initech" files in django-helpdesk)
-demo: $(STAMP)
+demo: $(STAMP) catalogues
 	$(BIN)/python -m tools.devstack demo $(DEMO_ARGS)
 
 ## make up / make down — start / stop all services in the background
-up: $(STAMP)
+up: $(STAMP) catalogues
 	$(BIN)/python -m tools.devstack up
 
 down:
@@ -47,7 +55,7 @@ status: $(STAMP)
 	$(BIN)/python -m tools.devstack status
 
 ## make test — the whole test suite (starts the embedded PostgreSQL/Redis it needs)
-test: $(STAMP)
+test: $(STAMP) catalogues
 	@$(MAKE) -s browser || echo "warning: Debian's chromium could not be installed; the browser tests will fail"
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -62,7 +70,7 @@ browser:
 	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }; }
 
 ## make proptest — the property tests at 10,000 examples each (CI runs them at 1,000)
-proptest: $(STAMP)
+proptest: $(STAMP) catalogues
 	HYPOTHESIS_PROFILE=proptest $(BIN)/python -m pytest -m property -q $(PYTEST_ARGS)
 
 ## make chaos — N tasks per ticket system through the full flow with random SIGKILLs and remote faults,

@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
+from apps.accounts.language import language_set
 from apps.approvals import views as approval_views
 from apps.approvals.api import views as approval_api
 from apps.devices.api import views as device_api
@@ -21,6 +22,7 @@ urlpatterns = [
     path("healthz", trace_views.healthz, name="healthz"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("language/", language_set, name="language-set"),
     path("requests/", task_views.request_list, name="request-list"),
     path("requests/new/", task_views.request_new, name="request-new"),
     path("tasks/<uuid:task_id>/", task_views.task_detail, name="task-detail"),

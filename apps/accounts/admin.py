@@ -15,7 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
 from apps.accounts.admin_base import TenantScopedAdmin, admin_tenant_ids
-from apps.accounts.models import Membership, Role, Tenant
+from apps.accounts.models import LanguagePreference, Membership, Role, Tenant
 from apps.accounts.roles import user_editable_by
 
 
@@ -179,3 +179,27 @@ class TenantUserAdmin(UserAdmin):
                 if ids is not None and tenant.pk not in ids:
                     raise PermissionDenied("not a tenant you administer")
                 Membership.objects.create(user=obj, tenant=tenant, role=form.cleaned_data["role"])
+
+
+@admin.register(LanguagePreference)
+class LanguagePreferenceAdmin(admin.ModelAdmin):
+    """Each user's chosen language, read-only: people change their own with the chooser on every
+    page. A tenant admin sees the users of their tenants only."""
+
+    list_display = ("user", "language", "updated_at")
+    list_filter = ("language",)
+    search_fields = ("user__username",)
+
+    def get_queryset(self, request):
+        qs = super().get_queryset(request).select_related("user")
+        ids = admin_tenant_ids(request)
+        return qs if ids is None else qs.filter(user__memberships__tenant_id__in=ids).distinct()
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

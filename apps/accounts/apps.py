@@ -11,6 +11,7 @@ class AccountsConfig(AppConfig):
         """Staff status and the tenant-admin group follow memberships; the group's permissions
         are (re)granted after every migrate (apps.accounts.roles). Models load only once the
         registry is ready, hence the imports here."""
+        from apps.accounts import language  # noqa: F401 - connects language_at_sign_in
         from apps.accounts.models import Membership
         from apps.accounts.roles import admin_access_sync, tenant_admin_group
 

@@ -101,3 +101,16 @@ class Membership(models.Model):
         super().clean()
         if self.user_id is not None and self.user.is_superuser:
             raise ValidationError({"user": "a platform superuser cannot be a member of a tenant"})
+
+
+class LanguagePreference(models.Model):
+    """The language a user chose for pages, messages and answers (one of ``settings.LANGUAGES``).
+    Read once at sign-in into the session (:mod:`apps.accounts.language`), never per request."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="language_preference")
+    language = models.CharField(max_length=16, choices=settings.LANGUAGES)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.user}: {self.language}"

@@ -7,16 +7,17 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager, scoped_manager
 
 
 class ActionStatus(models.TextChoices):
-    INTENDED = "INTENDED", "Intended"
-    SUCCEEDED = "SUCCEEDED", "Succeeded"
-    FAILED = "FAILED", "Failed"
-    UNKNOWN = "UNKNOWN", "Outcome unknown"
-    NOT_SENT = "NOT_SENT", "Not sent"
+    INTENDED = "INTENDED", _("Intended")
+    SUCCEEDED = "SUCCEEDED", _("Succeeded")
+    FAILED = "FAILED", _("Failed")
+    UNKNOWN = "UNKNOWN", _("Outcome unknown")
+    NOT_SENT = "NOT_SENT", _("Not sent")
 
 
 class Action(models.Model):
@@ -67,12 +68,12 @@ class Action(models.Model):
 
 
 class AttemptOutcome(models.TextChoices):
-    IN_FLIGHT = "IN_FLIGHT", "In flight"
-    RECEIPT = "RECEIPT", "Receipt"
-    FAILED = "FAILED", "Failed"
-    RETRYABLE = "RETRYABLE", "Retryable failure"
-    UNKNOWN = "UNKNOWN", "Unknown"
-    SKIPPED = "SKIPPED", "Not sent"
+    IN_FLIGHT = "IN_FLIGHT", _("In flight")
+    RECEIPT = "RECEIPT", _("Receipt")
+    FAILED = "FAILED", _("Failed")
+    RETRYABLE = "RETRYABLE", _("Retryable failure")
+    UNKNOWN = "UNKNOWN", _("Unknown")
+    SKIPPED = "SKIPPED", _("Not sent")
 
 
 class ActionAttempt(models.Model):

@@ -7,6 +7,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager
 
@@ -45,11 +46,11 @@ class ApprovalPolicy(models.Model):
 
 
 class ApprovalStatus(models.TextChoices):
-    PENDING = "PENDING", "Pending"
-    APPROVED = "APPROVED", "Approved"
-    REJECTED = "REJECTED", "Rejected"
-    EXPIRED = "EXPIRED", "Expired"
-    INVALIDATED = "INVALIDATED", "Invalidated"
+    PENDING = "PENDING", _("Pending")
+    APPROVED = "APPROVED", _("Approved")
+    REJECTED = "REJECTED", _("Rejected")
+    EXPIRED = "EXPIRED", _("Expired")
+    INVALIDATED = "INVALIDATED", _("Invalidated")
 
 
 class ApprovalRequest(models.Model):

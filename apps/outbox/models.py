@@ -6,17 +6,18 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager
 
 
 class OutboxStatus(models.TextChoices):
-    PENDING = "PENDING", "Pending"
-    IN_FLIGHT = "IN_FLIGHT", "In flight"
-    DELIVERED = "DELIVERED", "Delivered"
-    UNKNOWN = "UNKNOWN", "Outcome unknown"
-    FAILED = "FAILED", "Failed"
-    CANCELLED = "CANCELLED", "Cancelled before send"
+    PENDING = "PENDING", _("Pending")
+    IN_FLIGHT = "IN_FLIGHT", _("In flight")
+    DELIVERED = "DELIVERED", _("Delivered")
+    UNKNOWN = "UNKNOWN", _("Outcome unknown")
+    FAILED = "FAILED", _("Failed")
+    CANCELLED = "CANCELLED", _("Cancelled before send")
 
 
 class OutboxMessage(models.Model):

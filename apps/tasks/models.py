@@ -13,20 +13,39 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager
 from apps.tasks import reducer
 
 
 class Urgency(models.TextChoices):
-    LOW = "low", "Low"
-    NORMAL = "normal", "Normal"
-    HIGH = "high", "High"
-    CRITICAL = "critical", "Critical"
+    LOW = "low", _("Low")
+    NORMAL = "normal", _("Normal")
+    HIGH = "high", _("High")
+    CRITICAL = "critical", _("Critical")
+
+
+#: a task status as the people reading a page call it, in their language
+STATUS_LABELS = {
+    reducer.ACCEPTED: _("Accepted"),
+    reducer.RETRIEVING: _("Finding evidence"),
+    reducer.PROPOSING: _("Drafting"),
+    reducer.VALIDATING: _("Checking"),
+    reducer.WAITING_INPUT: _("Waiting for your answer"),
+    reducer.WAITING_APPROVAL: _("Waiting for approval"),
+    reducer.DISPATCHING: _("Sending"),
+    reducer.WAITING_RECONCILIATION: _("Confirming with the ticket system"),
+    reducer.COMPLETED: _("Completed"),
+    reducer.FAILED: _("Failed"),
+    reducer.CANCELLED: _("Cancelled"),
+    reducer.COMPENSATING: _("Undoing after cancel"),
+    reducer.WAITING_COMPENSATION: _("Waiting for an admin to settle the undo"),
+}
 
 
 class Task(models.Model):
-    STATUS_CHOICES = [(s, s.replace("_", " ").capitalize()) for s in reducer.ALL_STATUSES]
+    STATUS_CHOICES = [(s, STATUS_LABELS[s]) for s in reducer.ALL_STATUSES]
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("accounts.Tenant", on_delete=models.PROTECT, related_name="tasks")

@@ -61,10 +61,12 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "apps.accounts.middleware.RejectNulBytesMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "apps.accounts.language.UserLanguageMiddleware",  # a signed-in user's saved language wins
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -157,7 +159,12 @@ AXES_USERNAME_CALLABLE = "apps.accounts.lockout.lockout_username"
 AXES_CLIENT_IP_CALLABLE = "apps.accounts.lockout.client_ip"
 AXES_VERBOSE = False
 
-LANGUAGE_CODE = "en-us"
+# Two languages, chosen per user (apps/accounts/language.py): the signed-in user's saved choice, else
+# the language cookie, else Accept-Language, else English. The catalogue is config/locale, compiled
+# by the install step (python -m tools.i18n compile).
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "config" / "locale"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
