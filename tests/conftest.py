@@ -32,6 +32,15 @@ SMALL_KB = [
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _catalogues_compiled():
+    """The translation catalogues as the install step compiles them (``python -m tools.i18n
+    compile``), so that ``pytest`` alone tests the Chinese pages with the current ``.po``."""
+    from tools.i18n import compile_catalogues
+
+    compile_catalogues()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _embed_each_text_once():
     """Ingestion in this test process embeds each distinct text with the real model once and
     reuses its vector after that: most tests ingest the same five knowledge-base documents, and

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager
 
@@ -20,9 +21,9 @@ class AccessScope(models.TextChoices):
 
 
 class Role(models.TextChoices):
-    REQUESTER = "requester", "Requester"
-    APPROVER = "approver", "Approver"
-    ADMIN = "admin", "Admin"
+    REQUESTER = "requester", _("Requester")
+    APPROVER = "approver", _("Approver")
+    ADMIN = "admin", _("Admin")
 
 
 class TicketSystem(models.TextChoices):

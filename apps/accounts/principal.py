@@ -45,6 +45,11 @@ class Principal:
     def is_admin(self) -> bool:
         return self.role == Role.ADMIN
 
+    @property
+    def role_label(self) -> str:
+        """The role as the reader's language names it (``Role``'s label), the code if unknown."""
+        return str(dict(Role.choices).get(self.role, self.role))
+
     def as_actor(self) -> str:
         """The actor string recorded on events: ``user:<username>``."""
         return f"user:{self.username}"
