@@ -29,6 +29,11 @@ SYMPTOM = (
     "The 3rd floor MFP shows a fuser error right after warm-up and every page comes out with smeared, "
     "unfused toner. Power-cycling did not help."
 )
+#: the Chinese run's report (``language="zh-hans"``): the server-room UPS, which has a Chinese procedure
+SYMPTOM_ZH = "机房 UPS A 电池自检失败，前面板“更换电池”指示灯亮，每 30 秒蜂鸣一次，担心停电时撑不住。"
+#: the languages a demo run can speak: Accept-Language sent, and the approver's reason
+LANGUAGES = {"en": ("en", "Matches the fuser procedure; go ahead."),
+             "zh-hans": ("zh-Hans,zh;q=0.9", "与 UPS 电池告警规程一致，同意创建工单。")}
 
 
 @dataclass(frozen=True)
@@ -39,12 +44,15 @@ class DemoTenant:
     approver: str
     admin: str
     device: str
+    #: the device of the Chinese run (one whose procedure is written in Chinese), None: no Chinese run
+    chinese_device: str | None = None
 
 
 #: tenant slug → its demo cast. ``acme`` files in the reference ticket service, ``initech`` in
 #: django-helpdesk (tools/demo_data.py seeds both).
 TENANTS = {
-    "acme": DemoTenant(requester="riley", approver="avery", admin="adele", device="PRN-0417"),
+    "acme": DemoTenant(requester="riley", approver="avery", admin="adele", device="PRN-0417",
+                       chinese_device="UPS-0007"),
     "initech": DemoTenant(requester="ines", approver="ivan", admin="iris", device="PRN-0811"),
 }
 
@@ -112,10 +120,12 @@ def _sent_action(admin: httpx.Client, task: dict) -> dict:
     return sent[0]
 
 
-def _page_as(base_url: str, login: tuple[str, str], url: str) -> httpx.Response:
+def _page_as(base_url: str, login: tuple[str, str], url: str, headers: dict | None = None) -> httpx.Response:
     """GET the web page ``url`` signed in through the login form as ``login`` (username,
-    password): pages take a session, not basic auth."""
-    with httpx.Client(base_url=base_url, timeout=30, follow_redirects=True) as browser:
+    password): pages take a session, not basic auth. ``headers``: sent with every request (e.g.
+    ``Accept-Language``)."""
+    headers = {k: v for k, v in (headers or {}).items() if k.lower() == "accept-language"}
+    with httpx.Client(base_url=base_url, timeout=30, follow_redirects=True, headers=headers) as browser:
         form = browser.get("/login/")
         token = browser.cookies.get("csrftoken", "")
         browser.post("/login/", data={"username": login[0], "password": login[1], "csrfmiddlewaretoken": token},
@@ -140,7 +150,7 @@ def _held_at_ticket_system(systems: TicketSystems, receipt: dict, key: str) -> l
 
 
 def run(*, base_url: str, credentials_path: Path, tenant: str = "acme", systems: TicketSystems | None = None,
-        timeout: float = 180.0, before_ok: Callable[[], None] | None = None) -> bool:
+        timeout: float = 180.0, before_ok: Callable[[], None] | None = None, language: str = "en") -> bool:
     """Run the main job against a running faultdesk at ``base_url`` as ``tenant``'s demo cast
     (:data:`TENANTS`), with passwords from ``credentials_path`` (``python -m tools.seed_demo`` writes it).
 
@@ -149,15 +159,25 @@ def run(*, base_url: str, credentials_path: Path, tenant: str = "acme", systems:
     idempotency key; prints ``DEMO OK task=… ticket=…`` last. ``before_ok()`` runs just before
     that line (the launcher replays every task there); an exception from it propagates. Any other
     failure — a refused call, a task that fails, a timeout (``timeout`` seconds per wait) — prints
-    ``DEMO FAILED: …`` and returns False. Raises KeyError for a tenant not in :data:`TENANTS`."""
+    ``DEMO FAILED: …`` and returns False. Raises KeyError for a tenant not in :data:`TENANTS`, or
+    for a ``language`` not in :data:`LANGUAGES`.
+
+    ``language="zh-hans"``: the cast speaks Chinese (``Accept-Language: zh-Hans``) and reports
+    :data:`SYMPTOM_ZH` on the tenant's ``chinese_device``; the run also checks that an API refusal,
+    the answer, a cited procedure and the requester's page come back in Chinese, and its last line
+    is ``DEMO OK zh-hans task=… ticket=…``."""
     cast = TENANTS[tenant]
+    accept, _reason = LANGUAGES[language]
+    if language != "en" and cast.chinese_device is None:
+        raise KeyError(f"tenant {tenant} has no device for a Chinese run")
     systems = systems or TicketSystems.from_env()
     creds = json.loads(credentials_path.read_text())
-    clients = [httpx.Client(base_url=base_url, auth=(user, creds[user]), timeout=30)
+    clients = [httpx.Client(base_url=base_url, auth=(user, creds[user]), timeout=30,
+                            headers={"Accept-Language": accept})
                for user in (cast.requester, cast.approver, cast.admin)]
     try:
         return _run(*clients, cast=cast, admin_login=(cast.admin, creds[cast.admin]), systems=systems,
-                    timeout=timeout, before_ok=before_ok)
+                    timeout=timeout, before_ok=before_ok, language=language)
     except (DemoFailed, httpx.HTTPError) as exc:
         _say(f"DEMO FAILED: {exc}")
         return False
@@ -166,19 +186,31 @@ def run(*, base_url: str, credentials_path: Path, tenant: str = "acme", systems:
             c.close()
 
 
+def _has_chinese(text: str) -> bool:
+    return any("\u4e00" <= ch <= "\u9fff" for ch in text or "")
+
+
 def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *, cast: DemoTenant,
          admin_login: tuple[str, str], systems: TicketSystems, timeout: float,
-         before_ok: Callable[[], None] | None) -> bool:
-    devices = _json(requester.get("/api/devices/", params={"asset_tag": cast.device}), "finding the device")
+         before_ok: Callable[[], None] | None, language: str = "en") -> bool:
+    chinese = language != "en"
+    tag, symptom = (cast.chinese_device, SYMPTOM_ZH) if chinese else (cast.device, SYMPTOM)
+    devices = _json(requester.get("/api/devices/", params={"asset_tag": tag}), "finding the device")
     if not devices:
-        raise DemoFailed(f"no device {cast.device} for {cast.requester}; run `python -m tools.seed_demo` first")
+        raise DemoFailed(f"no device {tag} for {cast.requester}; run `python -m tools.seed_demo` first")
     device = devices[0]
-    if device["asset_tag"] != cast.device:
-        raise DemoFailed(f"asked for device {cast.device}, the API answered with {device['asset_tag']}")
+    if device["asset_tag"] != tag:
+        raise DemoFailed(f"asked for device {tag}, the API answered with {device['asset_tag']}")
+    if chinese:
+        refused = requester.post("/api/tasks/", json={"device_id": device["id"]})
+        if refused.status_code != 400 or not _has_chinese(refused.text):
+            raise DemoFailed(f"a report without a symptom should be refused in Chinese; got {refused.status_code} "
+                             f"{refused.text[:200]}")
+        _say(f"\n0. 中文 (zh-Hans): a report without a symptom → {refused.status_code} {refused.text[:120]}")
     _say(f"\n1. {cast.requester} files a fault request for {device['asset_tag']} ({device['name']}, "
          f"{device['state']}, alert {device['alert_code']}, object version {device['version']})")
     key = f"demo-{uuid.uuid4()}"
-    body = {"device_id": device["id"], "symptom": SYMPTOM, "urgency": "high"}
+    body = {"device_id": device["id"], "symptom": symptom, "urgency": "high"}
     resp = requester.post("/api/tasks/", json=body, headers={"Idempotency-Key": key})
     task = _json(resp, "filing the request")
     again = _json(requester.post("/api/tasks/", json=body, headers={"Idempotency-Key": key}), "filing it again")
@@ -190,6 +222,18 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
     task = _poll(requester, task["id"], {"WAITING_APPROVAL", "COMPLETED"}, timeout)
     if task["status"] != "WAITING_APPROVAL":
         raise DemoFailed(f"task ended {task['status']}: {task['termination_reason']}")
+    _approve(approver, task, who=cast.approver, reason=LANGUAGES[language][1])
+
+    _say("\n3. waiting for the ticket system's receipt")
+    task = _poll(requester, task["id"], {"COMPLETED"}, timeout)
+    if task["status"] != "COMPLETED" or not task["receipt"]:
+        raise DemoFailed(f"task ended {task['status']}: {task['termination_reason']}")
+    return _finish(requester, admin, task, admin_login=admin_login, systems=systems, before_ok=before_ok,
+                   language=language)
+
+
+def _approve(approver: httpx.Client, task: dict, *, who: str, reason: str) -> None:
+    """Step 2: the approver reads the task's pending approval and approves it with ``reason``."""
 
     pending = _json(approver.get("/api/approvals/", params={"status": "PENDING", "task": task["id"]}),
                     "listing the pending approvals")
@@ -199,7 +243,7 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
     if approval["task_id"] != task["id"]:
         raise DemoFailed(f"asked for task {task['id']}'s pending approval, got one of task {approval['task_id']}")
     p = approval["params"]
-    _say(f"\n2. {cast.approver} reviews the proposal: {approval['tool']} on {approval['device']} "
+    _say(f"\n2. {who} reviews the proposal: {approval['tool']} on {approval['device']} "
          f"({approval['object_type']} version {approval['object_version']}, policy v{approval['policy_version']})")
     if approval["tool"] == "ticket.comment":  # the device's faultdesk ticket is still open
         _say(f"   a comment on the open ticket {p['ticket_id']}, only while it is at version {p['if_match']} "
@@ -207,14 +251,16 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
     else:
         _say(f"   title: {p['title']}\n   priority: {p['priority']} · digest {approval['action_digest'][:16]}…")
     decision = approver.post(f"/api/approvals/{approval['id']}/decision/",
-                             json={"decision": "approve", "reason": "Matches the fuser procedure; go ahead."})
+                             json={"decision": "approve", "reason": reason})
     _say(f"   POST /api/approvals/{approval['id']}/decision/ → {decision.status_code} "
          f"{_json(decision, 'approving')['status']}")
 
-    _say("\n3. waiting for the ticket system's receipt")
-    task = _poll(requester, task["id"], {"COMPLETED"}, timeout)
-    if task["status"] != "COMPLETED" or not task["receipt"]:
-        raise DemoFailed(f"task ended {task['status']}: {task['termination_reason']}")
+
+def _finish(requester: httpx.Client, admin: httpx.Client, task: dict, *, admin_login: tuple[str, str],
+            systems: TicketSystems, before_ok: Callable[[], None] | None, language: str) -> bool:
+    """Steps 4–5 of a completed ``task``: the answer, its citations, the trace, the ticket system's
+    own record of the key; in a Chinese run, the answer and the pages in Chinese. Prints the
+    ``DEMO OK`` line; DemoFailed otherwise."""
     answer = task["answer"]
     receipt = task["receipt"]
     ticket_id = receipt["external_id"]
@@ -222,7 +268,15 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
     _say(answer["knowledge"]["text"])
     citations = answer["knowledge"]["citations"]
     if not citations:
-        raise DemoFailed("the answer cites no procedure, though the knowledge base holds the fuser procedure")
+        raise DemoFailed("the answer cites no procedure, though the knowledge base holds one for this device")
+    if language != "en":
+        cites_chinese = any(_has_chinese(c["document_title"]) for c in citations)
+        if not _has_chinese(answer["knowledge"]["text"]) or not cites_chinese:
+            raise DemoFailed("the Chinese report's answer is not in Chinese or cites no Chinese procedure")
+        page = _page_as(str(requester.base_url), admin_login, f"/tasks/{task['id']}/",
+                        headers=dict(requester.headers))
+        if page.status_code != 200 or 'lang="zh-hans"' not in page.text or "回执" not in page.text:
+            raise DemoFailed(f"the request page did not come back in Chinese ({page.status_code})")
     _say("\n   citations:")
     for c in citations:
         _say(f"   [{c['n']}] {c['document_title']} — version {c['version']}, § {c['section']} ({c['source']})")
@@ -243,7 +297,8 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
          f"(sent {len(action['attempts'])} time(s), {action['tool']} {action['tool_version']})\n")
     if before_ok is not None:
         before_ok()
-    _say(f"DEMO OK task={task['id']} ticket={ticket_id}")
+    label = "DEMO OK" if language == "en" else f"DEMO OK {language}"
+    _say(f"{label} task={task['id']} ticket={ticket_id}")
     return True
 
 

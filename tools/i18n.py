@@ -66,10 +66,9 @@ def msgids(paths: list[str]) -> list[str]:
     import tempfile
 
     import django
+    import polib
     from django.core.management import call_command
     from django.test.utils import override_settings
-
-    import polib
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     sys.path.insert(0, str(BASE_DIR))
