@@ -147,8 +147,8 @@ def test_a_cancel_while_waiting_for_approval_shows_the_approval_closed_everywher
     assert body["approval"]["status"] == "INVALIDATED" and body["approval"]["reason"] == "the task was cancelled"
     assert ApprovalRequest.objects.get(task=task).status == ApprovalStatus.INVALIDATED
     page = client.get(f"/tasks/{task.pk}/").content.decode()
-    assert 'Approval: <span class="status">INVALIDATED</span> — the task was cancelled' in page
-    assert 'Approval: <span class="status">PENDING</span>' not in page
+    assert 'Approval: <span class="status">Invalidated</span> — the task was cancelled' in page
+    assert 'Approval: <span class="status">Pending</span>' not in page
 
 
 def test_the_request_page_names_what_the_task_is_doing_now(client, requester, device, kb, refservice):

@@ -352,7 +352,7 @@ def test_page_shows_failed_compensations_and_settles_without_a_reload(client, wa
     resp = client.post(url, {"decision": "retry", "note": ""}, HTTP_HX_REQUEST="true")
     assert resp.status_code == 422 and "say why" in resp.content.decode() and "<html" not in resp.content.decode()
     resp = client.post(url, {"decision": "retry", "note": "quiet now"}, HTTP_HX_REQUEST="true")
-    assert resp.status_code == 200 and "Settled: the task is COMPENSATING" in resp.content.decode()
+    assert resp.status_code == 200 and "Settled: the task is Undoing after cancel" in resp.content.decode()
 
 
 def test_the_requesters_page_shows_the_comment_and_the_compensation(client, first, requester, approver, device,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts.pages import page_admin
@@ -33,7 +34,7 @@ def reconciliation_resolve_view(request, action_id):
     executed = request.POST.get("executed")
     try:
         if executed not in ("yes", "no"):
-            raise _Choice("choose “executed” or “not executed”")
+            raise _Choice(_("choose “executed” or “not executed”"))
         reconciliation_resolve(principal=p, action_id=action_id, executed=executed == "yes",
                                external_id=request.POST.get("external_id", ""), note=request.POST.get("note", ""))
     except DomainError as exc:

@@ -1,12 +1,13 @@
 from django import forms
+from django.utils.translation import gettext_lazy as _
 
 from apps.tasks.models import Urgency
 
 
 class FaultRequestForm(forms.Form):
-    device = forms.ChoiceField(label="Device")
-    symptom = forms.CharField(label="What is wrong?", widget=forms.Textarea(attrs={"rows": 4}), max_length=4000)
-    urgency = forms.ChoiceField(choices=Urgency.choices, initial=Urgency.NORMAL)
+    device = forms.ChoiceField(label=_("Device"))
+    symptom = forms.CharField(label=_("What is wrong?"), widget=forms.Textarea(attrs={"rows": 4}), max_length=4000)
+    urgency = forms.ChoiceField(label=_("Urgency"), choices=Urgency.choices, initial=Urgency.NORMAL)
 
     def __init__(self, *args, devices=(), **kwargs):
         super().__init__(*args, **kwargs)
@@ -16,4 +17,4 @@ class FaultRequestForm(forms.Form):
 
 
 class InputForm(forms.Form):
-    text = forms.CharField(label="Your answer", widget=forms.Textarea(attrs={"rows": 3}), max_length=4000)
+    text = forms.CharField(label=_("Your answer"), widget=forms.Textarea(attrs={"rows": 3}), max_length=4000)

@@ -8,6 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.accounts.pages import page_principal
@@ -99,5 +100,5 @@ def task_input_view(request, task_id):
         except DomainError as exc:
             messages.error(request, exc.detail)
     else:
-        messages.error(request, "Please write an answer.")
+        messages.error(request, _("Please write an answer."))
     return redirect("task-detail", task_id=task_id)

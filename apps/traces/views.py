@@ -9,6 +9,8 @@ import hmac
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, JsonResponse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET
 
 from apps.accounts.pages import page_admin
@@ -50,6 +52,15 @@ PHASES = {
     "compensation.retry": "compensation", "compensation.resolved": "compensation",
     "task.completed": "answer", "task.failed": "end",
 }
+#: what the trace shows for each phase (the keys above stay the codes the code compares)
+PHASE_LABELS = {
+    "request": gettext_lazy("request"), "evidence and device": gettext_lazy("evidence and device"),
+    "budget": gettext_lazy("budget"), "model call": gettext_lazy("model call"),
+    "proposal": gettext_lazy("proposal"), "approval": gettext_lazy("approval"), "intent": gettext_lazy("intent"),
+    "reconciliation": gettext_lazy("reconciliation"), "attempts": gettext_lazy("attempts"),
+    "receipt": gettext_lazy("receipt"), "compensation": gettext_lazy("compensation"),
+    "answer": gettext_lazy("answer"), "end": gettext_lazy("end"), "other": gettext_lazy("other"),
+}
 
 
 #: events on one page of the trace (the export carries them all)
@@ -67,11 +78,13 @@ def _admin_task(request, task_id):
 
 
 def _mark_phases(events, previous: str | None) -> None:
-    """Give each event its ``phase``, ``new_phase`` (the first event of a phase, budget rows
-    aside) and ``sensitive``; ``previous`` is the phase in force before the first of them."""
+    """Give each event its ``phase`` (and the ``phase_label`` a person reads), ``new_phase`` (the
+    first event of a phase, budget rows aside) and ``sensitive``; ``previous`` is the phase in force
+    before the first of them."""
     for e in events:
         e.sensitive = e.type in SENSITIVE_EVENTS
         e.phase = PHASES.get(e.type, "other")
+        e.phase_label = PHASE_LABELS.get(e.phase, e.phase)
         e.new_phase = e.phase != previous and e.phase != "budget"
         previous = e.phase if e.phase != "budget" else previous
 
@@ -110,7 +123,7 @@ def budget_series(task, events) -> list[tuple[int, int, int]]:
         return []
 
 
-BUDGET_CHART_TITLE = "Cost units over the events: used, and used + reserved"
+BUDGET_CHART_TITLE = gettext_lazy("Cost units over the events: used, and used + reserved")
 
 
 def _budget_chart(p, task) -> str:
@@ -220,7 +233,7 @@ def prometheus_metrics(request):
     token = settings.FAULTDESK.get("METRICS_TOKEN") or ""
     given = request.headers.get("Authorization", "").encode("utf-8", "replace")
     if token and not hmac.compare_digest(given, f"Bearer {token}".encode()):
-        return HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+        return HttpResponse(_("a bearer token is required") + "\n", status=401, content_type="text/plain")
     return HttpResponse(prometheus_text(), content_type=CONTENT_TYPE_LATEST)
 
 
@@ -236,8 +249,8 @@ def metrics_page(request):
     m = tenant_metrics(tenant_id=p.tenant_id)
     charts = {
         "tasks": bar_chart([(str(d["day"])[5:], d["completed"], d["failed"] + d["cancelled"]) for d in m["by_day"]],
-                           title="Requests per day: completed, and failed or cancelled"),
-        "cost": bar_chart([(str(d["day"])[5:], d["cost"], 0) for d in m["by_day"]], title="Cost units per day"),
+                           title=_("Requests per day: completed, and failed or cancelled")),
+        "cost": bar_chart([(str(d["day"])[5:], d["cost"], 0) for d in m["by_day"]], title=_("Cost units per day")),
     }
     return render_page(request, "traces/metrics.html", {"m": m, "charts": charts})
 

@@ -216,5 +216,5 @@ def test_page_shows_what_is_known_and_resolves_without_a_reload(client, committe
     assert resp.status_code == 422 and "say how you know" in resp.content.decode()
     assert "<html" not in resp.content.decode()
     resp = client.post(url, {"executed": "no", "note": "operator confirmed"}, HTTP_HX_REQUEST="true")
-    assert resp.status_code == 200 and "Resolved: NOT_SENT" in resp.content.decode()
+    assert resp.status_code == 200 and "Resolved: Not sent" in resp.content.decode()
     assert Action.objects.get(pk=action.pk).status == ActionStatus.NOT_SENT
