@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
+from django.utils.translation import gettext as _
 
 from apps.accounts.principal import Principal
 from apps.events.models import TaskEvent
-from apps.tasks.models import Task
+from apps.tasks.models import STATUS_LABELS, Task
 
 
 def task_list(*, principal: Principal) -> QuerySet[Task]:
@@ -66,26 +67,27 @@ def task_now(task: Task) -> str:
     model = state.get("model") or {}
     last = (model.get("last") or {}).get("outcome")
     steps = {
-        "ACCEPTED": "Queued: the agent starts in a moment.",
-        "RETRIEVING": "Searching the knowledge base and reading the device's current state.",
-        "PROPOSING": ("Drafting the ticket: the model's last reply could not be used, asking again."
+        "ACCEPTED": _("Queued: the agent starts in a moment."),
+        "RETRIEVING": _("Searching the knowledge base and reading the device's current state."),
+        "PROPOSING": (_("Drafting the ticket: the model's last reply could not be used, asking again.")
                       if last == "malformed" else
-                      "Drafting the ticket: the model did not answer, trying again shortly."
-                      if last in ("unavailable", "rate_limited", "timeout") else "Drafting the ticket."),
-        "VALIDATING": "Checking the draft against the rules.",
-        "WAITING_INPUT": "Waiting for your answer to the agent's questions below.",
-        "WAITING_APPROVAL": "Waiting for an approver to review the proposal.",
-        "DISPATCHING": ("Writing the answer." if state.get("receipt") else "Sending the change to the ticket system."),
-        "WAITING_RECONCILIATION": "Confirming with the ticket system whether the change was made.",
-        "COMPENSATING": "Cancelled; handling the ticket that was created before the cancel.",
-        "WAITING_COMPENSATION": "Cancelled; an admin decides about the ticket that was created.",
+                      _("Drafting the ticket: the model did not answer, trying again shortly.")
+                      if last in ("unavailable", "rate_limited", "timeout") else _("Drafting the ticket.")),
+        "VALIDATING": _("Checking the draft against the rules."),
+        "WAITING_INPUT": _("Waiting for your answer to the agent's questions below."),
+        "WAITING_APPROVAL": _("Waiting for an approver to review the proposal."),
+        "DISPATCHING": (_("Writing the answer.") if state.get("receipt")
+                        else _("Sending the change to the ticket system.")),
+        "WAITING_RECONCILIATION": _("Confirming with the ticket system whether the change was made."),
+        "COMPENSATING": _("Cancelled; handling the ticket that was created before the cancel."),
+        "WAITING_COMPENSATION": _("Cancelled; an admin decides about the ticket that was created."),
     }
     if task.is_terminal:
         if task.outcome_pending:
-            return "Still confirming the last change with the ticket system."
-        return {"COMPLETED": "Done.", "FAILED": "Stopped: the request failed, for the reason above.",
-                "CANCELLED": "Stopped: the request was cancelled."}.get(task.status, "Stopped.")
-    return steps.get(task.status, task.status)
+            return _("Still confirming the last change with the ticket system.")
+        return {"COMPLETED": _("Done."), "FAILED": _("Stopped: the request failed, for the reason above."),
+                "CANCELLED": _("Stopped: the request was cancelled.")}.get(task.status, _("Stopped."))
+    return steps.get(task.status, str(STATUS_LABELS.get(task.status, task.status)))
 
 
 #: events whose payload carries people's words, document text or model output:
