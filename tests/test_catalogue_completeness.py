@@ -115,7 +115,7 @@ def test_the_check_finds_an_unmarked_string_and_passes_a_marked_one(tmp_path):
 
 
 def _product_sources() -> list[str]:
-    paths = [p for p in TEMPLATES]
+    paths = list(TEMPLATES)
     paths += [p for p in (BASE_DIR / "apps").rglob("*.py") if "tests" not in p.parts and "migrations" not in p.parts]
     paths += list((BASE_DIR / "config").rglob("*.py"))
     return [str(p.relative_to(BASE_DIR)) for p in paths]
@@ -127,8 +127,9 @@ def test_the_catalogue_holds_exactly_what_the_code_marks_today():
     marked = set(msgids(_product_sources()))
     catalogue = {entry.msgid for entry in polib.pofile(str(PO)) if not entry.obsolete}
     assert marked, "no marked strings found"
-    assert not marked - catalogue, f"marked but not in the catalogue (run make messages): {sorted(marked - catalogue)}"
-    assert not catalogue - marked, f"in the catalogue but marked nowhere (run make messages): {sorted(catalogue - marked)}"
+    missing, stale = sorted(marked - catalogue), sorted(catalogue - marked)
+    assert not missing, f"marked but not in the catalogue (run make messages): {missing}"
+    assert not stale, f"in the catalogue but marked nowhere (run make messages): {stale}"
 
 
 _PLACEHOLDER = re.compile(r"%\([A-Za-z_][A-Za-z0-9_]*\)[sd]|%[sd]|</?[a-z]+[^>]*>")

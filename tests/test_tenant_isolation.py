@@ -52,6 +52,7 @@ ACCESS: dict[str, set[str] | str] = {
     "healthz": EVERYONE,
     "login": EVERYONE,
     "logout": SIGNED_IN,
+    "language-set": EVERYONE,  # a visitor's choice is a cookie; a signed-in user's their own preference
     "request-list": {REQ, APPR, ADMIN},  # requesters their own, approvers and admins the tenant's
     "request-new": {REQ, ADMIN},
     "task-detail": {REQ, APPR, ADMIN},

@@ -3,6 +3,7 @@ errors (:mod:`apps.core.errors`) into clear 4xx responses (never a 500 for bad i
 
 from __future__ import annotations
 
+from django.utils.translation import gettext as _
 from rest_framework import status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
@@ -24,7 +25,7 @@ def request_principal(request) -> Principal:
     try:
         principal = principal_for_user(user)
     except NoMembership as exc:
-        raise PermissionDenied("you are not a member of any tenant") from exc
+        raise PermissionDenied(_("you are not a member of any tenant")) from exc
     request._faultdesk_principal = (user, principal)
     return principal
 

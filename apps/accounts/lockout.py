@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.utils.translation import gettext as _
 from drf_spectacular.authentication import BasicScheme
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.exceptions import AuthenticationFailed
@@ -17,7 +18,8 @@ from rest_framework.exceptions import AuthenticationFailed
 def lockout_response(request: HttpRequest, original_response=None, credentials: dict | None = None) -> HttpResponse:
     """A 429 for ``request`` whose sign-in is locked out (``credentials`` as axes passes them)."""
     minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
-    detail = f"too many failed sign-ins for this account from this address; try again in {minutes} minutes"
+    detail = _("too many failed sign-ins for this account from this address; try again in %(minutes)s minutes") % {
+        "minutes": minutes}
     if request.path.startswith("/api/"):
         response: HttpResponse = JsonResponse({"error": "locked_out", "detail": detail}, status=429)
     else:
@@ -65,7 +67,7 @@ class LockoutAwareBasicAuthentication(BasicAuthentication):
 
     def authenticate_credentials(self, userid, password, request=None):
         if "\x00" in userid or "\x00" in password or len(userid) > MAX_USERNAME:
-            raise AuthenticationFailed("Invalid username/password.")
+            raise AuthenticationFailed(_("Invalid username/password."))
         return super().authenticate_credentials(userid, password, getattr(request, "_request", request))
 
 

@@ -6,8 +6,20 @@ import structlog
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpResponse, JsonResponse
+from django.utils import translation
+from django.utils.html import escape
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from config.database import retryable
+
+
+def _request_language(request) -> str:
+    """The language of ``request``'s answer: the one ``LocaleMiddleware`` (or the signed-in
+    user's saved choice) activated for it, or — for an answer given before that middleware ran —
+    the one its cookie or ``Accept-Language`` asks for. Never a language left active in this
+    thread by an earlier request."""
+    return getattr(request, "LANGUAGE_CODE", None) or translation.get_language_from_request(request)
 
 
 class RejectMalformedRequestsMiddleware:
@@ -22,12 +34,15 @@ class RejectMalformedRequestsMiddleware:
     def __call__(self, request):
         length = request.META.get("CONTENT_LENGTH")
         if length not in (None, "") and not (isinstance(length, str) and length.isascii() and length.isdigit()):
-            return JsonResponse({"error": "invalid_input", "detail": "Content-Length must be a non-negative integer"},
-                                status=400)
+            # before LocaleMiddleware: the request's own language, not one left in this thread
+            with translation.override(_request_language(request)):
+                detail = _("Content-Length must be a non-negative integer")
+            return JsonResponse({"error": "invalid_input", "detail": detail}, status=400)
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if length and limit is not None and int(length) > limit and request.path.startswith("/api/"):
-            return JsonResponse({"error": "too_large", "detail": f"the request body is over {limit} bytes"},
-                                status=413)
+            with translation.override(_request_language(request)):
+                detail = _("the request body is over %(limit)s bytes") % {"limit": limit}
+            return JsonResponse({"error": "too_large", "detail": detail}, status=413)
         return self.get_response(request)
 
 
@@ -46,19 +61,18 @@ class RejectNulBytesMiddleware:
         for name, value in request.META.items():
             if name.startswith("HTTP_") and isinstance(value, str) and "\x00" in value:
                 header = name[5:].replace("_", "-").title()
-                return JsonResponse({"error": "invalid_input", "detail": f"header {header} contains a NUL character"},
-                                    status=400)
+                detail = _("header %(header)s contains a NUL character") % {"header": header}
+                return JsonResponse({"error": "invalid_input", "detail": detail}, status=400)
         fields = [request.GET]
         if request.method == "POST" and request.content_type in ("application/x-www-form-urlencoded",
                                                                   "multipart/form-data"):
-            _ = request.body  # read the raw body first, so a view can still read it (webhooks sign it)
+            _body = request.body  # read the raw body first, so a view can still read it (webhooks sign it)
             fields.append(request.POST)
         for data in fields:
             for key, values in data.lists():
                 if "\x00" in key or any("\x00" in v for v in values):
-                    return JsonResponse({"error": "invalid_input",
-                                         "detail": f"field {key.replace(chr(0), '')!r} contains a NUL character"},
-                                        status=400)
+                    detail = _("field %(field)s contains a NUL character") % {"field": repr(key.replace(chr(0), ""))}
+                    return JsonResponse({"error": "invalid_input", "detail": detail}, status=400)
         return self.get_response(request)
 
 
@@ -94,13 +108,20 @@ _API_ERROR_CODES = {400: "invalid_input", 401: "not_authenticated", 403: "forbid
                     405: "method_not_allowed", 413: "too_large", 429: "throttled"}
 
 
+#: HTTP's reason phrases of those statuses, said in the request's language when an answer carries one.
+_API_ERROR_REASONS = {gettext_noop("Bad Request"), gettext_noop("Unauthorized"), gettext_noop("Forbidden"),
+                      gettext_noop("Method Not Allowed"), gettext_noop("Request Entity Too Large"),
+                      gettext_noop("Too Many Requests")}
+
+
 class ApiJsonErrorsMiddleware:
     """Every error under ``/api/`` is JSON (README "Errors are JSON 4xx"): an HTML error page
     that Django itself answered (a route that does not match, e.g. ``/api/tasks/not-a-uuid/``, or a
     refusal before any view) is replaced by ``{"error": code, "detail": reason}`` with the same
-    status and its ``Allow``/``Retry-After``/``WWW-Authenticate`` headers kept."""
+    status and its ``Allow``/``Retry-After``/``WWW-Authenticate`` headers kept — and its
+    ``Content-Language``/``Vary``: the reason is said in the request's language."""
 
-    KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate")
+    KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate", "Content-Language", "Vary")
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -112,9 +133,13 @@ class ApiJsonErrorsMiddleware:
         if response.get("Content-Type", "").split(";")[0].strip().endswith("json"):
             return response
         code = _API_ERROR_CODES.get(response.status_code, "server_error" if response.status_code >= 500 else "error")
-        detail = response.reason_phrase or code.replace("_", " ")
-        if response.status_code == 404:
-            detail = f"no such resource: {request.path[:200]}"
+        with translation.override(_request_language(request)):
+            if response.status_code == 404:
+                detail = _("no such resource: %(path)s") % {"path": request.path[:200]}
+            elif response.reason_phrase in _API_ERROR_REASONS:
+                detail = _(response.reason_phrase)
+            else:
+                detail = response.reason_phrase or code.replace("_", " ")
         replaced = JsonResponse({"error": code, "detail": detail}, status=response.status_code)
         for header in self.KEPT_HEADERS:
             if header in response:
@@ -149,11 +174,13 @@ class DatabaseBusyMiddleware:
             return None
         structlog.get_logger("faultdesk.web").warning("request.refused_for_now", path=request.path[:200],
                                                       refusal=refusal)
-        detail = "the database is busy with this record right now; nothing was changed — try again shortly"
         if request.path.startswith("/api/"):
+            detail = _("the database is busy with this record right now; nothing was changed — try again shortly")
             response = JsonResponse({"error": "busy", "detail": detail}, status=503)
         else:
-            response = HttpResponse(f"<!doctype html><title>Busy</title><p>{detail.capitalize()}.</p>",
+            title = _("Busy")
+            text = _("The database is busy with this record right now; nothing was changed — try again shortly.")
+            response = HttpResponse(f"<!doctype html><title>{escape(title)}</title><p>{escape(text)}</p>",
                                     status=503, content_type="text/html; charset=utf-8")
         response["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
         return response

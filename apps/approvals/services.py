@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from apps.accounts.principal import Principal, principal_current
 from apps.actions.digest import action_digest as h_of_action
@@ -36,12 +37,12 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
     ``Conflict``.
     """
     if decision not in ("approve", "reject"):
-        raise Unprocessable("decision must be 'approve' or 'reject'")
+        raise Unprocessable(_("decision must be 'approve' or 'reject'"))
     reason = (reason or "").strip()
     if decision == "reject" and not reason:
-        raise Unprocessable("a rejection needs a reason")
+        raise Unprocessable(_("a rejection needs a reason"))
     if not principal.is_approver:
-        raise Forbidden("only approvers may decide approvals")
+        raise Forbidden(_("only approvers may decide approvals"))
     try:
         return _decide(principal=principal, approval_id=approval_id, decision=decision, reason=reason)
     except _Refused as refused:
@@ -49,7 +50,9 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
         # At the version δ refused it at: the task as read under the decision's lock, not as it is now.
         refused_event_record(task=refused.task, event_type=refused.event_type, payload=refused.payload,
                              reason=refused.reason, actor=principal.as_actor())
-        raise Conflict(f"the task no longer waits for this approval: {refused.reason}") from None
+        # ``refused.reason`` is recorded (the refused event): it stays as recorded, in English.
+        raise Conflict(_("the task no longer waits for this approval: %(reason)s")
+                       % {"reason": refused.reason}) from None
 
 
 class _Refused(Exception):
@@ -69,25 +72,25 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
         task_id = (ApprovalRequest.objects.visible_to(principal).filter(pk=approval_id)
                    .values_list("task_id", flat=True).first())
         if task_id is None:
-            raise NotFound("approval not found")
+            raise NotFound(_("approval not found"))
         Task.objects.select_for_update().filter(pk=task_id).first()
         approval = ApprovalRequest.objects.visible_to(principal).select_for_update().filter(pk=approval_id).first()
         if approval is None:
-            raise NotFound("approval not found")
+            raise NotFound(_("approval not found"))
         if approval.requested_by_id == principal.user_id:
-            raise Forbidden("you may not approve your own request")
+            raise Forbidden(_("you may not approve your own request"))
         if approval.approver_roles and principal.role not in approval.approver_roles:
-            raise Forbidden(f"policy v{approval.policy_version} lets only {' or '.join(approval.approver_roles)} "
-                            f"decide this approval")
+            raise Forbidden(_("policy v%(version)s lets only %(roles)s decide this approval") % {
+                "version": approval.policy_version, "roles": _(" or ").join(approval.approver_roles)})
         if approval.status != ApprovalStatus.PENDING:
             raise Conflict(
-                f"approval is already {approval.status}",
+                _("approval is already %(status)s") % {"status": approval.status},
                 status=approval.status,
                 decided_by=approval.decided_by.get_username() if approval.decided_by else None,
             )
         now = timezone.now()
         if approval.expires_at <= now:
-            raise Conflict("approval has expired", status=ApprovalStatus.EXPIRED)
+            raise Conflict(_("approval has expired"), status=ApprovalStatus.EXPIRED)
         task = Task.objects.get(pk=approval.task_id)  # locked above
         shown_differs = decision == "approve" and not approval_shows_what_it_binds(approval)
         if shown_differs:
@@ -109,7 +112,8 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
             raise _Refused(task, event_type, payload, exc.reason) from exc
         enqueue_on_commit(AGENT_STEP, task.pk)
     if shown_differs:
-        raise Conflict(f"not approved: {SHOWN_DIFFERS}; the request will be asked again",
+        # SHOWN_DIFFERS is recorded (the approval's reason, the event's payload): it stays in English.
+        raise Conflict(_("not approved: %(reason)s; the request will be asked again") % {"reason": SHOWN_DIFFERS},
                        status=ApprovalStatus.INVALIDATED)
     return approval
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.utils.translation import gettext as _
 
 from apps.accounts.principal import Principal
 from apps.actions.models import Action, ActionStatus
@@ -36,6 +37,12 @@ from apps.outbox.unknown_outcomes import ActionChanged, action_settle_unknown
 from apps.tickets.connectors import connector_for, ticket_receipt
 
 MAX_NOTE = 1000
+
+
+def _cannot_ask(exc: errors.ToolError) -> str:
+    """The refusal when the ticket system cannot be asked (``exc``'s detail is the connector's own
+    text: it stays in English)."""
+    return _("the ticket system cannot be asked now (%(detail)s); nothing was recorded") % {"detail": exc.detail}
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,7 @@ class UnknownAction:
 
 def _require_admin(principal: Principal) -> None:
     if not principal.is_admin:
-        raise Forbidden("only an admin may reconcile actions")
+        raise Forbidden(_("only an admin may reconcile actions"))
 
 
 def reconciliation_list(*, principal: Principal) -> list[UnknownAction]:
@@ -64,11 +71,12 @@ def reconciliation_list(*, principal: Principal) -> list[UnknownAction]:
     out = []
     for action in rows:
         if tool_get(action.tool).result_lookup is None:
-            out.append(UnknownAction(action, True, "this tool has no result lookup: only a person can tell"))
+            out.append(UnknownAction(action, True, _("this tool has no result lookup: only a person can tell")))
         elif action.reconcile_attempts >= escalate:
-            out.append(UnknownAction(action, True, f"{action.reconcile_attempts} lookups by key did not settle it"))
+            out.append(UnknownAction(action, True, _("%(count)s lookups by key did not settle it")
+                                      % {"count": action.reconcile_attempts}))
         else:
-            out.append(UnknownAction(action, False, "the reconciler is still looking it up by key"))
+            out.append(UnknownAction(action, False, _("the reconciler is still looking it up by key")))
     return out
 
 
@@ -88,14 +96,15 @@ def reconciliation_resolve(*, principal: Principal, action_id, executed: bool, e
     _require_admin(principal)
     action = Action.objects.visible_to(principal).filter(pk=action_id).first()
     if action is None:
-        raise NotFound("action not found")
+        raise NotFound(_("action not found"))
     note = (note or "").strip()
     if not note:
-        raise Unprocessable("say how you know (note)")
+        raise Unprocessable(_("say how you know (note)"))
     if len(note) > MAX_NOTE:
-        raise Unprocessable(f"the note is limited to {MAX_NOTE} characters")
+        raise Unprocessable(_("the note is limited to %(max)s characters") % {"max": MAX_NOTE})
     if action.status != ActionStatus.UNKNOWN:
-        raise Conflict(f"the action is {action.status}, not unknown: nothing to resolve", status=action.status)
+        raise Conflict(_("the action is %(status)s, not unknown: nothing to resolve") % {"status": action.status},
+                       status=action.status)
     actor = principal.as_actor()
     if executed:
         return _resolve_executed(action, (external_id or "").strip(), note, actor)
@@ -104,27 +113,29 @@ def reconciliation_resolve(*, principal: Principal, action_id, executed: bool, e
 
 def _resolve_executed(action: Action, external_id: str, note: str, actor: str) -> Action:
     if not external_id:
-        raise Unprocessable("name the ticket that was created (external_id)")
+        raise Unprocessable(_("name the ticket that was created (external_id)"))
     if action.tool != "ticket.create":
         return _resolve_write_executed(action, external_id, note, actor)
     try:
         ticket = connector_for(action.tool, action.connector).get_ticket(external_id=external_id)
     except errors.ToolError as exc:
-        raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
+        raise Unavailable(_cannot_ask(exc)) from exc
     if ticket is None:
-        raise Unprocessable(f"the ticket system has no ticket {external_id}")
+        raise Unprocessable(_("the ticket system has no ticket %(ticket)s") % {"ticket": external_id})
     if ticket.get("idempotency_key") != action.idempotency_key:
         # Only a ticket that carries this action's key is its effect. Say nothing about whose it is.
-        raise Unprocessable(f"ticket {external_id} was not created by this action (it does not carry its key)")
+        raise Unprocessable(_("ticket %(ticket)s was not created by this action (it does not carry its key)")
+                            % {"ticket": external_id})
     try:
         receipt = ticket_receipt(ticket, replayed=True, connector=action.connector)
     except errors.OutcomeUnknown as exc:
-        raise Unavailable(f"the ticket system's answer for {external_id} is malformed ({exc.detail}); "
-                          "nothing was recorded") from exc
+        raise Unavailable(_("the ticket system's answer for %(ticket)s is malformed (%(detail)s); nothing was recorded")
+                          % {"ticket": external_id, "detail": exc.detail}) from exc
     with transaction.atomic():
         locked = Action.objects.select_for_update().get(pk=action.pk)
         if locked.status != ActionStatus.UNKNOWN:
-            raise Conflict(f"the action became {locked.status} meanwhile", status=locked.status)
+            raise Conflict(_("the action became %(status)s meanwhile") % {"status": locked.status},
+                           status=locked.status)
         receipt_record(action_id=action.pk, receipt=receipt, actor=actor,
                        resolution={"by": actor, "executed": True, "note": note, "verified": "ticket read by id"})
     action.refresh_from_db()
@@ -135,18 +146,21 @@ def _resolve_write_executed(action: Action, external_id: str, note: str, actor: 
     """A comment or update on an existing ticket: it was executed only if that ticket holds a
     write made with the action's key (the tool's result lookup)."""
     if external_id not in (action.params.get("ticket_id"), action.external_id):
-        raise Unprocessable(f"this action writes to ticket {action.params.get('ticket_id')}, not {external_id}")
+        raise Unprocessable(_("this action writes to ticket %(ticket)s, not %(named)s")
+                            % {"ticket": action.params.get("ticket_id"), "named": external_id})
     try:
         found = connector_for(action.tool, action.connector).lookup(
             tool=action.tool, idempotency_key=action.idempotency_key, params=action.params)
     except errors.ToolError as exc:
-        raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
+        raise Unavailable(_cannot_ask(exc)) from exc
     if found is None:
-        raise Unprocessable(f"ticket {external_id} holds no {action.tool} made with this action's key")
+        raise Unprocessable(_("ticket %(ticket)s holds no %(tool)s made with this action's key")
+                            % {"ticket": external_id, "tool": action.tool})
     with transaction.atomic():
         locked = Action.objects.select_for_update().get(pk=action.pk)
         if locked.status != ActionStatus.UNKNOWN:
-            raise Conflict(f"the action became {locked.status} meanwhile", status=locked.status)
+            raise Conflict(_("the action became %(status)s meanwhile") % {"status": locked.status},
+                           status=locked.status)
         receipt_record(action_id=action.pk, receipt=found, actor=actor,
                        resolution={"by": actor, "executed": True, "note": note, "verified": "found by key"})
     action.refresh_from_db()
@@ -158,11 +172,12 @@ def _resolve_not_executed(action: Action, note: str, actor: str) -> Action:
     try:
         found = action_settle_unknown(action, actor=actor, reason="resolved_not_executed", resolution=resolution)
     except errors.ToolError as exc:
-        raise Unavailable(f"the ticket system cannot be asked now ({exc.detail}); nothing was recorded") from exc
+        raise Unavailable(_cannot_ask(exc)) from exc
     except ActionChanged as exc:
-        raise Conflict(f"{exc}; look again") from exc
+        raise Conflict(_("the action changed meanwhile (it is now %(status)s); look again") % {"status": exc.status}
+                       ) from exc
     if found is not None:
-        raise Conflict(f"the ticket system holds ticket {found.external_id} for this action's key: it was executed, "
-                       "and is now recorded as the receipt", external_id=found.external_id)
+        raise Conflict(_("the ticket system holds ticket %(ticket)s for this action's key: it was executed, and is "
+                         "now recorded as the receipt") % {"ticket": found.external_id}, external_id=found.external_id)
     action.refresh_from_db()
     return action

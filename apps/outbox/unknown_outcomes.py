@@ -122,7 +122,12 @@ def _requeue_same_key(action: Action, message: OutboxMessage, *, delay: float) -
 
 
 class ActionChanged(Exception):
-    """The action or its outbox row changed while it was being settled: another process acted."""
+    """The action or its outbox row changed while it was being settled: another process acted.
+    ``status`` is the action's status as it was then read."""
+
+    def __init__(self, message: str, *, status: str):
+        super().__init__(message)
+        self.status = status
 
 
 def action_settle_unknown(action: Action, *, actor: str, reason: str, resolution: dict | None = None) -> Receipt | None:
@@ -141,7 +146,7 @@ def action_settle_unknown(action: Action, *, actor: str, reason: str, resolution
     with transaction.atomic():
         locked = Action.objects.select_for_update().get(pk=action.pk)
         if locked.status != ActionStatus.UNKNOWN:
-            raise ActionChanged(f"the action is {locked.status}")
+            raise ActionChanged(f"the action is {locked.status}", status=locked.status)
         OutboxMessage.objects.filter(action=action).update(lease_generation=F("lease_generation") + 1,
                                                             lease_owner=None, lease_expires_at=None)
         token = OutboxMessage.objects.get(action=action).lease_generation
@@ -159,7 +164,8 @@ def action_settle_unknown(action: Action, *, actor: str, reason: str, resolution
         if locked.status != ActionStatus.UNKNOWN or not OutboxMessage.objects.filter(
             action=action, lease_generation=token
         ).exists():
-            raise ActionChanged(f"the action changed while it was being settled (now {locked.status})")
+            raise ActionChanged(f"the action changed while it was being settled (now {locked.status})",
+                                status=locked.status)
         Action.objects.filter(pk=action.pk).update(status=ActionStatus.NOT_SENT, last_error={"reason": reason})
         OutboxMessage.objects.filter(action=action).update(status=OutboxStatus.FAILED, last_error={"reason": reason})
         ActionAttempt.objects.filter(action=action, outcome=AttemptOutcome.IN_FLIGHT).update(

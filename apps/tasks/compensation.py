@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import uuid
 
+from django.utils.translation import gettext as _
+
 from apps.accounts.principal import Principal
 from apps.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
@@ -29,7 +31,7 @@ MAX_NOTE = 1000
 
 def _require_admin(principal: Principal) -> None:
     if not principal.is_admin:
-        raise Forbidden("only an admin may settle a compensation")
+        raise Forbidden(_("only an admin may settle a compensation"))
 
 
 def compensations_waiting(*, principal: Principal) -> list[Task]:
@@ -50,17 +52,18 @@ def compensation_settle(*, principal: Principal, task_id: uuid.UUID, decision: s
 
     _require_admin(principal)
     if decision not in ("retry", "done_by_hand", "not_needed"):
-        raise Unprocessable("decision must be 'retry', 'done_by_hand' or 'not_needed'")
+        raise Unprocessable(_("decision must be 'retry', 'done_by_hand' or 'not_needed'"))
     note = (note or "").strip()
     if not note:
-        raise Unprocessable("say why (note)")
+        raise Unprocessable(_("say why (note)"))
     if len(note) > MAX_NOTE:
-        raise Unprocessable(f"the note is limited to {MAX_NOTE} characters")
+        raise Unprocessable(_("the note is limited to %(max)s characters") % {"max": MAX_NOTE})
     task = Task.objects.visible_to(principal).filter(pk=task_id).first()
     if task is None:
-        raise NotFound("task not found")
+        raise NotFound(_("task not found"))
     if task.status != reducer.WAITING_COMPENSATION:
-        raise Conflict(f"the task is {task.status}: no failed compensation to settle", status=task.status)
+        raise Conflict(_("the task is %(status)s: no failed compensation to settle") % {"status": task.status},
+                       status=task.status)
     actor = principal.as_actor()
     try:
         if decision == "retry":
@@ -71,5 +74,5 @@ def compensation_settle(*, principal: Principal, task_id: uuid.UUID, decision: s
             task = task_append_event(task=task, event_type="compensation.resolved", actor=actor,
                                      payload={"outcome": decision, "by": principal.username, "note": note})
     except (StaleWrite, reducer.IllegalTransition) as exc:
-        raise Conflict(f"the task changed meanwhile; look again ({exc})") from exc
+        raise Conflict(_("the task changed meanwhile; look again (%(reason)s)") % {"reason": exc}) from exc
     return task

@@ -11,6 +11,7 @@ import structlog
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from apps.accounts.principal import Principal
 from apps.actions.registry import TOOLS
@@ -76,17 +77,17 @@ def task_submit(
     ``Unprocessable`` (invalid fields, or the same key with a different body).
     """
     if not principal.is_requester:
-        raise Forbidden("only requesters and admins may file fault requests")
+        raise Forbidden(_("only requesters and admins may file fault requests"))
     symptom = (symptom or "").strip()
     if not symptom or len(symptom) > 4000:
-        raise Unprocessable("symptom must be 1..4000 characters")
+        raise Unprocessable(_("symptom must be 1..4000 characters"))
     if urgency not in Urgency.values:
-        raise Unprocessable(f"urgency must be one of {Urgency.values}")
+        raise Unprocessable(_("urgency must be one of %(choices)s") % {"choices": Urgency.values})
     if request_key is not None and not (1 <= len(request_key) <= 200):
-        raise Unprocessable("Idempotency-Key must be 1..200 characters")
+        raise Unprocessable(_("Idempotency-Key must be 1..200 characters"))
     device = device_get(tenant_id=principal.tenant_id, device_id=device_id)
     if device is None:
-        raise NotFound(f"device {device_id} not found")
+        raise NotFound(_("device %(device)s not found") % {"device": device_id})
     body = _request_body(device_id=device.pk, symptom=symptom, urgency=urgency)
     digest = sha256_json({"user": principal.user_id, **body})
 
@@ -162,26 +163,36 @@ def _tenant_admits(tenant_id: int) -> None:
     # that held it before are counted.
     active, usage = tenant_load_today(tenant, statuses=reducer.NON_TERMINAL)
     if active >= quota["active_tasks"]:
-        noun = "request" if active == 1 else "requests"
-        raise QuotaExceeded(f"this tenant already has {active} open {noun} (limit {quota['active_tasks']}); "
-                            "wait for one to finish, or cancel one", retry_after=60)
+        if active == 1:
+            detail = _("this tenant already has 1 open request (limit %(limit)s); wait for one to finish, "
+                       "or cancel one")
+        else:
+            detail = _("this tenant already has %(active)s open requests (limit %(limit)s); wait for one to finish, "
+                       "or cancel one")
+        raise QuotaExceeded(detail % {"active": active, "limit": quota["active_tasks"]}, retry_after=60)
     needs = {"money": conf["TASK_BUDGET_UNITS"],
              "tokens": conf["TASK_TOKEN_LIMIT"] if conf["MODEL_PROVIDER"] != "local" else 0}
     now = timezone.now()
     tomorrow = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    for dim, words in (("money", "cost units"), ("tokens", "model tokens")):
+    for dim in ("money", "tokens"):
         u = usage[dim]
         left = u["limit"] - u["used"] - u["reserved"]
         if needs[dim] and left < min(needs[dim], u["limit"]):
-            raise QuotaExceeded(f"this tenant has {max(left, 0)} of today's {u['limit']} {words} left, less than one "
-                                f"request's budget ({min(needs[dim], u['limit'])}); new requests are accepted again "
-                                "after midnight UTC", retry_after=max(1, int((tomorrow - now).total_seconds())))
+            if dim == "money":
+                detail = _("this tenant has %(left)s of today's %(limit)s cost units left, less than one request's "
+                           "budget (%(needed)s); new requests are accepted again after midnight UTC")
+            else:
+                detail = _("this tenant has %(left)s of today's %(limit)s model tokens left, less than one request's "
+                           "budget (%(needed)s); new requests are accepted again after midnight UTC")
+            raise QuotaExceeded(detail % {"left": max(left, 0), "limit": u["limit"],
+                                          "needed": min(needs[dim], u["limit"])},
+                                retry_after=max(1, int((tomorrow - now).total_seconds())))
 
 
 def _same_key(existing: Task, digest: str) -> SubmitResult:
     if existing.request_digest != digest:
         raise Unprocessable(
-            "Idempotency-Key was already used with a different request body",
+            _("Idempotency-Key was already used with a different request body"),
             task_id=str(existing.pk),
         )
     return SubmitResult(task=existing, created=False)
@@ -200,9 +211,9 @@ def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -
     """
     task = task_get(principal=principal, task_id=task_id)
     if task is None:
-        raise NotFound("task not found")
+        raise NotFound(_("task not found"))
     if task.requester_id != principal.user_id and not principal.is_admin:
-        raise Forbidden("only the requester or an admin may cancel")
+        raise Forbidden(_("only the requester or an admin may cancel"))
     with transaction.atomic():
         # before it waits for the task row: a request about to leave waits for this cancel
         cancel_gate_enter(task.pk)
@@ -214,7 +225,8 @@ def task_cancel(*, principal: Principal, task_id: uuid.UUID, reason: str = "") -
         except reducer.IllegalTransition as exc:
             refused = exc  # its record is written; this transaction commits it
     status = Task.objects.filter(pk=task.pk).values_list("status", flat=True).first()  # as it is now
-    raise Conflict(f"cannot cancel: {refused.reason}", status=status) from refused
+    # ``refused.reason`` is recorded (the refused event): it stays as recorded, in English.
+    raise Conflict(_("cannot cancel: %(reason)s") % {"reason": refused.reason}, status=status) from refused
 
 
 def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -> Task:
@@ -226,12 +238,12 @@ def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -
     """
     text = (text or "").strip()
     if not text:
-        raise Unprocessable("the answer is empty")
+        raise Unprocessable(_("the answer is empty"))
     task = task_get(principal=principal, task_id=task_id)  # another requester's: 404, as if absent
     if task is None:
-        raise NotFound("task not found")
+        raise NotFound(_("task not found"))
     if task.requester_id != principal.user_id:
-        raise Forbidden("only the requester may answer")
+        raise Forbidden(_("only the requester may answer"))
     try:
         task = task_append_with_retry(
             task_id=task.pk, event_type="input.provided", payload_fn=lambda t: {"text": text[:4000]},
@@ -239,5 +251,5 @@ def task_provide_input(*, principal: Principal, task_id: uuid.UUID, text: str) -
         )
         enqueue_on_commit(READ_CONTEXT, task.pk)  # a re-plan starts with the context reads (tools pool)
     except reducer.IllegalTransition as exc:
-        raise Conflict(f"the task is not waiting for input: {exc.reason}") from exc
+        raise Conflict(_("the task is not waiting for input: %(reason)s") % {"reason": exc.reason}) from exc
     return task

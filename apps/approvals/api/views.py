@@ -3,6 +3,7 @@ others get 409 with the current decision."""
 
 from __future__ import annotations
 
+from django.utils.translation import gettext as _
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
@@ -52,10 +53,10 @@ class ApprovalListApi(APIView):
     def get(self, request):
         principal = request_principal(request)
         if not principal.is_approver:
-            raise Forbidden("only approvers and admins see approvals")
+            raise Forbidden(_("only approvers and admins see approvals"))
         status = request.query_params.get("status")
         if status and status not in ApprovalStatus.values:
-            raise ValidationError({"status": f"must be one of {ApprovalStatus.values}"})
+            raise ValidationError({"status": _("must be one of %(choices)s") % {"choices": ApprovalStatus.values}})
         qs = approval_list(principal=principal, status=status)
         if task_id := request.query_params.get("task"):
             qs = qs.filter(task_id=task_id) if _is_uuid(task_id) else qs.none()
@@ -71,7 +72,7 @@ class ApprovalDetailApi(APIView):
     def get(self, request, approval_id):
         approval = approval_get(principal=request_principal(request), approval_id=approval_id)
         if approval is None:
-            raise NotFound("approval not found")
+            raise NotFound(_("approval not found"))
         return Response(ApprovalSerializer(approval).data)
 
 

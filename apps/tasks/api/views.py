@@ -3,6 +3,7 @@ answer the agent's questions, read its events and its actions (admins)."""
 
 from __future__ import annotations
 
+from django.utils.translation import gettext as _
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -39,7 +40,7 @@ class TaskListCreateApi(APIView):
         qs = task_list(principal=principal)
         if s := request.query_params.get("status"):
             if s not in STATUS_NAMES:
-                raise ValidationError({"status": f"must be one of {STATUS_NAMES}"})
+                raise ValidationError({"status": _("must be one of %(choices)s") % {"choices": STATUS_NAMES}})
             qs = qs.filter(status=s)
         return Response(TaskSerializer(qs[:100], many=True).data)
 
@@ -69,7 +70,7 @@ class TaskDetailApi(APIView):
     def get(self, request, task_id):
         task = task_get(principal=request_principal(request), task_id=task_id)
         if task is None:
-            raise NotFound("task not found")
+            raise NotFound(_("task not found"))
         return Response(TaskSerializer(task).data)
 
 
@@ -101,10 +102,10 @@ def _task_for_admin(request, task_id, *, what: str):
     roles, saying they may not read ``what``, and NotFound (404) for another tenant's task."""
     principal = request_principal(request)
     if not principal.is_admin:
-        raise Forbidden(f"only admins may read {what}")
+        raise Forbidden(_("only admins may read %(what)s") % {"what": what})
     task = task_get(principal=principal, task_id=task_id)
     if task is None:
-        raise NotFound("task not found")
+        raise NotFound(_("task not found"))
     return principal, task
 
 
@@ -113,7 +114,7 @@ class TaskEventsApi(APIView):
 
     @extend_schema(responses=EventSerializer(many=True))
     def get(self, request, task_id):
-        principal, task = _task_for_admin(request, task_id, what="traces")
+        principal, task = _task_for_admin(request, task_id, what=_("traces"))
         # Sensitive payloads: their digest and view link, unless ?include=payloads asks for them.
         include = request.GET.get("include") == "payloads"
         events = task_events_for_viewer(principal=principal, task=task)
@@ -133,5 +134,5 @@ class TaskActionsApi(APIView):
 
     @extend_schema(responses=ActionSerializer(many=True))
     def get(self, request, task_id):
-        principal, task = _task_for_admin(request, task_id, what="a task's actions")
+        principal, task = _task_for_admin(request, task_id, what=_("a task's actions"))
         return Response(ActionSerializer(task_actions(principal=principal, task_id=task.pk), many=True).data)
