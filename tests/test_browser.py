@@ -200,3 +200,106 @@ def test_a_typed_answer_survives_the_live_polling(chromium, live_server, request
     task = Task.objects.get(pk=task.pk)
     assert task.state["answers"] == ["Since Monday, after the firmware update; power-cycling did not help"]
     assert task.status == reducer.RETRIEVING  # re-planning with the answer; the live progress resumes
+
+
+# --- the same three people's pages in Chinese ---------------------------------------------------
+
+SYMPTOM_ZH = "机房 UPS A 电池自检失败，前面板“更换电池”指示灯亮，每 30 秒蜂鸣一次。"
+#: the English headings and buttons of these pages: none may be left on a Chinese page
+ENGLISH_UI = ("New request", "My requests", "Approvals", "Log out", "Answer", "Citations", "Proposal",
+              "Confirmed change", "Status:", "Approve", "Reject", "File request", "Metrics", "Traces", "Language")
+
+
+def _chinese_page(chromium, live_server, username: str, *, choose: bool = False):
+    """A signed-in page in Chinese: by the browser's language (``zh-CN``), or — ``choose`` — by an
+    English browser whose user picks 简体中文 in the chooser on the page."""
+    page = chromium.new_page(viewport={"width": 1280, "height": 1000}, locale="en-US" if choose else "zh-CN")
+    page.on("console", lambda m: CSP_VIOLATIONS.append(m.text) if "Content Security Policy" in m.text else None)
+    page.set_default_timeout(30_000)
+    page.goto(f"{live_server.url}/login/")
+    assert ("登录" in page.inner_text("main")) != choose
+    page.fill("#id_username", username)
+    page.fill("#id_password", "pw-for-tests")
+    page.click("main button[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+    if choose:
+        page.select_option("header form.lang select[name=language]", "zh-hans")
+        page.click("header form.lang button[type=submit]")
+        page.wait_for_selector("html[lang=zh-hans]")
+    return page
+
+
+def _no_english_ui(page) -> None:
+    text = page.inner_text("body")
+    left = [s for s in ENGLISH_UI if s in text]
+    assert not left, f"English left on a Chinese page: {left}"
+
+
+def test_the_three_roles_pages_in_chinese(chromium, live_server, agent, requester, approver, admin_user, tenant,
+                                         refservice):
+    from apps.devices.models import Device
+    from apps.evidence.services import document_ingest
+    from tests.factories import DeviceFactory
+
+    name = "ups-on-battery-and-battery-alarms.md"
+    document_ingest(tenant=tenant, source=f"public/zh-CN/{name}",
+                    raw=(Path(__file__).resolve().parent.parent / "apps" / "evidence" / "kb" / "public" / "zh-CN"
+                         / name).read_text(), scope="public")
+    ups = DeviceFactory(tenant=tenant, asset_tag="UPS-0007", name="机房 UPS A", kind="ups", state="degraded",
+                        alert_code="UPS-BATT-017", alert_message="电池自检失败：B 组电压 11.2 V")
+    assert Device.objects.filter(pk=ups.pk).exists()
+
+    # The requester's browser speaks Chinese: the form, the live progress and the answer are Chinese.
+    page = _chinese_page(chromium, live_server, "riley")
+    page.click("header nav >> text=新建请求")
+    page.select_option("#id_device", str(ups.pk))
+    page.fill("#id_symptom", SYMPTOM_ZH)
+    page.click("main button[type=submit]")
+    page.wait_for_url("**/tasks/*/")
+    page.wait_for_selector(".status.s-WAITING_APPROVAL", timeout=60_000)
+    assert "等待审批" in page.inner_text("#task-status")
+    _no_english_ui(page)
+    _shot(page, "zh-requester-waiting")
+    task = Task.objects.get(requester=requester)
+
+    # The approver's browser is English; they choose 简体中文 on the page and approve in Chinese.
+    page = _chinese_page(chromium, live_server, "avery", choose=True)
+    page.click("header nav >> text=审批")
+    approval = ApprovalRequest.objects.get(task=task)
+    row = page.locator(f"#approval-{approval.pk}")
+    row.locator("input[name=reason]").fill("与 UPS 电池告警规程一致")
+    row.locator("button[value=approve]").click()
+    page.wait_for_selector(f"#approval-{approval.pk} .status.s-APPROVED")
+    assert "已批准" in row.inner_text()
+    _no_english_ui(page)
+    _shot(page, "zh-approver-queue")
+    # The choice was saved: the approver's next page is Chinese though the browser asks for English.
+    page.goto(f"{live_server.url}/approvals/")
+    assert page.get_attribute("html", "lang") == "zh-hans"
+
+    deadline = time.monotonic() + 60
+    while Task.objects.get(pk=task.pk).status != reducer.COMPLETED:
+        assert time.monotonic() < deadline, Task.objects.get(pk=task.pk).status
+        time.sleep(0.2)
+
+    # Back at the requester's page: the answer is Chinese and cites the Chinese procedure.
+    page = _chinese_page(chromium, live_server, "riley")
+    page.goto(f"{live_server.url}/tasks/{task.pk}/")
+    text = page.inner_text("#task-status")
+    assert "已完成" in text and "现在怎么做" in text and "UPS 电池供电事件及电池健康告警" in text
+    assert f"工单 {Task.objects.get(pk=task.pk).state['receipt']['external_id']}" in text
+    _no_english_ui(page)
+    _shot(page, "zh-requester-answer")
+
+    # The admin reads the trace and the metrics in Chinese.
+    page = _chinese_page(chromium, live_server, "adele")
+    page.click("header nav >> text=追踪")
+    page.click(f"a[href='/tasks/{task.pk}/trace/']")
+    page.wait_for_selector("svg.chart polyline")
+    assert "task.completed" in page.inner_text("main")  # event types are codes, the same in every language
+    _no_english_ui(page)
+    _shot(page, "zh-admin-trace")
+    page.click("header nav >> text=指标")
+    page.wait_for_selector("h1:has-text('指标')")
+    _no_english_ui(page)
+    _shot(page, "zh-admin-metrics")
