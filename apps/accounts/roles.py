@@ -30,6 +30,7 @@ TENANT_ADMIN_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "accounts.tenant": ("view", "change"),
     "accounts.membership": ("view", "add", "change", "delete"),
     "accounts.languagepreference": ("view",),
+    "tickets.slapolicy": ("view", "add", "change"),
     "auth.user": ("view", "add", "change", "delete"),
     "devices.device": ("view", "add", "change"),
     "approvals.approvalpolicy": ("view", "add"),

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from apps.accounts.admin_base import ReadOnlyTenantAdmin
-from apps.tickets.models import InboundWebhook, TicketMirror
+from apps.accounts.admin_base import ReadOnlyTenantAdmin, TenantScopedAdmin
+from apps.tickets.models import InboundWebhook, SlaPolicy, TicketMirror
 
 
 @admin.register(TicketMirror)
@@ -17,3 +17,11 @@ class InboundWebhookAdmin(ReadOnlyTenantAdmin):
 
     list_display = ("received_at", "source", "event_id", "outcome", "verified", "reason", "tenant")
     list_filter = ("source", "outcome", "verified")
+
+
+@admin.register(SlaPolicy)
+class SlaPolicyAdmin(TenantScopedAdmin):
+    """A tenant's service levels: business hours, holidays and targets by priority
+    (apps/tickets/sla.py). One per tenant; a tenant admin edits their own tenant's."""
+
+    list_display = ("tenant", "timezone", "workdays", "day_start", "day_end", "updated_at")

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import time
+
+from django.contrib.postgres.fields import ArrayField
+from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager
 
@@ -68,3 +73,55 @@ class InboundWebhook(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} webhook {self.event_id or '?'} {self.outcome}"
+
+
+def _default_workdays() -> list[int]:
+    return [0, 1, 2, 3, 4]
+
+
+def _default_targets() -> dict:
+    from apps.tickets.sla import DEFAULT_TARGETS
+
+    return {p: dict(t) for p, t in DEFAULT_TARGETS.items()}
+
+
+class SlaPolicy(models.Model):
+    """A tenant's service levels (apps/tickets/sla.py): business hours — ``workdays`` (Monday = 0),
+    ``day_start``–``day_end`` in ``timezone``, minus ``holidays`` — and ``targets``, minutes to
+    respond and to resolve by priority, each counted in business hours or around the clock."""
+
+    tenant = models.OneToOneField("accounts.Tenant", on_delete=models.CASCADE, related_name="sla_policy")
+    timezone = models.CharField(max_length=64, default="UTC", help_text=_("An IANA time zone, e.g. Asia/Shanghai."))
+    workdays = ArrayField(models.PositiveSmallIntegerField(), default=_default_workdays,
+                          help_text=_("Working days, Monday = 0 … Sunday = 6."))
+    day_start = models.TimeField(default=time(9, 0))
+    day_end = models.TimeField(default=time(18, 0))
+    holidays = ArrayField(models.DateField(), default=list, blank=True,
+                          help_text=_("Dates (local) that are not worked, e.g. 2027-02-17."))
+    targets = models.JSONField(default=_default_targets,
+                               help_text=_("Minutes to respond and to resolve by priority, and whether the clock "
+                                           "runs around the clock."))
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedManager()
+
+    def __str__(self) -> str:
+        return f"SLA of {self.tenant}"
+
+    def policy(self):
+        """This row as an :class:`apps.tickets.sla.Policy`; ``SlaConfigError`` when it is unusable."""
+        from apps.tickets.sla import Calendar, Policy, check_targets
+
+        return Policy(calendar=Calendar(timezone=self.timezone, workdays=tuple(self.workdays),
+                                        day_start=self.day_start, day_end=self.day_end,
+                                        holidays=frozenset(self.holidays or ())),
+                      targets=check_targets(self.targets))
+
+    def clean(self) -> None:
+        """A form's check: the calendar has working time and the targets are well formed."""
+        from apps.tickets.sla import SlaConfigError
+
+        try:
+            self.policy().calendar.check()
+        except SlaConfigError as exc:
+            raise ValidationError(str(exc)) from exc
