@@ -79,12 +79,16 @@ class ApprovalRequest(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    respond_by = models.DateTimeField(null=True, blank=True,
+                                      help_text="the request's respond-by due date (SLA) when this was asked; "
+                                                "the pending queue shows the soonest first")
 
     objects = TenantScopedManager()
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant", "status", "created_at"], name="approval_queue_idx")]
+        indexes = [models.Index(fields=["tenant", "status", "created_at"], name="approval_queue_idx"),
+                   models.Index(fields=["tenant", "status", "respond_by"], name="approval_due_idx")]
 
     def __str__(self) -> str:
         return f"approval {self.id} {self.tool} {self.status}"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from apps.accounts.principal import Principal
@@ -31,6 +32,8 @@ def approval_get(*, principal: Principal, approval_id) -> ApprovalRequest | None
 
 
 QUEUE_PAGE_SIZE = 20
+#: a pending approval whose request must be answered within this long is marked "due soon"
+DUE_SOON = timedelta(hours=1)
 #: Queue filters: "EXPIRED" also covers approvals still PENDING whose expiry has passed (the agent
 #: invalidates them at its next step; the queue shows them as expired at once).
 QUEUE_STATUSES = ("PENDING", "APPROVED", "REJECTED", "INVALIDATED", "EXPIRED", "ALL")
@@ -47,21 +50,27 @@ class QueueRow:
     version_now: int | None
     changes: list[tuple[str, str, str]] = field(default_factory=list)
     previous: ApprovalRequest | None = None
+    #: the request's respond-by date has passed (``overdue``) or comes within :data:`DUE_SOON`
+    overdue: bool = False
+    due_soon: bool = False
 
 
 def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str = "", device: str = "",
                    page: int | str = 1, now=None) -> tuple[Page, list[QueueRow]]:
-    """One page (:data:`QUEUE_PAGE_SIZE` rows, newest first) of the tenant's approvals for the queue
-    page, filtered by ``status`` (one of :data:`QUEUE_STATUSES`), ``tool`` and ``device`` (asset tag
-    substring). A constant number of queries whatever the queue's size: the page, one query for the
-    previous proposals of its tasks and one for the ticket mirrors it targets. Unknown filter values
-    are treated as no filter; an out-of-range page is the last page."""
+    """One page (:data:`QUEUE_PAGE_SIZE` rows) of the tenant's approvals for the queue page — the
+    pending ones soonest due first (their request's respond-by date: what would breach the SLA
+    first is decided first), every other view newest first — filtered by ``status`` (one of
+    :data:`QUEUE_STATUSES`), ``tool`` and ``device`` (asset tag substring). A constant number of
+    queries whatever the queue's size: the page, one query for the previous proposals of its
+    tasks and one for the ticket mirrors it targets. Unknown filter values are treated as no
+    filter; an out-of-range page is the last page."""
     now = now or timezone.now()
     qs = approval_list(principal=principal)
     if status == "EXPIRED":
         qs = qs.filter(Q(status=ApprovalStatus.EXPIRED) | Q(status=ApprovalStatus.PENDING, expires_at__lte=now))
     elif status == "PENDING":
-        qs = qs.filter(status=ApprovalStatus.PENDING, expires_at__gt=now)
+        qs = qs.filter(status=ApprovalStatus.PENDING, expires_at__gt=now).order_by(
+            F("respond_by").asc(nulls_last=True), "-created_at")
     elif status in ApprovalStatus.values:
         qs = qs.filter(status=status)
     if tool:
@@ -84,9 +93,12 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
         before = [e for e in by_task.get(a.task_id, []) if e.created_at < a.created_at]
         previous = before[-1] if before else None
         version_now = a.task.device.version if a.object_type == "device" else tickets.get(a.object_id)
+        due = a.respond_by
         rows.append(QueueRow(approval=a, decidable=a.status == ApprovalStatus.PENDING and a.expires_at > now,
                              version_now=version_now, previous=previous,
-                             changes=params_changes(previous.params, a.params) if previous else []))
+                             changes=params_changes(previous.params, a.params) if previous else [],
+                             overdue=due is not None and due <= now,
+                             due_soon=due is not None and now < due <= now + DUE_SOON))
     return page_obj, rows
 
 

@@ -6,6 +6,7 @@ re-check run before committing the intent and again at the moment of dispatch.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 
@@ -22,6 +23,9 @@ from apps.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.tasks import reducer
 from apps.tasks.store import refused_event_record
+from apps.tickets.sla import SlaConfigError, policy_for, request_priority
+
+log = logging.getLogger(__name__)
 
 
 def approval_decide(*, principal: Principal, approval_id, decision: str, reason: str = "") -> ApprovalRequest:
@@ -198,11 +202,25 @@ def approval_request_create(*, approval_id: uuid.UUID, task, requested_by_id: in
     ``expires_at`` (DESIGN.md §7). ``side_effects`` is the sentence the approver reads; ``evidence``
     the cited refs shown with it. ``decided`` (``status``, ``decided_by_id``, ``decided_at``,
     ``reason``) records an approval carried over, granted already. Call inside the transaction
-    of the task event that asks for it."""
+    of the task event that asks for it. The row carries the request's respond-by due date
+    (:func:`respond_by`), by which the pending queue is ordered."""
     return ApprovalRequest.objects.create(
         id=approval_id, tenant_id=task.tenant_id, task_id=task.pk, requested_by_id=requested_by_id,
         tool=proposal["tool"], tool_version=proposal["tool_version"], params=proposal["params"],
         action_digest=proposal["digest"], object_type=object_type, object_id=object_id, object_version=object_version,
         policy_version=decision.policy_version, approver_roles=list(decision.approver_roles), scope=scope,
-        side_effects=side_effects, evidence=evidence, expires_at=expires_at, **(decided or {}),
+        side_effects=side_effects, evidence=evidence, expires_at=expires_at,
+        respond_by=respond_by(task, proposal), **(decided or {}),
     )
+
+
+def respond_by(task, proposal: dict | None):
+    """When ``task`` must be answered under its tenant's service levels (apps/tickets/sla.py),
+    counted from its filing, at the priority of ``proposal`` (else its urgency's); None when the
+    tenant's SLA policy cannot give a date (logged, never a refused approval). One query."""
+    try:
+        priority = request_priority({"proposal": proposal}, task.urgency)
+        return policy_for(task.tenant_id).deadlines(task.created_at, priority).respond_by
+    except SlaConfigError as exc:
+        log.warning("tenant %s: no respond-by date for task %s: %s", task.tenant_id, task.pk, exc)
+        return None
