@@ -95,7 +95,7 @@ def _page(chromium, live_server, username: str):
     page.goto(f"{live_server.url}/login/")
     page.fill("#id_username", username)
     page.fill("#id_password", "pw-for-tests")
-    page.click("button[type=submit], input[type=submit]")
+    page.click("main button[type=submit], main input[type=submit]")  # not the header's language chooser
     page.wait_for_url(lambda url: "/login/" not in url)
     return page
 
