@@ -15,7 +15,8 @@ from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 LOCALE_DIR = BASE_DIR / "config" / "locale"
-#: the catalogues (directory names): English, the source language (its entries stay empty: the source text is shown), and Chinese
+#: the catalogues (directory names): English, the source language (its entries stay empty: the
+#: source text is shown), and Chinese
 LOCALES = ("en", "zh_Hans")
 #: what ``extract`` does not read: the virtualenv, run-time files, everything that is not the product
 EXTRACT_IGNORE = (".venv/*", "var/*", "tools/*", "tests/*", "docs/*", "static/*", "*/tests/*", "build/*")

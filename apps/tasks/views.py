@@ -18,6 +18,7 @@ from apps.devices.selectors import device_list
 from apps.tasks.forms import FaultRequestForm, InputForm
 from apps.tasks.selectors import task_get, task_list, task_now
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
+from apps.tickets.sla import SlaConfigError, policy_for, request_priority
 
 
 @login_required
@@ -68,7 +69,17 @@ def _task_context(request, task_id):
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
-    return {"task": task, "state": task.state, "principal": p, "input_form": InputForm(), "now": task_now(task)}
+    return {"task": task, "state": task.state, "principal": p, "input_form": InputForm(), "now": task_now(task),
+            "sla": _deadlines(task)}
+
+
+def _deadlines(task):
+    """The request's due dates (apps/tickets/sla.py: its tenant's service levels, at its proposed
+    priority, else its urgency's), or None when the tenant's SLA policy cannot give one."""
+    try:
+        return policy_for(task.tenant_id).deadlines(task.created_at, request_priority(task.state, task.urgency))
+    except SlaConfigError:
+        return None
 
 
 @login_required

@@ -91,3 +91,17 @@ def test_the_sla_policy_form_refuses_a_calendar_without_working_time(db, tenant)
     policy = SlaPolicy(tenant=tenant, workdays=[])
     with pytest.raises(ValidationError):
         policy.full_clean()
+
+
+@pytest.mark.django_db
+def test_the_requesters_page_shows_the_due_dates_in_their_language(client, requester, device, kb, tenant):
+    SlaPolicy.objects.create(tenant=tenant, workdays=list(range(7)),
+                             targets={p: {"respond": 90, "resolve": 600, "around_the_clock": True}
+                                      for p in ("P1", "P2", "P3", "P4")})
+    task = _waiting(requester, device)
+    client.force_login(requester)
+    html = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    due = (task.created_at + timedelta(minutes=90)).strftime("%Y-%m-%d %H:%M")
+    assert f"an answer is due by {due} UTC" in html
+    zh = client.get(reverse("task-detail", args=[task.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN").content.decode()
+    assert f"应于 {due} UTC 前答复" in zh
