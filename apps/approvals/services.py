@@ -23,7 +23,8 @@ from apps.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.tasks import reducer
 from apps.tasks.store import refused_event_record
-from apps.tickets.sla import SlaConfigError, policy_for, request_priority
+from apps.tickets.selectors import sla_policy_for
+from apps.tickets.sla import SlaConfigError, request_priority
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ def respond_by(task, proposal: dict | None):
     tenant's SLA policy cannot give a date (logged, never a refused approval). One query."""
     try:
         priority = request_priority({"proposal": proposal}, task.urgency)
-        return policy_for(task.tenant_id).deadlines(task.created_at, priority).respond_by
+        return sla_policy_for(task.tenant_id).deadlines(task.created_at, priority).respond_by
     except SlaConfigError as exc:
         log.warning("tenant %s: no respond-by date for task %s: %s", task.tenant_id, task.pk, exc)
         return None

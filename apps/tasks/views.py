@@ -18,7 +18,8 @@ from apps.devices.selectors import device_list
 from apps.tasks.forms import FaultRequestForm, InputForm
 from apps.tasks.selectors import task_get, task_list, task_now
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
-from apps.tickets.sla import SlaConfigError, policy_for, request_priority
+from apps.tickets.selectors import sla_policy_for
+from apps.tickets.sla import SlaConfigError, request_priority
 
 
 @login_required
@@ -77,7 +78,7 @@ def _deadlines(task):
     """The request's due dates (apps/tickets/sla.py: its tenant's service levels, at its proposed
     priority, else its urgency's), or None when the tenant's SLA policy cannot give one."""
     try:
-        return policy_for(task.tenant_id).deadlines(task.created_at, request_priority(task.state, task.urgency))
+        return sla_policy_for(task.tenant_id).deadlines(task.created_at, request_priority(task.state, task.urgency))
     except SlaConfigError:
         return None
 

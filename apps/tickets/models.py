@@ -10,6 +10,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager
+from apps.tickets.sla import DEFAULT_TARGETS, Calendar, Policy, SlaConfigError, check_targets
 
 
 class TicketMirror(models.Model):
@@ -80,8 +81,6 @@ def _default_workdays() -> list[int]:
 
 
 def _default_targets() -> dict:
-    from apps.tickets.sla import DEFAULT_TARGETS
-
     return {p: dict(t) for p, t in DEFAULT_TARGETS.items()}
 
 
@@ -110,8 +109,6 @@ class SlaPolicy(models.Model):
 
     def policy(self):
         """This row as an :class:`apps.tickets.sla.Policy`; ``SlaConfigError`` when it is unusable."""
-        from apps.tickets.sla import Calendar, Policy, check_targets
-
         return Policy(calendar=Calendar(timezone=self.timezone, workdays=tuple(self.workdays),
                                         day_start=self.day_start, day_end=self.day_end,
                                         holidays=frozenset(self.holidays or ())),
@@ -119,8 +116,6 @@ class SlaPolicy(models.Model):
 
     def clean(self) -> None:
         """A form's check: the calendar has working time and the targets are well formed."""
-        from apps.tickets.sla import SlaConfigError
-
         try:
             self.policy().calendar.check()
         except SlaConfigError as exc:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from apps.core import sql
 from apps.tickets.connectors import CONNECTORS, connector_for
-from apps.tickets.models import TicketMirror
+from apps.tickets.models import SlaPolicy, TicketMirror
+from apps.tickets.sla import Policy
 
 #: ticket statuses in which a new report for the device belongs on the ticket as a comment
 OPEN_STATUSES = ("open", "in_progress")
@@ -55,3 +56,11 @@ def ticket_snapshot(ticket: dict, connector: str) -> dict:
     """The recorded shape of a ticket read (as in ``ticket.read``) from the ticket system's JSON."""
     return {"connector": connector, "external_id": str(ticket["id"]), "version": int(ticket["version"]),
             "status": ticket.get("status"), "priority": ticket.get("priority"), "title": ticket.get("title", "")}
+
+
+def sla_policy_for(tenant_id: int) -> Policy:
+    """The tenant's service levels (:class:`~apps.tickets.sla.Policy`): its ``SlaPolicy`` row,
+    else the defaults (Monday to Friday, 09:00–18:00 UTC, no holidays,
+    :data:`~apps.tickets.sla.DEFAULT_TARGETS`). One query; ``SlaConfigError`` when the row is unusable."""
+    row = SlaPolicy.objects.filter(tenant_id=tenant_id).first()
+    return row.policy() if row is not None else Policy()

@@ -3,9 +3,10 @@ resolved (``resolve``), by priority, counted in the tenant's business hours — 
 hours and holidays, in its time zone — or around the clock for the priorities that say so.
 
 The calendar arithmetic here is pure (no database): :func:`due_at` adds business minutes to a
-moment; :func:`policy_for` reads a tenant's :class:`~apps.tickets.models.SlaPolicy`, or the
-defaults when it has none. A priority is the ticket's (``P1`` … ``P4``); before the agent has
-proposed one, a request's urgency stands for it (:data:`URGENCY_PRIORITY`)."""
+moment. :func:`apps.tickets.selectors.sla_policy_for` reads a tenant's
+:class:`~apps.tickets.models.SlaPolicy`, or these defaults when it has none. A priority is the
+ticket's (``P1`` … ``P4``); before the agent has proposed one, a request's urgency stands for it
+(:data:`URGENCY_PRIORITY`)."""
 
 from __future__ import annotations
 
@@ -168,15 +169,6 @@ class Policy:
         return Deadlines(priority=priority,
                          respond_by=due_at(start, target["respond"], self.calendar, around_the_clock=clock),
                          resolve_by=due_at(start, target["resolve"], self.calendar, around_the_clock=clock))
-
-
-def policy_for(tenant_id: int) -> Policy:
-    """The tenant's :class:`Policy` (its ``SlaPolicy`` row, else the defaults: Monday to Friday,
-    09:00–18:00 UTC, no holidays, :data:`DEFAULT_TARGETS`). One query."""
-    from apps.tickets.models import SlaPolicy
-
-    row = SlaPolicy.objects.filter(tenant_id=tenant_id).first()
-    return row.policy() if row is not None else Policy()
 
 
 def request_priority(state: dict | None, urgency: str | None) -> str:

@@ -16,7 +16,7 @@ from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
 from apps.tickets.models import SlaPolicy
-from apps.tickets.sla import policy_for
+from apps.tickets.selectors import sla_policy_for
 from tests.conftest import drive, p
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
@@ -37,7 +37,7 @@ def test_an_approval_carries_its_requests_respond_by_date(requester, device, kb,
     approval = ApprovalRequest.objects.get(task=task)
     assert approval.respond_by == task.created_at + timedelta(minutes=120)
     priority = approval.params["priority"]
-    assert approval.respond_by == policy_for(tenant.pk).deadlines(task.created_at, priority).respond_by
+    assert approval.respond_by == sla_policy_for(tenant.pk).deadlines(task.created_at, priority).respond_by
 
 
 @pytest.mark.django_db

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from apps.tickets.selectors import sla_policy_for
 from apps.tickets.sla import (
     Calendar,
     Policy,
     SlaConfigError,
     check_targets,
     due_at,
-    policy_for,
     request_priority,
     working_time_between,
 )
@@ -126,10 +126,10 @@ def test_policy_deadlines_use_each_prioritys_clock():
 def test_a_tenant_without_a_policy_gets_the_defaults_and_one_with_a_policy_its_own(tenant):
     from apps.tickets.models import SlaPolicy
 
-    assert policy_for(tenant.pk) == Policy()
+    assert sla_policy_for(tenant.pk) == Policy()
     SlaPolicy.objects.create(tenant=tenant, timezone="Asia/Shanghai", holidays=[date(2027, 1, 1)],
                              targets={"P2": {"respond": 30, "resolve": 120, "around_the_clock": False}})
-    policy = policy_for(tenant.pk)
+    policy = sla_policy_for(tenant.pk)
     assert policy.calendar.timezone == "Asia/Shanghai" and date(2027, 1, 1) in policy.calendar.holidays
     assert policy.targets["P2"]["respond"] == 30
 
