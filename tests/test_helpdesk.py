@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -109,6 +110,12 @@ def test_main_job_creates_one_helpdesk_ticket_with_the_key(committed):
     assert ticket["title"] == action.params["title"]
     assert ticket["priority"] == {"P1": 1, "P2": 2, "P3": 3, "P4": 4}[action.params["priority"]]
     assert "PRN-0417" in ticket["description"]
+    # the service levels' due date, approved with the parameters, is the helpdesk ticket's due date
+    full = httpx.get(f"{HelpdeskConnector().base_url}/helpdesk/api/tickets/{ticket['id']}/",
+                     headers={"Authorization": f"Token {TOKEN}"})
+    assert full.status_code == 200, full.text
+    assert action.params["due_at"] and datetime.fromisoformat(full.json()["due_date"].replace("Z", "+00:00")) == \
+        datetime.fromisoformat(action.params["due_at"])
 
 
 def test_response_lost_after_helpdesk_committed_is_adopted_by_reconciliation(committed, hd):

@@ -39,6 +39,9 @@ TICKET_CREATE_SCHEMA = {
         # Empty when no readable procedure covers the report (the draft says so); the parser's
         # business rules require citations whenever the retrieval found relevant evidence.
         "evidence": {"type": "array", "items": {"type": "string"}, "maxItems": 10},
+        # When the ticket is due to be resolved (the tenant's service levels, apps/tickets/sla.py),
+        # set by the agent from the policy, never by the model: UTC, to the second.
+        "due_at": {"type": "string", "pattern": r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\+00:00$"},
     },
 }
 

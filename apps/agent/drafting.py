@@ -33,6 +33,8 @@ from apps.tasks.reducer import v3 as reducer_v3
 from apps.tasks.runs import checkpoint
 from apps.tasks.store import task_append_event
 from apps.tasks.usage import BudgetExceeded
+from apps.tickets.selectors import sla_policy_for
+from apps.tickets.sla import SlaConfigError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ def propose(task: Task, lease: Lease) -> bool:
         state = task.state
     else:
         draft = _model_call(task, state)
+    draft = with_due_date(task, draft)
     digest = plan(state, draft)["digest"]
     if digest in state["rejected_digests"]:
         # The local drafter is deterministic: it cannot propose something materially different.
@@ -65,6 +68,23 @@ def propose(task: Task, lease: Lease) -> bool:
                  "proposed_at": timezone.now().isoformat()},
     )
     return True
+
+
+def with_due_date(task: Task, draft: dict) -> dict:
+    """``draft`` with its ticket's ``due_at``: when a ticket at the draft's priority is due to be
+    resolved under the tenant's service levels, counted from the request's filing (apps/tickets/sla.py).
+    The policy decides it, never the model; it is recorded with the draft (``draft.proposed``) and
+    so approved and sent as part of the ticket's parameters. A draft without a ticket, or a tenant
+    whose SLA policy cannot give a date (logged), is returned as it is."""
+    ticket = draft.get("ticket") if isinstance(draft, dict) else None
+    if not isinstance(ticket, dict):
+        return draft
+    try:
+        due = sla_policy_for(task.tenant_id).deadlines(task.created_at, ticket.get("priority")).resolve_by
+    except SlaConfigError as exc:
+        log.warning("tenant %s: no due date for task %s's ticket: %s", task.tenant_id, task.pk, exc)
+        return draft
+    return {**draft, "ticket": {**ticket, "due_at": due.isoformat(timespec="seconds")}}
 
 
 def _model_call(task: Task, state: dict) -> dict:

@@ -67,6 +67,8 @@ class HelpdeskConnector(HttpConnector):
         payload = {"queue": self.queue_id, "title": params["title"], "description": description,
                    "priority": HELPDESK_PRIORITY.get(params.get("priority"), 3),
                    "custom_faultdesk_key": idempotency_key}
+        if params.get("due_at"):  # the service levels' resolve-by date (apps/tickets/sla.py)
+            payload["due_date"] = params["due_at"]
         resp = self._send("POST", "/helpdesk/api/tickets/", what="create", timeout=timeout, json=payload)
         if resp.status_code == 201:
             return self._receipt(json_body(resp, "create"), replayed=False)

@@ -7,6 +7,7 @@ which the HTTP layer turns into a JSON error response.
 import hashlib
 import json
 import re
+from datetime import datetime
 
 PRIORITIES = ("P1", "P2", "P3", "P4")
 STATUSES = ("open", "in_progress", "resolved", "closed")
@@ -29,7 +30,7 @@ _CREATE_STRINGS = {
 }
 # field -> (maximum items, maximum item length)
 _CREATE_LISTS = {"labels": (50, 100), "evidence": (100, 2_000)}
-_CREATE_FIELDS = {*_CREATE_STRINGS, *_CREATE_LISTS, "priority"}
+_CREATE_FIELDS = {*_CREATE_STRINGS, *_CREATE_LISTS, "priority", "due_at"}
 _PATCH_FIELDS = {"status", "priority", "assignee", "comment"}
 
 
@@ -120,18 +121,36 @@ def _priority(payload):
     return value
 
 
+def _due_at(payload):
+    """The optional ``due_at``: an ISO 8601 date and time with its offset, at most 40 characters;
+    returned as given, or None when absent."""
+    value = payload.get("due_at")
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value) if isinstance(value, str) and len(value) <= 40 else None
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise invalid("due_at: must be an ISO 8601 date and time with its UTC offset")
+    return value
+
+
 def validate_create(payload):
     """Validate a ``POST /tickets`` body; return the ticket fields with defaults.
 
     Returns ``{"title", "description", "priority", "device", "requester",
-    "tenant", "labels", "evidence"}``. Raises 400 ``invalid_params`` for unknown
-    fields, missing required fields (title, priority, device, tenant) or values
-    of the wrong type or length.
+    "tenant", "labels", "evidence"}``, and ``"due_at"`` when the body gives one.
+    Raises 400 ``invalid_params`` for unknown fields, missing required fields
+    (title, priority, device, tenant) or values of the wrong type or length.
     """
     _unknown_fields(payload, _CREATE_FIELDS)
     fields = {name: _string(payload, name, *spec) for name, spec in _CREATE_STRINGS.items()}
     fields["priority"] = _priority(payload)
     fields.update({name: _string_list(payload, name, *spec) for name, spec in _CREATE_LISTS.items()})
+    due = _due_at(payload)
+    if due is not None:
+        fields["due_at"] = due
     return fields
 
 

@@ -257,3 +257,23 @@ def test_runs_as_a_process_with_env_api_key(tmp_path):
     assert proc.returncode == 0, output
     assert "listening on" in output
 
+
+
+@pytest.mark.parametrize("due", ["2026-12-07T17:00:00+00:00", "2026-12-07T09:00:00+08:00"])
+def test_a_ticket_keeps_the_due_date_it_was_created_with(server, due):
+    status, _headers, ticket = create(server, f"due-{due}", {**TICKET, "due_at": due})
+    assert status == 201 and ticket["due_at"] == due
+    assert call(server, "GET", f"/tickets/{ticket['id']}")[2]["due_at"] == due
+
+
+@pytest.mark.parametrize("due", ["tomorrow", "2026-12-07T17:00:00", "2026-13-07T17:00:00+00:00", 1733590800,
+                                 "2026-12-07T17:00:00+00:00" + " " * 40])
+def test_a_due_date_that_is_not_an_aware_iso_datetime_is_a_clear_400(server, due):
+    status, _headers, body = create(server, "due-bad", {**TICKET, "due_at": due})
+    assert status == 400 and body["error"] == "invalid_params" and body["detail"].startswith("due_at:")
+    assert effects(server, "due-bad") == 0
+
+
+def test_a_ticket_without_a_due_date_has_none(server):
+    status, _headers, ticket = create(server, "due-none")
+    assert status == 201 and "due_at" not in ticket
