@@ -54,6 +54,20 @@ class UserLanguageMiddleware:
         return self.get_response(request)
 
 
+def language_activate_saved(user, request: HttpRequest | None) -> str | None:
+    """Activate ``user``'s saved language for the rest of this request (for a request signed in
+    without a session, e.g. HTTP Basic on the API); returns it, or None when the user saved none
+    (the cookie or Accept-Language then stands). One query."""
+    from apps.accounts.models import LanguagePreference
+
+    code = supported(LanguagePreference.objects.filter(user=user).values_list("language", flat=True).first())
+    if code is not None:
+        translation.activate(code)
+        if request is not None:
+            request.LANGUAGE_CODE = code
+    return code
+
+
 @receiver(user_logged_in, dispatch_uid="accounts.language_at_sign_in")
 def language_at_sign_in(sender, request, user, **kwargs) -> None:
     """Copy ``user``'s saved language into the new session (one read, at sign-in only)."""

@@ -14,6 +14,8 @@ from drf_spectacular.authentication import BasicScheme
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
+from apps.accounts.language import language_activate_saved
+
 
 def lockout_response(request: HttpRequest, original_response=None, credentials: dict | None = None) -> HttpResponse:
     """A 429 for ``request`` whose sign-in is locked out (``credentials`` as axes passes them)."""
@@ -68,7 +70,11 @@ class LockoutAwareBasicAuthentication(BasicAuthentication):
     def authenticate_credentials(self, userid, password, request=None):
         if "\x00" in userid or "\x00" in password or len(userid) > MAX_USERNAME:
             raise AuthenticationFailed(_("Invalid username/password."))
-        return super().authenticate_credentials(userid, password, getattr(request, "_request", request))
+        user, auth = super().authenticate_credentials(userid, password, getattr(request, "_request", request))
+        # A request signed in by HTTP Basic has no session to carry the user's saved language
+        # (apps/accounts/language.py): read it now, so the answer speaks the user's language.
+        language_activate_saved(user, getattr(request, "_request", request))
+        return user, auth
 
 
 class LockoutAwareBasicScheme(BasicScheme):

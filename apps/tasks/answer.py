@@ -74,7 +74,7 @@ _NONE_ZH = {
 }
 
 
-def _reason_zh(selection: dict, device: dict) -> str | None:
+def reason_zh(selection: dict, device: dict) -> str | None:
     """The Chinese sentence for why nothing was cited, or None when the selection does not say
     why (an event recorded before the check said so; its English reason stands)."""
     signals = selection.get("signals") or {}
@@ -152,7 +152,7 @@ def knowledge_compose(state: dict) -> dict:
     if not evidence:
         reason = selection.get("reason") or "No procedure you may read covers this report."
         if t is _TEXT["zh"]:
-            reason = _reason_zh(selection, device) or reason
+            reason = reason_zh(selection, device) or reason
         lines += [t["none"].format(reason=reason), t["no_steps"]]
     else:
         reason = selection.get("reason", "")

@@ -117,3 +117,21 @@ def test_api_errors_follow_the_language(requester):
     assert "该字段是必填项。" in resp.content.decode()
     resp = client.post("/api/tasks/", {}, content_type="application/json", **EN)
     assert "This field is required." in resp.content.decode()
+
+
+@pytest.mark.django_db
+def test_http_basic_on_the_api_answers_in_the_users_saved_language(requester):
+    import base64
+    import uuid
+
+    requester.set_password("pw-basic")
+    requester.save()
+    LanguagePreference.objects.create(user=requester, language="zh-hans")
+    auth = "Basic " + base64.b64encode(b"riley:pw-basic").decode()
+    resp = Client().get(f"/api/tasks/{uuid.uuid4()}/", HTTP_AUTHORIZATION=auth, **EN)
+    assert resp.status_code == 404
+    assert resp["Content-Language"] == "zh-hans"
+    assert resp.json()["error"] == "not_found"
+    LanguagePreference.objects.filter(user=requester).delete()
+    english = Client().get(f"/api/tasks/{uuid.uuid4()}/", HTTP_AUTHORIZATION=auth, **EN)
+    assert english["Content-Language"] == "en" and english.json()["detail"] != resp.json()["detail"]

@@ -1,0 +1,62 @@
+"""The reader's-language renderings of recorded English (apps/traces/templatetags/labels.py): an
+English reader reads exactly what was recorded; a Chinese reader the same facts in Chinese; what
+cannot be rebuilt is shown as recorded, never dropped."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from django.utils import translation
+
+from apps.traces.templatetags.labels import effects, reason_label, selection_reason, status_label
+
+CREATE = SimpleNamespace(
+    tool="ticket.create", object_id="17", object_version=3, params={"device": "UPS-0007", "priority": "P2"},
+    side_effects="Creates one ticket in the reference ticket service for UPS-0007 with priority P2. "
+                 "A person must approve: security scope cited")
+COMMENT = SimpleNamespace(
+    tool="ticket.comment", object_id="REF-000001", object_version=4, params={},
+    side_effects="Adds one comment to ticket REF-000001 in django-helpdesk, only while the ticket is still at "
+                 "version 4 (If-Match); no new ticket.")
+CLOSE = SimpleNamespace(
+    tool="ticket.update", object_id="REF-000002", object_version=2, params={},
+    side_effects="Compensation: closes ticket REF-000002 in the reference ticket service, which was created "
+                 "although the request was cancelled; only while the ticket is still at version 2 (If-Match). "
+                 "Rejecting leaves the ticket open.")
+STATE = {"selection": {"outcome": "answered", "reason": "UPS v1 bears on this report: the device reports "
+                                                       "UPS-BATT-017, which it covers.",
+                       "primary": {"title": "UPS", "why": "the device reports UPS-BATT-017, which it covers"}},
+         "evidence": [{"version": "1"}]}
+
+
+def test_an_english_reader_reads_exactly_what_was_recorded():
+    with translation.override("en"):
+        for approval in (CREATE, COMMENT, CLOSE):
+            assert effects(approval) == approval.side_effects
+        assert selection_reason(STATE) == STATE["selection"]["reason"]
+        assert reason_label("dispatch_failed: 503") == "sending failed: 503"
+
+
+def test_a_chinese_reader_reads_the_same_facts_in_chinese():
+    with translation.override("zh-hans"):
+        assert effects(CREATE) == ("在参考工单服务中为 UPS-0007 创建一个优先级为 P2 的工单。 "
+                                   "必须由人审批：security scope cited")
+        comment = effects(COMMENT)
+        assert "django-helpdesk" in comment and "REF-000001" in comment and "版本 4" in comment
+        assert effects(CLOSE).startswith("补偿：") and "REF-000002" in effects(CLOSE)
+        assert selection_reason(STATE) == "《UPS》v1 与此报告相关：设备报告了 UPS-BATT-017，该规程涵盖此告警。"
+        assert reason_label("ticket_created") == "已创建工单"
+        assert reason_label("dispatch_failed: HTTP 503") == "发送失败: HTTP 503"
+        assert status_label("WAITING_APPROVAL") == "等待审批"
+
+
+def test_what_cannot_be_rebuilt_is_shown_as_recorded():
+    odd = SimpleNamespace(tool="ticket.create", object_id="1", object_version=1, params={},
+                          side_effects="Something only a newer build writes.")
+    with translation.override("zh-hans"):
+        assert effects(odd) == odd.side_effects
+        unknown = {"selection": {"outcome": "answered", "reason": "X", "primary": {"title": "T", "why": "new why"}},
+                   "evidence": [{"version": "1"}]}
+        assert selection_reason(unknown) == "X"
+        assert reason_label("something_new: x") == "something_new: x"
+        assert status_label("NEW_STATUS") == "NEW_STATUS" and reason_label(None) is None
