@@ -59,7 +59,7 @@ test: $(STAMP) catalogues
 	@$(MAKE) -s browser || echo "warning: Debian's chromium could not be installed; the browser tests will fail"
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## make browser — Debian's chromium (and a Chinese font) for the browser tests (apt-get, as root or with passwordless sudo);
+## make browser — Debian's chromium (with a Chinese font) and GNU gettext for the browser and catalogue tests (apt-get, as root or with passwordless sudo);
 ## Playwright drives it, never a browser of its own
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -68,6 +68,12 @@ browser:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -q >/dev/null && \
 	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }; }
+	@# GNU gettext's xgettext: the catalogue-completeness test and make messages read the marked strings with it
+	@command -v xgettext >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi; \
+	  echo "installing GNU gettext for the catalogue test"; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gettext >/dev/null 2>&1 || \
+	  echo "warning: GNU gettext could not be installed; the catalogue test will fail"; }
 	@# a CJK font, so that the Chinese pages' screenshots show characters, not empty boxes
 	@fc-list :lang=zh 2>/dev/null | grep -q . || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi; \

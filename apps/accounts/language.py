@@ -16,8 +16,11 @@ authentication middleware, applies 1."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
+from django.core import checks
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.utils import translation
@@ -109,3 +112,19 @@ def language_set(request: HttpRequest) -> HttpResponse:
                         secure=settings.LANGUAGE_COOKIE_SECURE or request.is_secure(),
                         httponly=settings.LANGUAGE_COOKIE_HTTPONLY, samesite=settings.LANGUAGE_COOKIE_SAMESITE or "Lax")
     return response
+
+
+@checks.register(checks.Tags.translation)
+def catalogues_compiled(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """``faultdesk.W101``: a translation catalogue (``LOCALE_PATHS``) whose compiled ``.mo`` is
+    missing or older than its ``.po`` — its language would show English, or yesterday's words.
+    The install step compiles them (``python -m tools.i18n compile``); an image build must too."""
+    problems = []
+    for root in settings.LOCALE_PATHS:
+        for po in sorted(Path(root).glob("*/LC_MESSAGES/*.po")):
+            mo = po.with_suffix(".mo")
+            if not mo.exists() or mo.stat().st_mtime < po.stat().st_mtime:
+                problems.append(checks.Warning(
+                    f"the translation catalogue {po} is not compiled (or its .mo is older than the .po)",
+                    hint="run `python -m tools.i18n compile` (make install does)", id="faultdesk.W101"))
+    return problems

@@ -135,3 +135,28 @@ def test_http_basic_on_the_api_answers_in_the_users_saved_language(requester):
     LanguagePreference.objects.filter(user=requester).delete()
     english = Client().get(f"/api/tasks/{uuid.uuid4()}/", HTTP_AUTHORIZATION=auth, **EN)
     assert english["Content-Language"] == "en" and english.json()["detail"] != resp.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_error_pages_speak_the_readers_language_and_carry_the_chooser(requester, approver):
+    client = Client()
+    client.force_login(approver)
+    forbidden = client.get(reverse("request-new"), **ZH)  # an approver may not file requests
+    assert forbidden.status_code == 403
+    html = forbidden.content.decode()
+    assert "不允许" in html and 'action="/language/"' in html and '<html lang="zh-hans">' in html
+    missing = client.get("/tasks/00000000-0000-0000-0000-000000000000/", **ZH)
+    assert missing.status_code == 404 and "未找到" in missing.content.decode()
+    assert "Not found" in client.get("/tasks/00000000-0000-0000-0000-000000000000/", **EN).content.decode()
+
+
+def test_the_catalogue_check_warns_when_a_catalogue_is_not_compiled(tmp_path, settings):
+    from apps.accounts.language import catalogues_compiled
+
+    po = tmp_path / "xx" / "LC_MESSAGES" / "django.po"
+    po.parent.mkdir(parents=True)
+    po.write_text('msgid ""\nmsgstr ""\n')
+    settings.LOCALE_PATHS = [tmp_path]
+    assert [w.id for w in catalogues_compiled()] == ["faultdesk.W101"]
+    po.with_suffix(".mo").write_bytes(b"")
+    assert catalogues_compiled() == []
