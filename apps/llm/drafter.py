@@ -10,10 +10,48 @@ from __future__ import annotations
 
 import json
 
+from apps.evidence.governance import is_chinese
 from apps.evidence.guidance import guidance_build
 
 PROMPT_TEMPLATE_VERSION = "ticket-draft/2"
-LOCAL_MODEL_ID = "local-drafter/1"
+#: ``/2``: a report in Chinese gets its question and the ticket's own sentences in Chinese, and
+#: is measured in characters that each carry a word's meaning (see :func:`_too_short`)
+LOCAL_MODEL_ID = "local-drafter/2"
+
+#: the drafter's own sentences, in the language of the report (quoted procedure text stays as written)
+_TEXT = {
+    "en": {
+        "question": "Describe the symptom in a sentence: what you see, since when, and what you tried.",
+        "reported": "Reported by {requester}: {symptom}",
+        "state": "Device state at read time (object version {version}): {summary}.",
+        "summary": "{tag} ({kind}, {site}) is {state} with {alert}",
+        "no_alert": "no active alert", "unknown_site": "unknown site",
+        "procedure": "Procedure: {title} v{version} ({source})", "stale": " — STALE: {reason}",
+        "code": "Code: ", "safety": "Safety: ",
+        "none": "No procedure cited: {reason} A ticket is proposed without a procedure.",
+    },
+    "zh": {
+        "question": "请用一句话描述故障现象：看到了什么、从什么时候开始、已经尝试过什么。",
+        "reported": "报告人 {requester}：{symptom}",
+        "state": "读取时的设备状态（对象版本 {version}）：{summary}。",
+        "summary": "{tag}（{kind}，{site}）状态为 {state}，{alert}",
+        "no_alert": "无活动告警", "unknown_site": "站点未知",
+        "procedure": "处理规程：《{title}》v{version}（{source}）", "stale": " — 待复核：{reason}",
+        "code": "告警代码：", "safety": "安全：",
+        "none": "未引用处理规程：{reason} 在没有处理规程的情况下提出工单。",
+    },
+}
+#: a report shorter than this says too little to act on; a CJK character counts as :data:`_CJK_WEIGHT`
+_MIN_REPORT = 12
+_CJK_WEIGHT = 3
+
+
+def _too_short(text: str) -> bool:
+    """Whether ``text`` is too short to act on: under :data:`_MIN_REPORT` characters, where a
+    Chinese, Japanese or Korean character — which carries about a word — counts three times
+    (打印机一直卡纸, "the printer keeps jamming", is a whole report; 坏了, "broken", is not)."""
+    weight = sum(_CJK_WEIGHT if "\u2e80" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" else 1 for ch in text)
+    return weight < _MIN_REPORT
 
 _PRIORITY_BY_URGENCY = {"critical": 1, "high": 2, "normal": 3, "low": 4}
 _BUMP_STATES = {"fault": -1, "offline": -1, "degraded": 0, "ok": 0}
@@ -78,25 +116,27 @@ def local_draft(
     Returns ``{"ticket": {title, description, priority, device, tenant, requester, labels,
     evidence}, "alert_summary": str, "missing_information": [str], "model": str}``. Priority:
     urgency (critical P1 … low P4), one level higher when the device is in ``fault``/``offline``
-    or of high criticality, bounded to P1..P4. Missing information: a symptom under 12 characters
-    once the requester's ``answers`` to earlier questions are added to it.
+    or of high criticality, bounded to P1..P4. Missing information: a symptom too short to act on
+    (:func:`_too_short`) once the requester's ``answers`` to earlier questions are added to it.
+    The drafter's own sentences (the question, the description's labels) are in the report's
+    language, English or Chinese; quoted procedure text stays as written.
     """
     symptom = " ".join(part.strip() for part in [request["symptom"], *answers] if part.strip())
+    words = _TEXT["zh" if is_chinese(symptom) else "en"]
     level = _PRIORITY_BY_URGENCY.get(request.get("urgency", "normal"), 3)
     level += _BUMP_STATES.get(device.get("state", "ok"), 0) + min(0, _CRITICALITY.get(device.get("criticality"), 0))
     priority = f"P{min(4, max(1, level))}"
-    alert = device.get("alert_code") or "no active alert"
-    alert_summary = f"{device['asset_tag']} ({device['kind']}, {device.get('site') or 'unknown site'}) " \
-                    f"is {device['state']} with {alert}"
+    alert = device.get("alert_code") or words["no_alert"]
+    alert_summary = words["summary"].format(tag=device["asset_tag"], kind=device["kind"],
+                                            site=device.get("site") or words["unknown_site"], state=device["state"],
+                                            alert=alert)
     if device.get("alert_message"):
         alert_summary += f": {device['alert_message']}"
-    missing = []
-    if len(symptom) < 12:
-        missing.append("Describe the symptom in a sentence: what you see, since when, and what you tried.")
+    missing = [words["question"]] if _too_short(symptom) else []
     description = (
-        f"Reported by {requester}: {symptom}\n\n"
-        f"Device state at read time (object version {device['version']}): {alert_summary}.\n\n"
-        + _procedure_text(evidence, device, selection)
+        words["reported"].format(requester=requester, symptom=symptom) + "\n\n"
+        + words["state"].format(version=device["version"], summary=alert_summary) + "\n\n"
+        + _procedure_text(evidence, device, selection, words)
     )
     labels = sorted({device["kind"], f"site:{device.get('site') or 'unknown'}", "faultdesk"})
     ticket = {
@@ -120,12 +160,13 @@ def local_draft(
     }
 
 
-def _procedure_text(evidence: list[dict], device: dict, selection: dict | None) -> str:
+def _procedure_text(evidence: list[dict], device: dict, selection: dict | None, words: dict) -> str:
     """The draft's procedure part: the selected procedure's code line, safety lines and steps,
-    quoted whole with ``[document vN §section]``; or why no procedure is cited."""
+    quoted whole with ``[document vN §section]``; or why no procedure is cited. ``words``: the
+    drafter's sentences in the report's language (:data:`_TEXT`)."""
     if not evidence:
         reason = (selection or {}).get("reason") or "No procedure you may read covers this report."
-        return f"No procedure cited: {reason} A ticket is proposed without a procedure."
+        return words["none"].format(reason=reason)
     codes = ((selection or {}).get("signals") or {}).get("report_codes") or []
     guide = guidance_build(evidence, alert_code=(codes[0] if codes else None) or device.get("alert_code") or None)
     doc = guide["document"]
@@ -133,10 +174,10 @@ def _procedure_text(evidence: list[dict], device: dict, selection: dict | None) 
     def cite(q) -> str:
         return f"{q.text} [{doc['title']} v{doc['version']} §{q.section}]"
 
-    lines = [f"Procedure: {doc['title']} v{doc['version']} ({doc['source']})"
-             + (f" — STALE: {doc['stale_reason']}" if doc["stale"] else "")]
+    lines = [words["procedure"].format(title=doc["title"], version=doc["version"], source=doc["source"])
+             + (words["stale"].format(reason=doc["stale_reason"]) if doc["stale"] else "")]
     if guide["code"] is not None:
-        lines.append(f"Code: {cite(guide['code'])}")
-    lines += [f"Safety: {cite(q)}" for q in guide["safety"]]
+        lines.append(words["code"] + cite(guide["code"]))
+    lines += [words["safety"] + cite(q) for q in guide["safety"]]
     lines += [f"{i}. {cite(q)}" for i, q in enumerate(guide["steps"], start=1)]
     return "\n".join(lines)
