@@ -28,16 +28,23 @@ PO = BASE_DIR / "config" / "locale" / "zh_Hans" / "LC_MESSAGES" / "django.po"
 TEMPLATES = sorted((BASE_DIR / "templates").rglob("*.html")) + sorted((BASE_DIR / "apps").glob("*/templates/**/*.html"))
 #: literals that read the same in every language: the product's name, units, protocol words
 SAME_IN_EVERY_LANGUAGE = {"faultdesk", "UTC", "JSON", "If-Match", "p50", "p95", "ms", "SQL", "HTTP", "API", "ID",
-                          "OK", "CSV", "v", "s"}
-#: attributes whose literal value a person reads
-READ_ATTRIBUTES = {"placeholder", "title", "aria-label", "alt", "label"}
+                          "OK", "CSV", "v", "s", "en"}  # "en": a locale code, the default of a document's locale
+#: attributes whose literal value a person reads (and ``value`` on a button-like ``input``)
+READ_ATTRIBUTES = {"placeholder", "title", "aria-label", "aria-description", "alt", "label", "hx-confirm",
+                   "hx-prompt", "data-confirm"}
+BUTTON_INPUTS = {"submit", "button", "reset"}
+#: a quoted literal a person reads inside a template variable or tag: a filter's text argument, a
+#: ``firstof`` fallback, a value passed with ``with`` (to an include or a block)
+_LITERAL_IN_VAR = re.compile(r"""\|(?:default|default_if_none|yesno|pluralize)\s*:\s*(["'])(.*?)\1""")
+_LITERAL_IN_TAG = re.compile(r"""(?:^firstof\b.*?|\bwith\b.*?\w+=)(["'])(.*?)\1""")
 HOLE = "\x01"  # where a template variable, tag or translated text was
 
 
 def _untranslated_source(path: Path) -> str:
     """``path``'s source with every template tag and variable, every translated region, every
     comment and verbatim block replaced by :data:`HOLE`: what is left is the literal markup and
-    text the template sends as it is."""
+    text the template sends as it is. A literal a person reads inside a variable or tag (see
+    :data:`_LITERAL_IN_VAR`) is kept, as text beside the hole."""
     out, skip_until = [], None
     for token in Lexer(path.read_text(encoding="utf-8")).tokenize():
         if token.token_type == TokenType.BLOCK:
@@ -52,11 +59,16 @@ def _untranslated_source(path: Path) -> str:
             elif name in ("comment", "verbatim"):
                 skip_until = "end" + name
             out.append(HOLE)
+            if name not in ("translate", "trans", "blocktranslate", "blocktrans", "url", "load", "extends"):
+                out += [HOLE + m.group(2) + HOLE for m in _LITERAL_IN_TAG.finditer(token.contents)]
         elif skip_until:
             continue
         elif token.token_type == TokenType.TEXT:
             out.append(token.contents)
-        else:  # a variable or a {# comment #}
+        elif token.token_type == TokenType.VAR:
+            out.append(HOLE)
+            out += [HOLE + m.group(2) + HOLE for m in _LITERAL_IN_VAR.finditer(token.contents)]
+        else:  # a {# comment #}
             out.append(HOLE)
     return "".join(out)
 
@@ -73,6 +85,8 @@ class _ReadText(HTMLParser):
         if tag in ("script", "style"):
             self._hidden += 1
         self.found += [value for name, value in attrs if name in READ_ATTRIBUTES and value]
+        if tag == "input" and (dict(attrs).get("type") or "").lower() in BUTTON_INPUTS and dict(attrs).get("value"):
+            self.found.append(dict(attrs)["value"])
 
     def handle_endtag(self, tag):
         if tag in ("script", "style") and self._hidden:
@@ -102,16 +116,24 @@ def test_every_template_literal_a_person_reads_is_marked_for_translation():
 
 def test_the_check_finds_an_unmarked_string_and_passes_a_marked_one(tmp_path):
     bad = tmp_path / "bad.html"
-    bad.write_text('{% load i18n %}<p title="Hover me">{% translate "Fine" %} Not fine {{ x }}</p>')
+    bad.write_text('{% load i18n %}<p title="Hover me">{% translate "Fine" %} Not fine {{ x }}</p>'
+                   '<input type="submit" value="Send now"><button hx-confirm="Really delete?">{{ y }}</button>'
+                   '{{ z|default:"not set" }}{{ n|pluralize:"y,ies" }}{% firstof a "Nothing yet" %}'
+                   '{% include "x.html" with label="Go on" %}')
     good = tmp_path / "good.html"
     good.write_text('{% load i18n %}<p title="{% translate "Hover" %}">{% blocktranslate trimmed with n=x %}'
-                    'Fine {{ n }} here{% endblocktranslate %} {{ x|date:"Y-m-d" }} faultdesk</p>')
+                    'Fine {{ n }} here{% endblocktranslate %} {{ x|date:"Y-m-d" }} faultdesk</p>'
+                    '<input type="hidden" name="next" value="somewhere"><input type="text" value="typed">'
+                    '{% url "task-detail" t.id %}{{ z|default:"—" }}')
     found = []
     for path in (bad, good):
         reader = _ReadText()
         reader.feed(_untranslated_source(path))
         found.append([" ".join(piece.replace(HOLE, " ").split()) for piece in reader.found if _english_words(piece)])
-    assert found == [["Hover me", "Not fine"], []]
+    flagged = " | ".join(found[0])
+    for text in ("Hover me", "Not fine", "Send now", "Really delete?", "not set", "y,ies", "Nothing yet", "Go on"):
+        assert text in flagged, text
+    assert found[1] == []
 
 
 def _product_sources() -> list[str]:

@@ -7,21 +7,22 @@ approval is bound to the version it was based on (DESIGN.md §7).
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager
 
 
 class DeviceState(models.TextChoices):
-    OK = "ok", "OK"
-    DEGRADED = "degraded", "Degraded"
-    FAULT = "fault", "Fault"
-    OFFLINE = "offline", "Offline"
+    OK = "ok", _("OK")
+    DEGRADED = "degraded", _("Degraded")
+    FAULT = "fault", _("Fault")
+    OFFLINE = "offline", _("Offline")
 
 
 class Criticality(models.TextChoices):
-    LOW = "low", "Low"
-    MEDIUM = "medium", "Medium"
-    HIGH = "high", "High"
+    LOW = "low", _("Low")
+    MEDIUM = "medium", _("Medium")
+    HIGH = "high", _("High")
 
 
 class Device(models.Model):

@@ -12,7 +12,7 @@ class FaultRequestForm(forms.Form):
     def __init__(self, *args, devices=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["device"].choices = [
-            (d.pk, f"{d.asset_tag} — {d.name} ({d.site}) [{d.state}]") for d in devices
+            (d.pk, f"{d.asset_tag} — {d.name} ({d.site}) [{d.get_state_display()}]") for d in devices
         ]
 
 

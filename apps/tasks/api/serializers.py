@@ -4,6 +4,7 @@ import copy
 
 from django.conf import settings
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from rest_framework import serializers
 
 from apps.tasks.models import Task, Urgency
@@ -73,14 +74,16 @@ class TaskSerializer(serializers.ModelSerializer):
         return {**limits, "open_reservations": len(obj.state.get("reservations") or {})}
 
     def get_waiting_for(self, obj: Task) -> str | None:
-        return {
-            "WAITING_INPUT": "requester input",
-            "WAITING_APPROVAL": "an approver's decision",
-            "WAITING_RECONCILIATION": "reconciliation of an unknown outcome",
-            "COMPENSATING": "the compensation (closing the ticket created before the cancel): its approval or "
-                            "its delivery",
-            "WAITING_COMPENSATION": "an admin's decision on the failed compensation",
+        """What the task waits for, in the reader's language; None when it waits for nothing."""
+        waits = {
+            "WAITING_INPUT": _("requester input"),
+            "WAITING_APPROVAL": _("an approver's decision"),
+            "WAITING_RECONCILIATION": _("reconciliation of an unknown outcome"),
+            "COMPENSATING": _("the compensation (closing the ticket created before the cancel): its approval or "
+                              "its delivery"),
+            "WAITING_COMPENSATION": _("an admin's decision on the failed compensation"),
         }.get(obj.status)
+        return None if waits is None else str(waits)
 
     def get_links(self, obj: Task) -> dict:
         base = settings.FAULTDESK["PUBLIC_BASE_URL"].rstrip("/")
