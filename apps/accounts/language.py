@@ -22,11 +22,16 @@ from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
 from django.core import checks
 from django.dispatch import receiver
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.utils import translation
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
 
 #: the session key holding the signed-in user's saved language
 SESSION_KEY = "faultdesk_language"
@@ -83,7 +88,6 @@ def language_at_sign_in(sender, request, user, **kwargs) -> None:
         request.session[SESSION_KEY] = supported(code)
 
 
-@require_POST
 def language_set(request: HttpRequest) -> HttpResponse:
     """``POST /language/`` with ``language`` (a code of ``settings.LANGUAGES``) and an optional
     ``next`` (a path on this site): remember the choice — in the signed-in user's preference and
@@ -93,6 +97,9 @@ def language_set(request: HttpRequest) -> HttpResponse:
     ignored (the home page instead), so the chooser cannot be used as an open redirect."""
     from apps.accounts.models import LanguagePreference
 
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"], content=_("Choose a language with the chooser on any page."),
+                                      content_type="text/plain; charset=utf-8")
     code = supported(request.POST.get("language"))
     if code is None:
         choices = ", ".join(c for c, _name in settings.LANGUAGES)

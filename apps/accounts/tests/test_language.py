@@ -92,7 +92,8 @@ def test_the_chooser_never_redirects_off_the_site(target):
 
 @pytest.mark.django_db
 def test_the_chooser_takes_posts_only():
-    assert Client().get(reverse("language-set")).status_code == 405
+    resp = Client().get(reverse("language-set"), **ZH)
+    assert resp.status_code == 405 and resp["Allow"] == "POST" and "语言" in resp.content.decode()
 
 
 @pytest.mark.django_db

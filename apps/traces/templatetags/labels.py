@@ -25,9 +25,12 @@ from apps.tickets.connectors import CONNECTORS
 
 register = template.Library()
 
+#: the steps of a compensation (a task's ``state.compensation.status`` beyond the task statuses)
+COMPENSATION_LABELS = {"REPLANNING": gettext_lazy("reading the ticket again"), "DONE": gettext_lazy("done"),
+                       "RESOLVED": gettext_lazy("settled by an admin")}
 #: the vocabularies, searched in this order (a code in two of them reads as the first's label)
 VOCABULARIES = (STATUS_LABELS, dict(ApprovalStatus.choices), dict(ActionStatus.choices), dict(OutboxStatus.choices),
-                dict(AttemptOutcome.choices), dict(Urgency.choices))
+                dict(AttemptOutcome.choices), dict(Urgency.choices), COMPENSATION_LABELS)
 
 
 @register.filter
