@@ -47,10 +47,11 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> 
 
 
 def tasks_with_orphaned_reservations(*, now: datetime, limit: int = 200) -> list[str]:
-    """Ids of ended ``reducer/3`` tasks (a cancel: completion and failure release their own) that
-    still hold open reservations while nobody holds their lease — the activity's worker died
-    after the cancel. The sweeper releases those reservations."""
+    """Ids of ended tasks whose reducer keeps a ledger (``reducer/3`` on) that still hold open
+    reservations while nobody holds their lease (a cancel: completion and failure release their
+    own) — the activity's worker died after the cancel. The sweeper releases those reservations."""
     free = Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now)
-    rows = (Task.objects.filter(status__in=reducer.TERMINAL, artifact_bundle__reducer="reducer/3")
+    ledgers = [version for version in reducer.FEATURES if reducer.supports(version, "ledger")]
+    rows = (Task.objects.filter(status__in=reducer.TERMINAL, artifact_bundle__reducer__in=ledgers)
             .exclude(state__reservations={}).filter(free).values_list("id", flat=True)[:limit])
     return [str(i) for i in rows]

@@ -28,6 +28,8 @@ OUTBOX_RECONCILE = "reconcile_unknown"
 SWEEP_LEASES = "sweep_leases"
 #: wake the tasks whose pending approval expired (queue ``agent``, beat): no arguments
 EXPIRE_APPROVALS = "expire_approvals"
+#: record the service-level breaches due now as ``sla.breached`` events (queue ``agent``, beat)
+MARK_SLA_BREACHES = "mark_sla_breaches"
 #: recount the full-text term frequencies of tenants whose chunks changed (queue ``tools``, beat)
 REFRESH_TERM_STATISTICS = "refresh_term_statistics"
 

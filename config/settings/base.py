@@ -267,6 +267,7 @@ CELERY_TASK_ROUTES = {
     "reconcile_unknown": {"queue": "outbox"},
     "settle_receipts": {"queue": "agent"},
     "expire_approvals": {"queue": "agent"},
+    "mark_sla_breaches": {"queue": "agent"},
     "refresh_term_statistics": {"queue": "tools"},
 }
 CELERY_BEAT_SCHEDULE = {
@@ -277,6 +278,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "reconciler": {"task": "reconcile_unknown", "schedule": timedelta(seconds=5)},
     "approval-expiry": {"task": "expire_approvals", "schedule": timedelta(seconds=30)},
+    "sla-breaches": {"task": "mark_sla_breaches", "schedule": timedelta(seconds=60)},
     "term-statistics": {"task": "refresh_term_statistics", "schedule": timedelta(seconds=60)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")

@@ -1,0 +1,53 @@
+"""δ version ``reducer/4``: service-level breaches on the record (issue: due dates and SLA;
+spec §16 events as the one record of what happened).
+
+``reducer/4`` is ``reducer/3`` (:mod:`apps.tasks.reducer.v3`) plus one event:
+
+* ``sla.breached`` — ``{"kind": "respond" | "resolve", "due": ISO datetime, "priority": "P1".."P4",
+  "observed_at": ISO datetime}``: the request was not answered (``respond``) or its ticket not
+  resolved (``resolve``) by its due date under the tenant's service levels. Legal in every status,
+  including the terminal ones (a ticket is resolved, or not, long after its request ended), once
+  per kind; it changes no status, only ``state["sla"][kind]``.
+"""
+
+from __future__ import annotations
+
+from apps.tasks.reducer import core
+from apps.tasks.reducer import v3 as r3
+from apps.tasks.reducer.core import require
+
+VERSION = "reducer/4"
+
+#: the due dates a breach can be of
+SLA_KINDS = ("respond", "resolve")
+
+
+def _sla_breached(s: dict, p: dict) -> None:
+    kind = p.get("kind")
+    require(kind in SLA_KINDS, s, "sla.breached", f"sla.breached needs a kind among {SLA_KINDS}")
+    require(isinstance(p.get("due"), str) and isinstance(p.get("observed_at"), str), s, "sla.breached",
+            "sla.breached needs its due date and when it was observed")
+    sla = dict(s.get("sla") or {})
+    require(kind not in sla, s, "sla.breached", f"the {kind} breach is already recorded")
+    sla[kind] = {"due": p["due"], "observed_at": p["observed_at"], "priority": p.get("priority")}
+    s["sla"] = sla
+
+
+#: The state table of ``reducer/4``: event type -> (statuses in which it is legal, handler).
+TRANSITIONS = {
+    **r3.TRANSITIONS,
+    "sla.breached": (frozenset(core.ALL_STATUSES), _sla_breached),
+}
+EVENT_TYPES = tuple(TRANSITIONS)
+
+
+def reduce(state: dict, event_type: str, payload: dict) -> dict:
+    """δ of ``reducer/4``: ``reducer/3``'s checks on the next state, over :data:`TRANSITIONS`.
+    Raises :class:`~apps.tasks.reducer.core.IllegalTransition` as ``reducer/3`` does, and for an
+    ``sla.breached`` without a known kind, its dates, or of a kind already recorded."""
+    nxt = core.reduce_with(TRANSITIONS, state, event_type, payload)
+    for dim in r3.LIMITS:
+        acct = nxt["limits"][dim]
+        if core.account_broken(acct):
+            raise core.IllegalTransition(state.get("status"), event_type, f"{dim} ledger invariant broken: {acct}")
+    return nxt

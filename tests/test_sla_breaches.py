@@ -1,0 +1,126 @@
+"""Service-level breaches recorded as events (apps/tasks/sla_breaches.py, ``reducer/4``): a request
+not answered by its respond-by date and a ticket not resolved by its due date each get one
+``sla.breached`` event, from the beat job, never twice, never while a worker holds the task, and
+the task still replays to its state."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from apps.approvals.models import ApprovalRequest
+from apps.approvals.services import approval_decide
+from apps.events.models import TaskEvent
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.replay import task_replay
+from apps.tasks.services import task_submit
+from apps.tasks.sla_breaches import sla_breaches_mark
+from apps.tickets.models import SlaPolicy, TicketMirror
+from tests.conftest import drive, p
+
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+PRIORITIES = ("P1", "P2", "P3", "P4")
+
+
+def _policy(tenant, respond: int, resolve: int) -> None:
+    SlaPolicy.objects.create(tenant=tenant, workdays=list(range(7)),
+                             targets={q: {"respond": respond, "resolve": resolve, "around_the_clock": True}
+                                      for q in PRIORITIES})
+
+
+def _filed_minutes_ago(requester, device, minutes: int) -> Task:
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
+    Task.objects.filter(pk=task.pk).update(created_at=timezone.now() - timedelta(minutes=minutes))
+    return drive(task.pk)
+
+
+@pytest.mark.django_db
+def test_a_request_not_answered_in_time_gets_one_respond_breach(client, requester, admin_user, device, kb, tenant):
+    _policy(tenant, respond=5, resolve=60)
+    task = _filed_minutes_ago(requester, device, 10)
+    assert task.status == reducer.WAITING_APPROVAL and task.artifact_bundle["reducer"] == "reducer/4"
+    assert sla_breaches_mark() == {"respond": 1, "resolve": 0}
+    [event] = TaskEvent.objects.filter(task=task, type="sla.breached")
+    assert event.payload["kind"] == "respond" and event.actor == "beat:sla"
+    assert event.payload["due"] == (task.created_at + timedelta(minutes=5)).isoformat(timespec="seconds")
+    task = Task.objects.get(pk=task.pk)
+    assert task.status == reducer.WAITING_APPROVAL and task.state["sla"]["respond"]["due"] == event.payload["due"]
+    assert sla_breaches_mark() == {"respond": 0, "resolve": 0}  # once per kind
+    assert task_replay(Task.objects.get(pk=task.pk)).ok
+    client.force_login(admin_user)
+    trace = client.get(f"/tasks/{task.pk}/trace/")
+    assert trace.status_code == 200 and "sla.breached" in trace.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_request_within_its_time_or_held_by_a_worker_is_left_alone(requester, device, kb, tenant):
+    _policy(tenant, respond=60, resolve=600)
+    in_time = _filed_minutes_ago(requester, device, 10)
+    late = _filed_minutes_ago(requester, device, 90)
+    Task.objects.filter(pk=late.pk).update(lease_owner="worker:elsewhere", lease_expires_at=timezone.now()
+                                           + timedelta(seconds=30))
+    assert sla_breaches_mark() == {"respond": 0, "resolve": 0}
+    Task.objects.filter(pk=late.pk).update(lease_owner=None, lease_expires_at=None)
+    assert sla_breaches_mark() == {"respond": 1, "resolve": 0}
+    assert not TaskEvent.objects.filter(task=in_time, type="sla.breached").exists()
+
+
+@pytest.mark.django_db
+def test_a_ticket_still_open_past_its_due_date_gets_a_resolve_breach_after_its_task_ended(
+        requester, approver, device, kb, tenant, refservice):
+    _policy(tenant, respond=1, resolve=5)
+    task = _filed_minutes_ago(requester, device, 10)  # its ticket was due 5 minutes after filing
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve", reason="ok")
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED
+    mirror = TicketMirror.objects.get(action__task=task)
+    assert mirror.status == "open"
+    assert sla_breaches_mark() == {"respond": 0, "resolve": 1}
+    [event] = TaskEvent.objects.filter(task=task, type="sla.breached")
+    assert event.payload["kind"] == "resolve" and event.payload["due"] == mirror.action.params["due_at"]
+    assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED
+    assert task_replay(Task.objects.get(pk=task.pk)).ok
+    assert sla_breaches_mark() == {"respond": 0, "resolve": 0}
+
+
+@pytest.mark.django_db
+def test_a_resolved_ticket_is_no_breach(requester, approver, device, kb, tenant, refservice):
+    _policy(tenant, respond=1, resolve=5)
+    task = _filed_minutes_ago(requester, device, 10)
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve", reason="ok")
+    task = drive(task.pk)
+    TicketMirror.objects.filter(action__task=task).update(status="resolved")
+    assert sla_breaches_mark() == {"respond": 0, "resolve": 0}
+
+
+@pytest.mark.django_db
+def test_tasks_pinned_to_an_older_reducer_are_not_touched(requester, device, kb, tenant):
+    _policy(tenant, respond=5, resolve=60)
+    task = _filed_minutes_ago(requester, device, 10)
+    Task.objects.filter(pk=task.pk).update(artifact_bundle={**task.artifact_bundle, "reducer": "reducer/3"})
+    assert sla_breaches_mark() == {"respond": 0, "resolve": 0}
+
+
+def test_the_reducer_refuses_a_second_breach_of_a_kind_and_an_unknown_kind():
+    state = {**reducer.initial_state(), "status": reducer.COMPLETED,
+             "limits": {d: {"total": 1, "used": 0, "reserved": 0} for d in ("tokens", "tool_calls", "retries")}}
+    once = reducer.reducer_for("reducer/4")(state, "sla.breached", {"kind": "resolve", "due": "x", "observed_at": "y"})
+    assert once["sla"]["resolve"]["due"] == "x" and once["status"] == reducer.COMPLETED
+    with pytest.raises(reducer.IllegalTransition):
+        reducer.reducer_for("reducer/4")(once, "sla.breached", {"kind": "resolve", "due": "x", "observed_at": "z"})
+    with pytest.raises(reducer.IllegalTransition):
+        reducer.reducer_for("reducer/4")(state, "sla.breached", {"kind": "lunch", "due": "x", "observed_at": "y"})
+    with pytest.raises(reducer.IllegalTransition):
+        reducer.reducer_for("reducer/3")(state, "sla.breached", {"kind": "resolve", "due": "x", "observed_at": "y"})
+
+
+def test_the_beat_runs_the_breach_job_every_minute():
+    assert settings.CELERY_BEAT_SCHEDULE["sla-breaches"] == {"task": "mark_sla_breaches",
+                                                             "schedule": timedelta(seconds=60)}
+    assert settings.CELERY_TASK_ROUTES["mark_sla_breaches"] == {"queue": "agent"}
