@@ -17,6 +17,7 @@ from apps.agent.common import (
     has_ledger,
     plans_comments,
 )
+from apps.agent.intent import joined_ticket_pending
 from apps.core import tool_errors as errors
 from apps.devices.selectors import device_read
 from apps.evidence.guard import injection_flags, refs_flags
@@ -74,6 +75,8 @@ def context_step(task: Task, lease: Lease) -> bool:
     the task moved on (the next step may follow), False when it stopped: failed, or the ticket
     system could not be read now (what was read is recorded; the sweeper brings the task back)."""
     gen, actor = lease.generation, actor_of(lease)
+    if joined_ticket_pending(task):
+        return False  # one ticket per fault: another report's ticket for this device is still being created
     reservation, timeout = None, None
     if has_ledger(task):
         calls = 2 + (task.state["evidence"] is None)  # device read, ticket read, retrieval

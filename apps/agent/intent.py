@@ -8,9 +8,10 @@ import logging
 import uuid
 
 from django.conf import settings
+from django.db import connection
 
 from apps.actions.digest import action_digest, idempotency_key
-from apps.actions.models import Action
+from apps.actions.models import Action, ActionStatus
 from apps.actions.registry import ParamsInvalid, params_validate, tool_get
 from apps.actions.services import action_create
 from apps.agent.common import (
@@ -26,11 +27,14 @@ from apps.approvals.models import ApprovalRequest
 from apps.core import sql
 from apps.outbox.direct import DirectSend, direct_attempt_open, direct_give_back
 from apps.outbox.services import outbox_enqueue
+from apps.tasks import reducer
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
 from apps.tasks.reducer import v3 as reducer_v3
+from apps.tasks.reducer.v4 import COALESCED_REASON
 from apps.tasks.store import refused_event_record, task_append_event, worker_identity
 from apps.tickets.connectors import CONNECTORS
+from apps.tickets.selectors import OPEN_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +105,17 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
                           payload={"approval_id": str(approval.pk), "reason": reason},
                           side_effects=invalidating(approval, reason))
         return True
+    if compensates is None and tool.name == "ticket.create":
+        joined = ticket_being_created(task, connector)
+        if joined is not None:
+            # One ticket per fault: another report's ticket for this device is being created (or
+            # just was): re-plan once it settled, to join it as a comment (reducer/4).
+            task_append_event(task=task, event_type="intent.deferred", actor=actor_of(lease),
+                              lease_generation=lease.generation,
+                              payload={"action_id": str(joined.pk), "task_id": str(joined.task_id),
+                                       "reason": f"{joined.tool} {joined.status} for device {task.device_id}"},
+                              side_effects=invalidating(approval, COALESCED_REASON) if approval is not None else None)
+            return True
     action_id = uuid.uuid4()
     key = idempotency_key(tenant_slug=task.tenant.slug, tool=tool.name, task_id=str(task.pk),
                           digest=digest, intent_seq=task.version + 1)
@@ -158,6 +173,51 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
         return False  # handed to the dispatcher in this transaction
     _DIRECT[(lease.task_id, lease.generation)] = send
     return True
+
+
+#: the advisory-lock namespace of the per-device ticket creation (first of two int4 keys), "fd" + "1t"
+_ONE_TICKET_NAMESPACE = 0x66643174
+#: actions of another report that a new ticket for the same device waits for: in flight, or not yet known
+IN_FLIGHT = (ActionStatus.INTENDED, ActionStatus.UNKNOWN)
+
+
+def ticket_being_created(task: Task, connector: str) -> Action | None:
+    """One ticket per fault (``reducer/4``'s ``coalesce``): the ``ticket.create`` of another task
+    of the same tenant and device that this task's new ticket would duplicate — one still in flight
+    (intended, or its outcome unknown), or one that created a ticket still open — or None.
+
+    Only where a report can join a ticket as a comment (a ticket system with conditional writes)
+    and for tasks whose reducer has the feature. Takes the device's advisory lock for the rest of
+    the run's transaction: two reports' intents for one device are decided one after the other, so
+    the second sees the first's action (committed with its intent) and defers instead of creating
+    a second ticket. One or two statements."""
+    if not reducer.supports((task.artifact_bundle or {}).get("reducer"), "coalesce") \
+            or not CONNECTORS[connector].supports_conditional_writes:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ONE_TICKET_NAMESPACE, task.device_id])
+    others = (Action.objects.for_tenant(task.tenant_id)
+              .filter(tool="ticket.create", connector=connector, compensates__isnull=True,
+                      task__device_id=task.device_id)
+              .exclude(task_id=task.pk))
+    pending = others.filter(status__in=IN_FLIGHT).order_by("created_at").first()
+    if pending is not None:
+        return pending
+    return (others.filter(status=ActionStatus.SUCCEEDED, ticket__status__in=OPEN_STATUSES)
+            .order_by("-created_at").first())
+
+
+def joined_ticket_pending(task: Task) -> bool:
+    """Whether ``task`` deferred its new ticket behind another report's (``state["coalesce"]``,
+    ``intent.deferred``) whose action is still in flight: the plan's reads wait until it settled
+    (the lease sweeper brings the task back every ``SWEEPER_IDLE_SECONDS``). One statement when
+    the task waits for one, none otherwise."""
+    waiting = (task.state or {}).get("coalesce")
+    if not waiting:
+        return False
+    status = Action.objects.for_tenant(task.tenant_id).filter(pk=waiting["action_id"]).values_list(
+        "status", flat=True).first()
+    return status in IN_FLIGHT
 
 
 #: rows this process's runs claimed at their intents and have not delivered yet, by (task id, lease

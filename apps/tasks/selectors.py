@@ -82,6 +82,8 @@ def task_now(task: Task) -> str:
         "COMPENSATING": _("Cancelled; handling the ticket that was created before the cancel."),
         "WAITING_COMPENSATION": _("Cancelled; an admin decides about the ticket that was created."),
     }
+    if state.get("coalesce") and task.status == "RETRIEVING":
+        return _("Another report about this device is creating its ticket: yours joins that ticket once it exists.")
     if task.is_terminal:
         if task.outcome_pending:
             return _("Still confirming the last change with the ticket system.")

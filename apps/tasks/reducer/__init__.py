@@ -86,12 +86,13 @@ def migrate_events(version: str, events: list[tuple[str, dict]]) -> tuple[str, l
 #: the device's open ticket, conditional on its version; conflicts re-plan), ``compensation`` (a
 #: ticket created although its request was cancelled is closed by an approved update), ``ledger``
 #: (the budget ledger over cost units, tokens, tool calls and retries, and recorded model calls),
-#: ``sla`` (service-level breaches recorded as events, ``reducer/4``).
+#: ``sla`` (service-level breaches recorded as events) and ``coalesce`` (one ticket per fault: a
+#: create deferred behind another report's, ``intent.deferred``), both ``reducer/4``.
 FEATURES: dict[str, frozenset[str]] = {
     v1.VERSION: frozenset(),
     v2.VERSION: frozenset({"comments", "compensation"}),
     v3.VERSION: frozenset({"comments", "compensation", "ledger"}),
-    v4.VERSION: frozenset({"comments", "compensation", "ledger", "sla"}),
+    v4.VERSION: frozenset({"comments", "compensation", "ledger", "sla", "coalesce"}),
 }
 
 
