@@ -1,10 +1,12 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_delete, post_migrate, post_save
+from django.utils.translation import gettext_lazy as _
 
 
 class AccountsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "apps.accounts"
+    verbose_name = _("Accounts and tenants")
     label = "accounts"
 
     def ready(self) -> None:

@@ -50,6 +50,8 @@ class Tenant(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        verbose_name = _("tenant")
+        verbose_name_plural = _("tenants")
         ordering = ["slug"]
 
     def __str__(self) -> str:
@@ -85,6 +87,8 @@ class Membership(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("membership")
+        verbose_name_plural = _("memberships")
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant_uniq")]
         ordering = ["tenant", "user"]
 
@@ -112,6 +116,10 @@ class LanguagePreference(models.Model):
                                 related_name="language_preference")
     language = models.CharField(max_length=16, choices=settings.LANGUAGES)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = _("language preference")
+        verbose_name_plural = _("language preferences")
 
     def __str__(self) -> str:
         return f"{self.user}: {self.language}"

@@ -57,6 +57,8 @@ class Action(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("action")
+        verbose_name_plural = _("actions")
         constraints = [
             models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="action_tenant_key_uniq"),
         ]
@@ -93,6 +95,8 @@ class ActionAttempt(models.Model):
     objects = scoped_manager("action__tenant_id")
 
     class Meta:
+        verbose_name = _("action attempt")
+        verbose_name_plural = _("action attempts")
         constraints = [models.UniqueConstraint(fields=["action", "number"], name="attempt_action_number_uniq")]
         ordering = ["action", "number"]
 

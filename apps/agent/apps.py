@@ -1,6 +1,8 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class AgentConfig(AppConfig):
     name = "apps.agent"
+    verbose_name = _("Agent")
     label = "agent"

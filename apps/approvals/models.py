@@ -28,6 +28,8 @@ class ApprovalPolicy(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("approval policy")
+        verbose_name_plural = _("approval policies")
         constraints = [models.UniqueConstraint(fields=["tenant", "version"], name="policy_tenant_version_uniq")]
         ordering = ["tenant", "-version"]
 
@@ -86,6 +88,8 @@ class ApprovalRequest(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("approval request")
+        verbose_name_plural = _("approval requests")
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["tenant", "status", "created_at"], name="approval_queue_idx"),
                    models.Index(fields=["tenant", "status", "respond_by"], name="approval_due_idx")]

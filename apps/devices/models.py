@@ -43,6 +43,8 @@ class Device(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("device")
+        verbose_name_plural = _("devices")
         constraints = [models.UniqueConstraint(fields=["tenant", "asset_tag"], name="device_tenant_asset_uniq")]
         ordering = ["tenant", "asset_tag"]
 

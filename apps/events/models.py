@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager, scoped_manager
 
@@ -28,6 +29,8 @@ class TaskEvent(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("task event")
+        verbose_name_plural = _("task events")
         constraints = [models.UniqueConstraint(fields=["task", "seq"], name="taskevent_task_seq_uniq")]
         ordering = ["task", "seq"]
 
@@ -51,6 +54,8 @@ class RefusedEvent(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("refused event")
+        verbose_name_plural = _("refused events")
         ordering = ["task", "recorded_at"]
 
     def __str__(self) -> str:
@@ -70,6 +75,8 @@ class TaskSnapshot(models.Model):
     objects = scoped_manager("task__tenant_id")
 
     class Meta:
+        verbose_name = _("task snapshot")
+        verbose_name_plural = _("task snapshots")
         constraints = [models.UniqueConstraint(fields=["task", "seq"], name="tasksnapshot_task_seq_uniq")]
         ordering = ["task", "-seq"]
 

@@ -7,6 +7,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 from pgvector.django import HnswIndex, VectorField
 
 from apps.accounts.models import AccessScope
@@ -45,6 +46,8 @@ class Document(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("document")
+        verbose_name_plural = _("documents")
         constraints = [models.UniqueConstraint(fields=["tenant", "source"], name="document_tenant_source_uniq")]
         ordering = ["tenant", "source"]
 
@@ -64,6 +67,8 @@ class DocumentVersion(models.Model):
     objects = scoped_manager("document__tenant_id")
 
     class Meta:
+        verbose_name = _("document version")
+        verbose_name_plural = _("document versions")
         constraints = [
             models.UniqueConstraint(fields=["document", "version"], name="docversion_doc_version_uniq"),
         ]
@@ -107,6 +112,8 @@ class Chunk(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("chunk")
+        verbose_name_plural = _("chunks")
         ordering = ["document_version", "ordinal"]
         indexes = [
             HnswIndex(
@@ -141,6 +148,10 @@ class TermStatistics(models.Model):
 
     objects = TenantScopedManager()
 
+    class Meta:
+        verbose_name = _("term statistics")
+        verbose_name_plural = _("term statistics")
+
     def __str__(self) -> str:
         return f"term statistics of tenant {self.tenant_id} at {self.refreshed_at:%Y-%m-%d %H:%M}"
 
@@ -161,6 +172,8 @@ class TermFrequency(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("term frequency")
+        verbose_name_plural = _("term frequencies")
         constraints = [
             models.UniqueConstraint(fields=["tenant", "scope", "lexeme"], name="termfrequency_uniq"),
         ]

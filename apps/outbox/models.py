@@ -38,6 +38,8 @@ class OutboxMessage(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
         ordering = ["created_at"]
         indexes = [
             models.Index(fields=["status", "available_at"], name="outbox_status_available_idx"),

@@ -78,6 +78,8 @@ class Task(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("task")
+        verbose_name_plural = _("tasks")
         constraints = [
             # An Idempotency-Key is the requester's own: another requester reusing it files
             # another request (and learns nothing of the first).
@@ -140,6 +142,8 @@ class TenantUsage(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("tenant usage (a day)")
+        verbose_name_plural = _("tenant usage")
         constraints = [
             models.UniqueConstraint(fields=["tenant", "day"], name="tenant_usage_day_uniq"),
             models.CheckConstraint(condition=models.Q(money_reserved__gte=0, tokens_reserved__gte=0,

@@ -26,6 +26,8 @@ class TicketMirror(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("ticket mirror")
+        verbose_name_plural = _("ticket mirrors")
         constraints = [
             models.UniqueConstraint(fields=["connector", "external_id"], name="ticket_connector_external_uniq"),
         ]
@@ -64,6 +66,8 @@ class InboundWebhook(models.Model):
     objects = TenantScopedManager()
 
     class Meta:
+        verbose_name = _("inbound webhook")
+        verbose_name_plural = _("inbound webhooks")
         constraints = [
             # Deduplication: one verified delivery per event id and source.
             models.UniqueConstraint(fields=["source", "event_id"],
@@ -103,6 +107,10 @@ class SlaPolicy(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = TenantScopedManager()
+
+    class Meta:
+        verbose_name = _("SLA policy")
+        verbose_name_plural = _("SLA policies")
 
     def __str__(self) -> str:
         return f"SLA of {self.tenant}"

@@ -161,3 +161,13 @@ def test_the_catalogue_check_warns_when_a_catalogue_is_not_compiled(tmp_path, se
     assert [w.id for w in catalogues_compiled()] == ["faultdesk.W101"]
     po.with_suffix(".mo").write_bytes(b"")
     assert catalogues_compiled() == []
+
+
+@pytest.mark.django_db
+def test_the_django_admin_names_the_apps_and_models_in_the_readers_language(admin_user):
+    client = Client()
+    client.force_login(admin_user)
+    zh = client.get("/django-admin/", **ZH).content.decode()
+    assert "审批策略" in zh and "工单与服务级别" in zh and "SLA 策略" in zh
+    en = client.get("/django-admin/", **EN).content.decode()
+    assert "Approval policies" in en and "Approval policys" not in en
