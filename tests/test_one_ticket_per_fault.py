@@ -140,3 +140,85 @@ def test_the_requester_is_told_their_report_waits_to_join_another_reports_ticket
         assert task_now(waiting).startswith("Another report about this device is creating its ticket")
     with translation.override("zh-hans"):
         assert task_now(waiting).startswith("另一份关于此设备的报告正在创建工单")
+
+
+def _agent_only(task_id, rounds=10):
+    """The agent and tools steps only (no outbox): intents commit, nothing is sent."""
+    from apps.agent.runner import agent_run, context_read
+
+    task = None
+    for _ in range(rounds):
+        agent_run(task_id=task_id)
+        context_read(task_id=task_id)
+        task = Task.objects.get(pk=task_id)
+    return task
+
+
+@pytest.mark.django_db
+def test_a_burst_of_eight_reports_makes_one_ticket_and_loses_none(requester, device, kb, refservice, tenant):
+    """The joiners' comments all planned on one ticket version conflict one after the other (412):
+    contention counted under its own bound, never a lost report."""
+    from apps.outbox.dispatch import outbox_dispatch_batch
+    from tests.conftest import settle_receipts
+
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules=AUTO)
+    ids = [task_submit(principal=p(requester), device_id=device.pk, symptom=f"{SYMPTOM} Report {i}.",
+                       urgency="high").task.pk for i in range(8)]
+    for _ in range(40):
+        for task_id in ids:
+            _agent_only(task_id, rounds=2)
+        outbox_dispatch_batch()
+        settle_receipts()
+        if all(Task.objects.get(pk=t).status in reducer.TERMINAL for t in ids):
+            break
+    tasks = [Task.objects.get(pk=t) for t in ids]
+    assert {t.status for t in tasks} == {reducer.COMPLETED}, [(t.status, t.termination_reason) for t in tasks]
+    assert len(_tickets(refservice)) == 1
+    assert sum(t.state["receipt"].get("kind") == "comment" for t in tasks) == 7
+
+
+@pytest.mark.django_db
+def test_a_report_behind_a_ticket_being_taken_back_files_its_own(committed, requester, device, kb, refservice,
+                                                                 refadmin, tenant):
+    """The first request was cancelled after its ticket was created; its compensation is pending. A new
+    report must not join (nor wait behind) a ticket about to be closed: it files its own."""
+    from tests.conftest import created_then_cancelled
+
+    first = created_then_cancelled(committed.pk, canceller=requester, refadmin=refadmin)
+    assert first.status == reducer.COMPENSATING
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules=AUTO)
+    second = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM + " Again.",
+                               urgency="high").task.pk, rounds=60)
+    assert second.status == reducer.COMPLETED and second.state["receipt"].get("kind") != "comment"
+    assert not TaskEvent.objects.filter(task=second, type="intent.deferred").exists()
+
+
+@pytest.mark.django_db
+def test_a_waiting_report_is_not_requeued_until_the_create_it_waits_for_settles(requester, device, kb, tenant,
+                                                                               refservice, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.agent.sweeper import tasks_needing_work
+    from apps.outbox.dispatch import outbox_dispatch_batch
+
+    settings.FAULTDESK = {**settings.FAULTDESK, "OUTBOX_DIRECT_DELIVERY": False}  # the first create stays queued
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules=AUTO)
+    first = _agent_only(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM,
+                                    urgency="high").task.pk)
+    assert first.status == reducer.DISPATCHING
+    second = _agent_only(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM + " Again.",
+                                     urgency="high").task.pk)
+    assert second.status == reducer.RETRIEVING and second.state["coalesce"]["task_id"] == str(first.pk)
+    Task.objects.filter(pk=second.pk).update(updated_at=timezone.now() - timedelta(minutes=5))
+
+    def swept() -> list[str]:
+        return [i for _s, i in tasks_needing_work(now=timezone.now(), idle=timedelta(seconds=10))]
+
+    assert str(second.pk) not in swept()  # nothing to do while the create is in flight
+    outbox_dispatch_batch()
+    assert Action.objects.get(task=first).status == "SUCCEEDED"
+    assert str(second.pk) in swept()
+    second = drive(second.pk)
+    assert second.status == reducer.COMPLETED and second.state["receipt"].get("kind") == "comment"

@@ -100,6 +100,7 @@ def test_a_resolved_ticket_is_no_breach(requester, approver, device, kb, tenant,
 
 
 @pytest.mark.django_db
+@pytest.mark.allow_divergence  # the task's pinned reducer is rewritten to an older one on purpose
 def test_tasks_pinned_to_an_older_reducer_are_not_touched(requester, device, kb, tenant):
     _policy(tenant, respond=5, resolve=60)
     task = _filed_minutes_ago(requester, device, 10)
@@ -124,3 +125,45 @@ def test_the_beat_runs_the_breach_job_every_minute():
     assert settings.CELERY_BEAT_SCHEDULE["sla-breaches"] == {"task": "mark_sla_breaches",
                                                              "schedule": timedelta(seconds=60)}
     assert settings.CELERY_TASK_ROUTES["mark_sla_breaches"] == {"queue": "agent"}
+
+
+@pytest.mark.django_db
+def test_one_tenants_unusable_policy_never_stops_anothers_breaches(requester, device, kb, tenant, other_tenant_user):
+    from apps.accounts.models import Membership
+    from tests.factories import DeviceFactory
+
+    # the other tenant's policy was saved past the form (a raw update): a calendar that never works
+    other = Membership.objects.get(user=other_tenant_user).tenant
+    SlaPolicy.objects.create(tenant=other, timezone="Nowhere/Atlantis",
+                             targets={q: {"around_the_clock": False} for q in PRIORITIES})
+    other_device = DeviceFactory(tenant=other, asset_tag="PRN-0001")
+    from apps.accounts.models import Role
+    Membership.objects.filter(user=other_tenant_user).update(role=Role.REQUESTER)
+    stuck = task_submit(principal=p(other_tenant_user), device_id=other_device.pk, symptom=SYMPTOM,
+                        urgency="high").task
+    Task.objects.filter(pk=stuck.pk).update(created_at=timezone.now() - timedelta(days=30))
+    _policy(tenant, respond=5, resolve=60)
+    late = _filed_minutes_ago(requester, device, 10)
+    assert sla_breaches_mark(limit=1) == {"respond": 1, "resolve": 0}
+    assert TaskEvent.objects.filter(task=late, type="sla.breached").exists()
+    assert not TaskEvent.objects.filter(task=stuck, type="sla.breached").exists()
+
+
+@pytest.mark.django_db
+def test_the_beat_never_writes_over_a_worker_that_claimed_the_task_meanwhile(requester, device, kb, tenant):
+    from unittest import mock
+
+    from apps.tasks import sla_breaches
+    from apps.tasks.leases import task_claim_read
+
+    _policy(tenant, respond=5, resolve=60)
+    task = _filed_minutes_ago(requester, device, 10)
+    real = sla_breaches._record
+
+    def claimed_first(task, *args, **kwargs):
+        task_claim_read(task_id=task.pk, related=())  # a worker claims between the beat's read and write
+        return real(task, *args, **kwargs)
+
+    with mock.patch.object(sla_breaches, "_record", claimed_first):
+        assert sla_breaches_mark() == {"respond": 0, "resolve": 0}
+    assert not TaskEvent.objects.filter(task=task, type="sla.breached").exists()

@@ -64,13 +64,20 @@ def release_stale(task: Task, lease: Lease) -> Task:
 
 
 def bounds_exceeded(task: Task) -> str | None:
-    """The first bound this task has hit (steps, re-plans — recursion depth — and wall
-    time; re-drafts are checked where drafting happens), as a termination reason, or None."""
+    """The first bound this task has hit (steps, re-plans — recursion depth —, conflicting
+    conditional writes, and wall time; re-drafts are checked where drafting happens), as a
+    termination reason, or None."""
     conf = settings.FAULTDESK
     if task.version >= conf["MAX_EVENTS_PER_TASK"]:
         return f"step_limit: {task.version} events (limit {conf['MAX_EVENTS_PER_TASK']})"
-    if task.state.get("replans", 0) > conf["MAX_REPLANS"]:
-        return f"replan_limit: re-planned {task.state['replans']} times (limit {conf['MAX_REPLANS']})"
+    # A 412 on a conditional write (another writer moved the ticket first: e.g. the comments of
+    # several reports joining one ticket at once) is counted apart, under its own larger bound: it
+    # is contention the ticket system settles, not a plan going round in circles.
+    conflicts = task.state.get("conflicts", 0)
+    if task.state.get("replans", 0) - conflicts > conf["MAX_REPLANS"]:
+        return f"replan_limit: re-planned {task.state['replans'] - conflicts} times (limit {conf['MAX_REPLANS']})"
+    if conflicts > conf["MAX_CONFLICTS"]:
+        return f"conflict_limit: {conflicts} conflicting writes (limit {conf['MAX_CONFLICTS']})"
     if task.deadline_at <= timezone.now():
         return "deadline_exceeded"
     return None

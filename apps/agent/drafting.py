@@ -79,6 +79,11 @@ def with_due_date(task: Task, draft: dict) -> dict:
     ticket = draft.get("ticket") if isinstance(draft, dict) else None
     if not isinstance(ticket, dict):
         return draft
+    # A re-draft at the same priority keeps the date its first draft got (reducer/4's ticket_due):
+    # a policy edited meanwhile does not move it, nor make a rejected proposal look new.
+    kept = ((task.state or {}).get("ticket_due") or {}).get(ticket.get("priority"))
+    if kept:
+        return {**draft, "ticket": {**ticket, "due_at": kept}}
     try:
         due = sla_policy_for(task.tenant_id).deadlines(task.created_at, ticket.get("priority")).resolve_by
     except SlaConfigError as exc:

@@ -34,7 +34,7 @@ from apps.tasks.reducer import v3 as reducer_v3
 from apps.tasks.reducer.v4 import COALESCED_REASON
 from apps.tasks.store import refused_event_record, task_append_event, worker_identity
 from apps.tickets.connectors import CONNECTORS
-from apps.tickets.selectors import OPEN_STATUSES
+from apps.tickets.selectors import open_mirror_for_device
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,8 @@ def commit_intent(task: Task, lease: Lease, *, proposal: dict, approval: Approva
             task_append_event(task=task, event_type="intent.deferred", actor=actor_of(lease),
                               lease_generation=lease.generation,
                               payload={"action_id": str(joined.pk), "task_id": str(joined.task_id),
-                                       "reason": f"{joined.tool} {joined.status} for device {task.device_id}"},
+                                       "reason": f"{joined.tool} {joined.status} for device {task.device_id}",
+                                       "priority": proposal["params"].get("priority")},
                               side_effects=invalidating(approval, COALESCED_REASON) if approval is not None else None)
             return True
     action_id = uuid.uuid4()
@@ -203,8 +204,12 @@ def ticket_being_created(task: Task, connector: str) -> Action | None:
     pending = others.filter(status__in=IN_FLIGHT).order_by("created_at").first()
     if pending is not None:
         return pending
-    return (others.filter(status=ActionStatus.SUCCEEDED, ticket__status__in=OPEN_STATUSES)
-            .order_by("-created_at").first())
+    # A ticket created and open joins as the context read would find it (open_ticket_read): not
+    # one whose request is being taken back — re-planning behind that would only come back here.
+    mirror = open_mirror_for_device(tenant_id=task.tenant_id, device_id=task.device_id, connector=connector)
+    if mirror is None or mirror.action_id is None:
+        return None
+    return others.filter(pk=mirror.action_id).first()
 
 
 def joined_ticket_pending(task: Task) -> bool:

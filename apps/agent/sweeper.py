@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q, UUIDField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 
+from apps.actions.models import Action
 from apps.tasks import reducer
 from apps.tasks.leases import compensation_due_q, receipt_unsettled_q
 from apps.tasks.models import Task
@@ -41,7 +44,12 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> 
         | compensation_due_q()
         | (Q(status=reducer.COMPENSATING) & ~Q(state__compensation__status="DISPATCHING"))
     )
-    rows = (Task.objects.filter(runnable).filter(expired | idle_free).order_by("updated_at")
+    # one ticket per fault: a report waiting for another report's create still in flight has
+    # nothing to do until that settles; re-queueing it would only crowd this window
+    waiting = Exists(Action.objects.filter(pk=OuterRef("coalesce_action"), status__in=("INTENDED", "UNKNOWN")))
+    rows = (Task.objects.filter(runnable).filter(expired | idle_free)
+            .annotate(coalesce_action=Cast(KeyTextTransform("action_id", "state__coalesce"), UUIDField()))
+            .exclude(Q(status=reducer.RETRIEVING, state__coalesce__isnull=False) & waiting).order_by("updated_at")
             .values_list("status", "id")[:limit])
     return [(s, str(i)) for s, i in rows]
 

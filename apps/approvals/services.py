@@ -219,9 +219,28 @@ def respond_by(task, proposal: dict | None):
     """When ``task`` must be answered under its tenant's service levels (apps/tickets/sla.py),
     counted from its filing, at the priority of ``proposal`` (else its urgency's); None when the
     tenant's SLA policy cannot give a date (logged, never a refused approval). One query."""
+    if (proposal or {}).get("tool") not in ("ticket.create", "ticket.comment"):
+        return None  # a compensation: its request was cancelled, no answer is due
     try:
         priority = request_priority({"proposal": proposal}, task.urgency)
         return sla_policy_for(task.tenant_id).deadlines(task.created_at, priority).respond_by
     except SlaConfigError as exc:
         log.warning("tenant %s: no respond-by date for task %s: %s", task.tenant_id, task.pk, exc)
         return None
+
+
+def pending_respond_by_refresh(*, tenant_id: int) -> int:
+    """Recompute the respond-by date of ``tenant_id``'s pending approvals under its service levels
+    as they are now (after its SLA policy was saved or deleted), so the queue's order and the time
+    left follow the policy the requester's page shows. Returns how many rows changed; two queries
+    and one bulk update."""
+    pending = list(ApprovalRequest.objects.for_tenant(tenant_id).filter(status=ApprovalStatus.PENDING)
+                   .select_related("task"))
+    changed = []
+    for approval in pending:
+        due = respond_by(approval.task, {"tool": approval.tool, "params": approval.params})
+        if due != approval.respond_by:
+            approval.respond_by = due
+            changed.append(approval)
+    ApprovalRequest.objects.bulk_update(changed, ["respond_by"], batch_size=500)
+    return len(changed)

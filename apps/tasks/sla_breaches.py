@@ -7,6 +7,8 @@ the exports and a replay show when the tenant's service level was missed.
   from its filing at its proposed priority (else its urgency's), under the tenant's policy now.
 * ``resolve``: a ticket faultdesk created whose mirror is still open (``open``, ``in_progress``)
   past the ``due_at`` it was created with; its task has usually ended (the event is legal there).
+  Only for ticket systems whose mirrors are kept current (the reference service's webhooks and
+  conditional reads); django-helpdesk's mirror is not refreshed, so its tickets are not judged.
 
 Only tasks pinned to a reducer with the ``sla`` feature take the event, and only while nobody
 holds their lease: the beat never races a running worker's compare-and-set (the next beat finds a
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from django.db import DatabaseError
 from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
@@ -24,6 +27,7 @@ from django.utils import timezone
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.store import StaleWrite, task_append_event
+from apps.tickets.connectors import CONNECTORS
 from apps.tickets.models import TicketMirror
 from apps.tickets.selectors import OPEN_STATUSES, sla_policy_for
 from apps.tickets.sla import SlaConfigError, request_priority
@@ -49,11 +53,17 @@ def _not_recorded(state: str, kind: str) -> Q:
 
 
 def _record(task: Task, kind: str, due: datetime | str, priority: str | None, now: datetime) -> bool:
+    """Append ``task``'s breach of ``kind``; False when it cannot be now (left for the next beat).
+
+    The commit also carries the fencing token the task had when it was read with no lease holder:
+    a worker that claims the task in between moves the token, so this write fails instead of the
+    worker's (a claim does not move the version the CAS compares)."""
     payload = {"kind": kind, "due": due if isinstance(due, str) else due.isoformat(timespec="seconds"),
                "priority": priority, "observed_at": now.isoformat(timespec="seconds")}
     try:
-        task_append_event(task=task, event_type="sla.breached", payload=payload, actor=ACTOR)
-    except (StaleWrite, reducer.IllegalTransition) as exc:
+        task_append_event(task=task, event_type="sla.breached", payload=payload, actor=ACTOR,
+                          lease_generation=task.lease_generation)
+    except (StaleWrite, reducer.IllegalTransition, DatabaseError) as exc:
         log.info("sla breach of task %s not recorded now: %s", task.pk, exc)
         return False
     return True
@@ -76,19 +86,25 @@ def sla_breaches_mark(*, now: datetime | None = None, limit: int = 200) -> dict[
         return policies[tenant_id]
 
     running = (Task.objects.filter(artifact_bundle__reducer__in=versions, status__in=reducer.NON_TERMINAL)
-               .filter(_free(now)).filter(_not_recorded("state", "respond")).order_by("created_at")[:limit * 5])
-    for task in running:
-        rules = policy(task.tenant_id)
-        if rules is None:
-            continue
+               .filter(_free(now)).filter(_not_recorded("state", "respond")))
+    # the tenants whose policy can give dates: a tenant whose policy cannot never fills the window
+    usable = [t for t in running.values_list("tenant_id", flat=True).distinct() if policy(t) is not None]
+    for task in running.filter(tenant_id__in=usable).order_by("created_at")[:limit * 5]:
         priority = request_priority(task.state, task.urgency)
-        due = rules.deadlines(task.created_at, priority).respond_by
+        try:
+            due = policy(task.tenant_id).deadlines(task.created_at, priority).respond_by
+        except SlaConfigError as exc:  # a target past the calendar's horizon: this tenant is skipped
+            log.warning("tenant %s: no respond-by date for task %s: %s", task.tenant_id, task.pk, exc)
+            continue
         if due <= now and _record(task, "respond", due, priority, now):
             done["respond"] += 1
             if done["respond"] >= limit:
                 break
 
-    late = (TicketMirror.objects.filter(status__in=OPEN_STATUSES, action__compensates__isnull=True,
+    # mirrors a ticket system keeps current (its webhooks and conditional reads): a mirror nobody
+    # refreshes says "open" forever, and its ticket would be marked late however it stands
+    kept = [name for name, c in CONNECTORS.items() if c.supports_conditional_writes]
+    late = (TicketMirror.objects.filter(status__in=OPEN_STATUSES, action__compensates__isnull=True, connector__in=kept,
                                         action__task__artifact_bundle__reducer__in=versions)
             .annotate(due=KeyTextTransform("due_at", "action__params"))
             .filter(due__lt=now.isoformat(timespec="seconds"))

@@ -3,11 +3,14 @@ answer questions, cancel. Views only call services/selectors."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -74,13 +77,22 @@ def _task_context(request, task_id):
             "sla": _deadlines(task)}
 
 
-def _deadlines(task):
-    """The request's due dates (apps/tickets/sla.py: its tenant's service levels, at its proposed
-    priority, else its urgency's), or None when the tenant's SLA policy cannot give one."""
+def _deadlines(task) -> dict | None:
+    """The request's due dates for its page (apps/tickets/sla.py): ``{"priority", "respond_by",
+    "overdue", "resolve_by"}`` under its tenant's service levels at its proposed priority (else its
+    urgency's) — the resolve-by date being the one its ticket was proposed and sent with when there
+    is one — or None when the tenant's SLA policy cannot give a date."""
     try:
-        return sla_policy_for(task.tenant_id).deadlines(task.created_at, request_priority(task.state, task.urgency))
+        due = sla_policy_for(task.tenant_id).deadlines(task.created_at, request_priority(task.state, task.urgency))
     except SlaConfigError:
         return None
+    sent = (((task.state or {}).get("proposal") or {}).get("params") or {}).get("due_at")
+    try:
+        resolve_by = datetime.fromisoformat(sent) if isinstance(sent, str) else due.resolve_by
+    except ValueError:
+        resolve_by = due.resolve_by
+    return {"priority": due.priority, "respond_by": due.respond_by, "overdue": due.respond_by <= timezone.now(),
+            "resolve_by": resolve_by}
 
 
 @login_required

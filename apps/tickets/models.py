@@ -7,6 +7,7 @@ from datetime import time
 from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from apps.accounts.scoping import TenantScopedManager
@@ -123,8 +124,12 @@ class SlaPolicy(models.Model):
                       targets=check_targets(self.targets))
 
     def clean(self) -> None:
-        """A form's check: the calendar has working time and the targets are well formed."""
+        """A form's check: the calendar has working time, the targets are well formed, and every
+        target gives a date (a 09:00–09:01 working day cannot hold a year's minutes)."""
         try:
-            self.policy().calendar.check()
+            policy = self.policy()
+            policy.calendar.check()
+            for priority in policy.targets:
+                policy.deadlines(timezone.now(), priority)
         except SlaConfigError as exc:
             raise ValidationError(str(exc)) from exc

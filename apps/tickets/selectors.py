@@ -24,6 +24,14 @@ AND EXISTS (SELECT 1 FROM {action} a JOIN {task} t ON t.id = a.task_id
            task=_ACTION._meta.get_field("task").related_model._meta.db_table)
 
 
+def open_mirror_for_device(*, tenant_id: int, device_id: int, connector: str) -> TicketMirror | None:
+    """The device's newest mirrored ticket in ``connector`` that faultdesk created and that is open,
+    of a task not being taken back (unless its compensation kept the ticket open) — as mirrored,
+    without asking the ticket system; None when there is none. One statement."""
+    return sql.row(TicketMirror, _OPEN_MIRROR_WHERE, [connector, list(OPEN_STATUSES), device_id],
+                   tenant_id=tenant_id, tail="ORDER BY t0.updated_at DESC LIMIT 1")
+
+
 def open_ticket_read(*, tenant_id: int, device_id: int, connector: str,
                      timeout: float | None = None) -> dict | None:
     """The device's newest open ticket that faultdesk created in ``connector``, read again from the
@@ -38,8 +46,7 @@ def open_ticket_read(*, tenant_id: int, device_id: int, connector: str,
         return None
     # A ticket whose request was cancelled may be about to be closed (its compensation): it takes a
     # comment only once that compensation kept it open (rejected, or resolved as not needed).
-    mirror = sql.row(TicketMirror, _OPEN_MIRROR_WHERE, [connector, list(OPEN_STATUSES), device_id],
-                     tenant_id=tenant_id, tail="ORDER BY t0.updated_at DESC LIMIT 1")
+    mirror = open_mirror_for_device(tenant_id=tenant_id, device_id=device_id, connector=connector)
     if mirror is None:
         return None
     ticket = connector_for("ticket.comment", connector).get_ticket(external_id=mirror.external_id, timeout=timeout)

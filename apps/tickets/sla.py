@@ -103,18 +103,19 @@ def due_at(start: datetime, minutes: int, calendar: Calendar, *, around_the_cloc
         return (start + timedelta(minutes=minutes)).astimezone(utc)
     calendar.check()
     zone = calendar.zone()
-    local = start.astimezone(zone)
+    start = start.astimezone(utc)
     left = timedelta(minutes=minutes)
-    day = local.date()
+    day = start.astimezone(zone).date()
     for _ in range(_HORIZON_DAYS):
         if calendar.works_on(day):
-            opens = datetime.combine(day, calendar.day_start, tzinfo=zone)
-            closes = datetime.combine(day, calendar.day_end, tzinfo=zone)
-            begin = max(opens, local) if day == local.date() else opens
+            # compared in UTC: in local time, an hour that repeats when the clocks go back
+            # compares equal to its first pass
+            opens, closes = _working_hours(day, calendar, zone)
+            begin = max(opens, start)
             if begin < closes:
-                available = closes.astimezone(utc) - begin.astimezone(utc)
+                available = closes - begin
                 if left <= available:
-                    return (begin.astimezone(utc) + left).astimezone(utc)
+                    return begin + left
                 left -= available
         day += timedelta(days=1)
     raise SlaConfigError(f"no working time within {_HORIZON_DAYS} days of {start.isoformat()}")
@@ -130,18 +131,25 @@ def working_time_between(start: datetime, end: datetime, calendar: Calendar) -> 
         return timedelta(0)
     calendar.check()
     zone = calendar.zone()
-    local_start, local_end = start.astimezone(zone), end.astimezone(zone)
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
     total = timedelta(0)
-    day = local_start.date()
-    while day <= local_end.date():
+    day, last = start.astimezone(zone).date(), end.astimezone(zone).date()
+    while day <= last:
         if calendar.works_on(day):
-            opens = datetime.combine(day, calendar.day_start, tzinfo=zone)
-            closes = datetime.combine(day, calendar.day_end, tzinfo=zone)
-            lo, hi = max(opens, local_start), min(closes, local_end)
+            opens, closes = _working_hours(day, calendar, zone)
+            lo, hi = max(opens, start), min(closes, end)
             if lo < hi:
-                total += hi.astimezone(UTC) - lo.astimezone(UTC)
+                total += hi - lo
         day += timedelta(days=1)
     return total
+
+
+def _working_hours(day: date, calendar: Calendar, zone: ZoneInfo) -> tuple[datetime, datetime]:
+    """``day``'s working hours as UTC instants (a local time that happens twice reads as its first
+    pass, one that never happens as the instant after the jump)."""
+    opens = datetime.combine(day, calendar.day_start, tzinfo=zone).astimezone(UTC)
+    closes = datetime.combine(day, calendar.day_end, tzinfo=zone).astimezone(UTC)
+    return opens, closes
 
 
 @dataclass(frozen=True)
@@ -172,7 +180,9 @@ class Policy:
 
 
 def request_priority(state: dict | None, urgency: str | None) -> str:
-    """The priority a request's clock runs by: its proposed ticket's, else its urgency's."""
-    proposal = (state or {}).get("proposal") or {}
-    priority = (proposal.get("params") or {}).get("priority")
+    """The priority a request's clock runs by: its proposed ticket's, else the one it proposed
+    before it deferred to another report's ticket (``state["coalesce"]``), else its urgency's."""
+    state = state or {}
+    proposal = state.get("proposal") or {}
+    priority = (proposal.get("params") or {}).get("priority") or (state.get("coalesce") or {}).get("priority")
     return priority if priority in PRIORITIES else URGENCY_PRIORITY.get(urgency or "", "P3")

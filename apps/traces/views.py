@@ -46,7 +46,8 @@ PHASES = {
     "model.called": "model call", "draft.proposed": "proposal", "draft.invalid": "proposal",
     "approval.requested": "approval", "approval.granted": "approval", "approval.rejected": "approval",
     "approval.invalidated": "approval",
-    "intent.committed": "intent", "outcome.unknown": "reconciliation", "reconciliation.retry": "reconciliation",
+    "intent.committed": "intent", "intent.deferred": "intent", "sla.breached": "service level",
+    "outcome.unknown": "reconciliation", "reconciliation.retry": "reconciliation",
     "dispatch.failed": "attempts", "dispatch.conflict": "attempts", "receipt.recorded": "receipt",
     "compensation.requested": "compensation", "compensation.failed": "compensation",
     "compensation.retry": "compensation", "compensation.resolved": "compensation",
@@ -60,6 +61,7 @@ PHASE_LABELS = {
     "reconciliation": gettext_lazy("reconciliation"), "attempts": gettext_lazy("attempts"),
     "receipt": gettext_lazy("receipt"), "compensation": gettext_lazy("compensation"),
     "answer": gettext_lazy("answer"), "end": gettext_lazy("end"), "other": gettext_lazy("other"),
+    "service level": gettext_lazy("service level"),
 }
 
 

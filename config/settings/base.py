@@ -359,6 +359,8 @@ FAULTDESK = {
     "MAX_EVENTS_PER_TASK": env.int("FAULTDESK_MAX_EVENTS_PER_TASK", default=200),
     "MAX_REDRAFTS": env.int("FAULTDESK_MAX_REDRAFTS", default=2),
     "MAX_REPLANS": env.int("FAULTDESK_MAX_REPLANS", default=5),
+    # 412s on conditional writes a task may meet (comments of reports joining one ticket at once)
+    "MAX_CONFLICTS": env.int("FAULTDESK_MAX_CONFLICTS", default=25),
     # A compensation gives up (and waits for a person) after this many conflicts + re-plans.
     "MAX_COMPENSATION_REPLANS": env.int("FAULTDESK_MAX_COMPENSATION_REPLANS", default=3),
     # The lease sweeper re-queues runnable tasks idle (no lease, no progress) for this long.

@@ -105,3 +105,33 @@ def test_the_requesters_page_shows_the_due_dates_in_their_language(client, reque
     assert f"an answer is due by {due} UTC" in html
     zh = client.get(reverse("task-detail", args=[task.pk]), HTTP_ACCEPT_LANGUAGE="zh-CN").content.decode()
     assert f"应于 {due} UTC 前答复" in zh
+
+
+@pytest.mark.django_db
+def test_saving_the_policy_moves_the_pending_approvals_due_dates(requester, device, kb, tenant):
+    policy = SlaPolicy.objects.create(tenant=tenant, workdays=list(range(7)),
+                                      targets={q: {"respond": 600, "resolve": 6000, "around_the_clock": True}
+                                               for q in ("P1", "P2", "P3", "P4")})
+    task = _waiting(requester, device)
+    policy.targets = {q: {"respond": 5, "resolve": 6000, "around_the_clock": True} for q in ("P1", "P2", "P3", "P4")}
+    policy.save()
+    assert ApprovalRequest.objects.get(task=task).respond_by == task.created_at + timedelta(minutes=5)
+    policy.delete()  # back to the defaults
+    assert ApprovalRequest.objects.get(task=task).respond_by == sla_policy_for(tenant.pk).deadlines(
+        task.created_at, ApprovalRequest.objects.get(task=task).params["priority"]).respond_by
+
+
+@pytest.mark.django_db
+def test_a_rejected_proposal_stays_rejected_after_the_policy_changed(requester, approver, device, kb, tenant):
+    from apps.approvals.services import approval_decide
+
+    policy = SlaPolicy.objects.create(tenant=tenant, workdays=list(range(7)),
+                                      targets={q: {"respond": 60, "resolve": 600, "around_the_clock": True}
+                                               for q in ("P1", "P2", "P3", "P4")})
+    task = _waiting(requester, device)
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="reject", reason="not a fault")
+    policy.targets = {q: {"respond": 60, "resolve": 900, "around_the_clock": True} for q in ("P1", "P2", "P3", "P4")}
+    policy.save()
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED and task.termination_reason == "proposal_rejected"

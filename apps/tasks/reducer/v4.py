@@ -8,13 +8,17 @@ spec §16 events as the one record of what happened).
   resolved (``resolve``) by its due date under the tenant's service levels. Legal in every status,
   including the terminal ones (a ticket is resolved, or not, long after its request ended), once
   per kind; it changes no status, only ``state["sla"][kind]``.
-* ``intent.deferred`` — ``{"action_id", "task_id", "reason"}``: one ticket per fault. At its intent
+* ``intent.deferred`` — ``{"action_id", "task_id", "reason", "priority"}``: one ticket per fault. At its intent
   to create a ticket the task found another report's ticket for the same device being created (or
   just created and open): instead of a second ticket it re-plans — like a conflict, the plan's
   reads are taken again (``RETRIEVING``) — once that action has settled, so that its ticket, if
   any, takes this report as a comment under the same approval rules. Legal in ``VALIDATING`` and
   ``WAITING_APPROVAL`` (an approved create is invalidated: a comment needs its own decision).
   ``state["coalesce"]`` names the action waited for until the next ``device.read``.
+
+``draft.proposed`` also keeps, in ``state["ticket_due"]``, the first due date a draft of each
+priority got: a re-draft (after a rejection, a conflict, a deferral) keeps its date, so a policy
+edited meanwhile neither moves it nor makes a rejected proposal look new.
 """
 
 from __future__ import annotations
@@ -50,11 +54,20 @@ def _intent_deferred(s: dict, p: dict) -> None:
             "intent.deferred names the action and the task it waits for")
     if s["approval"] is not None and s["approval"]["status"] in ("PENDING", "APPROVED"):
         s["approval"] = {**s["approval"], "status": "INVALIDATED", "reason": COALESCED_REASON}
-    s["coalesce"] = {"action_id": p["action_id"], "task_id": p["task_id"], "reason": p.get("reason", "")}
+    s["coalesce"] = {"action_id": p["action_id"], "task_id": p["task_id"], "reason": p.get("reason", ""),
+                     "priority": p.get("priority")}
     s["replans"] += 1
     for key in ("proposal", "draft", "evidence", "device", "ticket"):
         s[key] = None
     s["status"] = RETRIEVING
+
+
+def _draft_proposed(s: dict, p: dict) -> None:
+    r3.TRANSITIONS["draft.proposed"][1](s, p)
+    ticket = (p.get("draft") or {}).get("ticket") or {}
+    if isinstance(ticket, dict) and ticket.get("due_at") and ticket.get("priority"):
+        # the due date a ticket of this priority got first: re-drafts keep it (see with_due_date)
+        s["ticket_due"] = {**(s.get("ticket_due") or {}), ticket["priority"]: ticket["due_at"]}
 
 
 def _device_read(s: dict, p: dict) -> None:
@@ -69,6 +82,7 @@ TRANSITIONS = {
     "sla.breached": (frozenset(core.ALL_STATUSES), _sla_breached),
     "intent.deferred": (frozenset({VALIDATING, WAITING_APPROVAL}), _intent_deferred),
     "device.read": (r3.TRANSITIONS["device.read"][0], _device_read),
+    "draft.proposed": (r3.TRANSITIONS["draft.proposed"][0], _draft_proposed),
 }
 EVENT_TYPES = tuple(TRANSITIONS)
 

@@ -141,3 +141,28 @@ def test_due_at_adds_exactly_the_working_time_asked_for(start, minutes):
     due = due_at(start, minutes, WEEKDAYS)
     assert due >= start
     assert working_time_between(start, due, WEEKDAYS) == timedelta(minutes=minutes)
+
+
+def test_an_hour_that_repeats_when_the_clocks_go_back_is_counted_once():
+    """New York, 2027-11-07: 01:00–02:00 happens twice. A working day ending at 01:30 has ended
+    for a start at 01:15 on the second pass (already 06:15 UTC): the next opening is the due date."""
+    new_york = Calendar(timezone="America/New_York", workdays=tuple(range(7)), day_start=time(0, 0),
+                        day_end=time(1, 30))
+    start = datetime(2027, 11, 7, 6, 15, tzinfo=UTC)
+    assert due_at(start, 0, new_york) == datetime(2027, 11, 8, 5, 0, tzinfo=UTC)
+
+
+@pytest.mark.django_db
+def test_the_policy_form_refuses_targets_the_calendar_cannot_hold(tenant):
+    from django.core.exceptions import ValidationError
+
+    from apps.tickets.models import SlaPolicy
+
+    one_minute_days = SlaPolicy(tenant=tenant, day_start=time(9, 0), day_end=time(9, 1))
+    with pytest.raises(ValidationError, match="no working time"):
+        one_minute_days.full_clean()
+    a_year = SlaPolicy(tenant=tenant, targets={"P4": {"respond": 480, "resolve": 366 * 24 * 60,
+                                                     "around_the_clock": False}})
+    with pytest.raises(ValidationError):
+        a_year.full_clean()
+    SlaPolicy(tenant=tenant).full_clean()  # the defaults are fine
