@@ -14,7 +14,7 @@ from django.contrib.auth.forms import AdminUserCreationForm
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
-from apps.accounts.admin_base import TenantScopedAdmin, admin_tenant_ids
+from apps.accounts.admin_base import ReadOnlyTenantAdmin, TenantScopedAdmin, admin_tenant_ids
 from apps.accounts.models import LanguagePreference, Membership, Role, Tenant
 from apps.accounts.roles import user_editable_by
 
@@ -182,26 +182,15 @@ class TenantUserAdmin(UserAdmin):
 
 
 @admin.register(LanguagePreference)
-class LanguagePreferenceAdmin(admin.ModelAdmin):
+class LanguagePreferenceAdmin(ReadOnlyTenantAdmin):
     """Each user's chosen language, read-only: people change their own with the chooser on every
     page. A tenant admin sees the users of their tenants only."""
 
     list_display = ("user", "language", "updated_at")
-    #: whose rows a tenant admin sees (the tenant-isolation tests read it as other admins' ``tenant_path``)
-    tenant_path = "user__memberships__tenant_id"
     list_filter = ("language",)
     search_fields = ("user__username",)
+    #: whose rows a tenant admin sees: the users who are members of their tenants
+    tenant_path = "user__memberships__tenant_id"
 
     def get_queryset(self, request):
-        qs = super().get_queryset(request).select_related("user")
-        ids = admin_tenant_ids(request)
-        return qs if ids is None else qs.filter(**{f"{self.tenant_path}__in": ids}).distinct()
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+        return super().get_queryset(request).select_related("user").distinct()
