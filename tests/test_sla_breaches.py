@@ -80,8 +80,9 @@ def test_a_ticket_still_open_past_its_due_date_gets_a_resolve_breach_after_its_t
     assert task.status == reducer.COMPLETED
     mirror = TicketMirror.objects.get(action__task=task)
     assert mirror.status == "open"
-    assert sla_breaches_mark() == {"respond": 0, "resolve": 1}
-    [event] = TaskEvent.objects.filter(task=task, type="sla.breached")
+    # answered after its respond-by too (filed 10 minutes ago, due in 1): both breaches, once each
+    assert sla_breaches_mark() == {"respond": 1, "resolve": 1}
+    [event] = TaskEvent.objects.filter(task=task, type="sla.breached", payload__kind="resolve")
     assert event.payload["kind"] == "resolve" and event.payload["due"] == mirror.action.params["due_at"]
     assert Task.objects.get(pk=task.pk).status == reducer.COMPLETED
     assert task_replay(Task.objects.get(pk=task.pk)).ok
@@ -96,7 +97,7 @@ def test_a_resolved_ticket_is_no_breach(requester, approver, device, kb, tenant,
                     decision="approve", reason="ok")
     task = drive(task.pk)
     TicketMirror.objects.filter(action__task=task).update(status="resolved")
-    assert sla_breaches_mark() == {"respond": 0, "resolve": 0}
+    assert sla_breaches_mark()["resolve"] == 0  # (its answer came after its respond-by: that one is recorded)
 
 
 @pytest.mark.django_db
@@ -167,3 +168,28 @@ def test_the_beat_never_writes_over_a_worker_that_claimed_the_task_meanwhile(req
     with mock.patch.object(sla_breaches, "_record", claimed_first):
         assert sla_breaches_mark() == {"respond": 0, "resolve": 0}
     assert not TaskEvent.objects.filter(task=task, type="sla.breached").exists()
+
+
+@pytest.mark.django_db
+def test_a_request_answered_late_between_two_beats_still_gets_its_breach(requester, approver, device, kb, tenant,
+                                                                         refservice):
+    _policy(tenant, respond=5, resolve=600)
+    task = _filed_minutes_ago(requester, device, 10)  # due 5 minutes after filing: answered 5 minutes late
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve", reason="ok")
+    task = drive(task.pk)
+    assert task.status == reducer.COMPLETED
+    assert sla_breaches_mark() == {"respond": 1, "resolve": 0}
+    [event] = TaskEvent.objects.filter(task=task, type="sla.breached")
+    assert event.payload["kind"] == "respond"
+    assert sla_breaches_mark() == {"respond": 0, "resolve": 0}
+
+
+@pytest.mark.django_db
+def test_a_request_answered_in_time_is_no_breach(requester, approver, device, kb, tenant, refservice):
+    _policy(tenant, respond=60, resolve=600)
+    task = _filed_minutes_ago(requester, device, 10)
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve", reason="ok")
+    assert drive(task.pk).status == reducer.COMPLETED
+    assert sla_breaches_mark() == {"respond": 0, "resolve": 0}

@@ -222,7 +222,7 @@ def respond_by(task, proposal: dict | None):
     if (proposal or {}).get("tool") not in ("ticket.create", "ticket.comment"):
         return None  # a compensation: its request was cancelled, no answer is due
     try:
-        priority = request_priority({"proposal": proposal}, task.urgency)
+        priority = request_priority({**(task.state or {}), "proposal": proposal}, task.urgency)
         return sla_policy_for(task.tenant_id).deadlines(task.created_at, priority).respond_by
     except SlaConfigError as exc:
         log.warning("tenant %s: no respond-by date for task %s: %s", task.tenant_id, task.pk, exc)

@@ -4,7 +4,8 @@ due date, and appends one ``sla.breached`` event to each such task — once per 
 the exports and a replay show when the tenant's service level was missed.
 
 * ``respond``: a task still running (any non-terminal status) past its respond-by date, counted
-  from its filing at its proposed priority (else its urgency's), under the tenant's policy now.
+  from its filing at its proposed priority (else its urgency's), under the tenant's policy now —
+  or one answered (``task.completed``) after that date, also when it ended between two beats.
 * ``resolve``: a ticket faultdesk created whose mirror is still open (``open``, ``in_progress``)
   past the ``due_at`` it was created with; its task has usually ended (the event is legal there).
   Only for ticket systems whose mirrors are kept current (the reference service's webhooks and
@@ -17,13 +18,14 @@ task it skipped). A task whose event is refused or whose CAS is lost is left for
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError
 from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
+from apps.events.models import TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.store import StaleWrite, task_append_event
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: the actor recorded on the events this job appends
 ACTOR = "beat:sla"
+#: how far back the job looks for requests answered late (its beat runs every minute)
+ANSWERED_WINDOW = timedelta(days=1)
 
 
 def _sla_versions() -> list[str]:
@@ -100,6 +104,23 @@ def sla_breaches_mark(*, now: datetime | None = None, limit: int = 200) -> dict[
             done["respond"] += 1
             if done["respond"] >= limit:
                 break
+
+    # answered late between two beats (or while a worker held the task): the answer's own time
+    # against its respond-by date, for requests answered within the last day
+    answered = (Task.objects.filter(artifact_bundle__reducer__in=versions, status=reducer.COMPLETED,
+                                    updated_at__gte=now - ANSWERED_WINDOW)
+                .filter(_free(now)).filter(_not_recorded("state", "respond")))
+    usable = [t for t in answered.values_list("tenant_id", flat=True).distinct() if policy(t) is not None]
+    for task in answered.filter(tenant_id__in=usable).order_by("updated_at")[:limit * 5]:
+        completed = (TaskEvent.objects.filter(task_id=task.pk, type="task.completed")
+                     .values_list("recorded_at", flat=True).first())
+        priority = request_priority(task.state, task.urgency)
+        try:
+            due = policy(task.tenant_id).deadlines(task.created_at, priority).respond_by
+        except SlaConfigError:
+            continue
+        if completed is not None and due < completed and _record(task, "respond", due, priority, now):
+            done["respond"] += 1
 
     # mirrors a ticket system keeps current (its webhooks and conditional reads): a mirror nobody
     # refreshes says "open" forever, and its ticket would be marked late however it stands

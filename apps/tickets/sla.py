@@ -180,9 +180,15 @@ class Policy:
 
 
 def request_priority(state: dict | None, urgency: str | None) -> str:
-    """The priority a request's clock runs by: its proposed ticket's, else the one it proposed
-    before it deferred to another report's ticket (``state["coalesce"]``), else its urgency's."""
+    """The priority a request's clock runs by: its proposed ticket's, else its draft's (a report
+    joining another report's ticket proposes a comment, which carries no priority of its own),
+    else the one it proposed before it deferred to that ticket (``state["coalesce"]``), else its
+    urgency's."""
     state = state or {}
     proposal = state.get("proposal") or {}
-    priority = (proposal.get("params") or {}).get("priority") or (state.get("coalesce") or {}).get("priority")
-    return priority if priority in PRIORITIES else URGENCY_PRIORITY.get(urgency or "", "P3")
+    draft = (state.get("draft") or {}).get("ticket") or {}
+    for priority in ((proposal.get("params") or {}).get("priority"), draft.get("priority"),
+                     (state.get("coalesce") or {}).get("priority")):
+        if priority in PRIORITIES:
+            return priority
+    return URGENCY_PRIORITY.get(urgency or "", "P3")

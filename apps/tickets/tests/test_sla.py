@@ -166,3 +166,10 @@ def test_the_policy_form_refuses_targets_the_calendar_cannot_hold(tenant):
     with pytest.raises(ValidationError):
         a_year.full_clean()
     SlaPolicy(tenant=tenant).full_clean()  # the defaults are fine
+
+
+def test_a_comment_runs_by_its_drafts_priority_not_its_urgency():
+    joining = {"proposal": {"tool": "ticket.comment", "params": {"ticket_id": "REF-1", "body": "..."}},
+               "draft": {"ticket": {"priority": "P1"}}}
+    assert request_priority(joining, "normal") == "P1"
+    assert request_priority({"coalesce": {"priority": "P2"}}, "low") == "P2"
