@@ -35,7 +35,7 @@ def test_the_ticket_is_created_with_the_policys_resolve_by_date(client, requeste
     approval = ApprovalRequest.objects.get(task=task)
     assert datetime.fromisoformat(approval.params["due_at"]) == due  # bound by the approval's digest
     client.force_login(approver)
-    assert f"to be resolved by {draft['ticket']['due_at']}" in client.get("/approvals/").content.decode()
+    assert f"to be resolved by {due.strftime('%Y-%m-%d %H:%M')} UTC" in client.get("/approvals/").content.decode()
 
     approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
     task = drive(task.pk)

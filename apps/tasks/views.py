@@ -73,7 +73,9 @@ def _task_context(request, task_id):
     task = task_get(principal=p, task_id=task_id)
     if task is None:
         raise Http404("task not found")
-    return {"task": task, "state": task.state, "principal": p, "input_form": InputForm(), "now": task_now(task),
+    typed = request.session.pop("draft_answer", None) if hasattr(request, "session") else None
+    input_form = InputForm(initial={"text": typed}) if typed else InputForm()
+    return {"task": task, "state": task.state, "principal": p, "input_form": input_form, "now": task_now(task),
             "sla": _deadlines(task)}
 
 
@@ -124,5 +126,8 @@ def task_input_view(request, task_id):
         except DomainError as exc:
             messages.error(request, exc.detail)
     else:
-        messages.error(request, _("Please write an answer."))
+        # the form's own message (empty, or longer than it takes) — and what was typed is kept
+        for error in form.errors.get("text", [_("Please write an answer.")]):
+            messages.error(request, error)
+        request.session["draft_answer"] = request.POST.get("text", "")[:20_000]
     return redirect("task-detail", task_id=task_id)

@@ -143,3 +143,34 @@ def reason_label(reason: object) -> object:
     if m is None or m.group(1) not in REASON_LABELS:
         return reason
     return f"{REASON_LABELS[m.group(1)]}{m.group(2)}"
+
+
+#: reasons the agent records in English as fixed sentences, as a reader calls them
+RECORDED_REASONS = {
+    "another report's ticket for this device is being created: this report joins it":
+        gettext_lazy("another report's ticket for this device is being created: this report joins it"),
+    "the ticket changed since the approval": gettext_lazy("the ticket changed since the approval"),
+    "the ticket changed since the approval (412)": gettext_lazy("the ticket changed since the approval (412)"),
+}
+
+
+@register.filter
+def recorded_reason(reason: object) -> object:
+    """A reason recorded as one of the agent's fixed sentences (:data:`RECORDED_REASONS`) in the
+    reader's language; any other reason (a person's words, a variable text) as recorded."""
+    return RECORDED_REASONS.get(reason, reason) if isinstance(reason, str) else reason
+
+
+@register.filter
+def iso_datetime(value: object):
+    """An ISO 8601 date and time (as recorded in parameters) as a datetime for the ``date``
+    filter, in UTC; the value unchanged when it is not one."""
+    from datetime import UTC, datetime
+
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    return parsed.astimezone(UTC) if parsed.tzinfo else parsed

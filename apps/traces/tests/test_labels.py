@@ -60,3 +60,16 @@ def test_what_cannot_be_rebuilt_is_shown_as_recorded():
         assert selection_reason(unknown) == "X"
         assert reason_label("something_new: x") == "something_new: x"
         assert status_label("NEW_STATUS") == "NEW_STATUS" and reason_label(None) is None
+
+
+def test_recorded_fixed_reasons_and_dates_read_in_the_readers_language():
+    from apps.traces.templatetags.labels import iso_datetime, recorded_reason
+
+    joined = "another report's ticket for this device is being created: this report joins it"
+    with translation.override("zh-hans"):
+        assert recorded_reason(joined).startswith("此设备的工单正由另一份报告创建")
+        assert recorded_reason("a person's own words") == "a person's own words"
+    with translation.override("en"):
+        assert recorded_reason(joined) == joined
+    assert iso_datetime("2026-12-07T17:00:00+08:00").isoformat() == "2026-12-07T09:00:00+00:00"
+    assert iso_datetime("not a date") == "not a date" and iso_datetime(None) is None
