@@ -62,13 +62,18 @@ class UserLanguageMiddleware:
         return self.get_response(request)
 
 
+def saved_language(user) -> str | None:
+    """``user``'s saved language (one of ``settings.LANGUAGES``), or None. One query."""
+    from apps.accounts.models import LanguagePreference
+
+    return supported(LanguagePreference.objects.filter(user=user).values_list("language", flat=True).first())
+
+
 def language_activate_saved(user, request: HttpRequest | None) -> str | None:
     """Activate ``user``'s saved language for the rest of this request (for a request signed in
     without a session, e.g. HTTP Basic on the API); returns it, or None when the user saved none
     (the cookie or Accept-Language then stands). One query."""
-    from apps.accounts.models import LanguagePreference
-
-    code = supported(LanguagePreference.objects.filter(user=user).values_list("language", flat=True).first())
+    code = saved_language(user)
     if code is not None:
         translation.activate(code)
         if request is not None:
@@ -79,13 +84,11 @@ def language_activate_saved(user, request: HttpRequest | None) -> str | None:
 @receiver(user_logged_in, dispatch_uid="accounts.language_at_sign_in")
 def language_at_sign_in(sender, request, user, **kwargs) -> None:
     """Copy ``user``'s saved language into the new session (one read, at sign-in only)."""
-    from apps.accounts.models import LanguagePreference
-
     if request is None or getattr(request, "session", None) is None:
         return
-    code = LanguagePreference.objects.filter(user=user).values_list("language", flat=True).first()
-    if supported(code):
-        request.session[SESSION_KEY] = supported(code)
+    code = saved_language(user)
+    if code is not None:
+        request.session[SESSION_KEY] = code
 
 
 def language_set(request: HttpRequest) -> HttpResponse:

@@ -10,8 +10,9 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from apps.actions.models import Action
+from apps.agent.intent import IN_FLIGHT
 from apps.tasks import reducer
-from apps.tasks.leases import compensation_due_q, receipt_unsettled_q
+from apps.tasks.leases import compensation_due_q, lease_free_q, receipt_unsettled_q
 from apps.tasks.models import Task
 
 #: how long a receipt the outbox recorded on an action's row waits for its ``settle_receipts``
@@ -46,7 +47,7 @@ def tasks_needing_work(*, now: datetime, idle: timedelta, limit: int = 1000) -> 
     )
     # one ticket per fault: a report waiting for another report's create still in flight has
     # nothing to do until that settles; re-queueing it would only crowd this window
-    waiting = Exists(Action.objects.filter(pk=OuterRef("coalesce_action"), status__in=("INTENDED", "UNKNOWN")))
+    waiting = Exists(Action.objects.filter(pk=OuterRef("coalesce_action"), status__in=IN_FLIGHT))
     rows = (Task.objects.filter(runnable).filter(expired | idle_free)
             .annotate(coalesce_action=Cast(KeyTextTransform("action_id", "state__coalesce"), UUIDField()))
             .exclude(Q(status=reducer.RETRIEVING, state__coalesce__isnull=False) & waiting).order_by("updated_at")
@@ -58,7 +59,7 @@ def tasks_with_orphaned_reservations(*, now: datetime, limit: int = 200) -> list
     """Ids of ended tasks whose reducer keeps a ledger (``reducer/3`` on) that still hold open
     reservations while nobody holds their lease (a cancel: completion and failure release their
     own) — the activity's worker died after the cancel. The sweeper releases those reservations."""
-    free = Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now)
+    free = lease_free_q(now)
     ledgers = [version for version in reducer.FEATURES if reducer.supports(version, "ledger")]
     rows = (Task.objects.filter(status__in=reducer.TERMINAL, artifact_bundle__reducer__in=ledgers)
             .exclude(state__reservations={}).filter(free).values_list("id", flat=True)[:limit])

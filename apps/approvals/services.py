@@ -23,8 +23,7 @@ from apps.core.errors import Conflict, Forbidden, NotFound, Unprocessable
 from apps.core.queue import AGENT_STEP, enqueue_on_commit
 from apps.tasks import reducer
 from apps.tasks.store import refused_event_record
-from apps.tickets.selectors import sla_policy_for
-from apps.tickets.sla import SlaConfigError, request_priority
+from apps.tickets.selectors import request_deadlines
 
 log = logging.getLogger(__name__)
 
@@ -221,12 +220,13 @@ def respond_by(task, proposal: dict | None):
     tenant's SLA policy cannot give a date (logged, never a refused approval). One query."""
     if (proposal or {}).get("tool") not in ("ticket.create", "ticket.comment"):
         return None  # a compensation: its request was cancelled, no answer is due
-    try:
-        priority = request_priority({**(task.state or {}), "proposal": proposal}, task.urgency)
-        return sla_policy_for(task.tenant_id).deadlines(task.created_at, priority).respond_by
-    except SlaConfigError as exc:
-        log.warning("tenant %s: no respond-by date for task %s: %s", task.tenant_id, task.pk, exc)
+    due = request_deadlines(tenant_id=task.tenant_id, created_at=task.created_at,
+                            state={**(task.state or {}), "proposal": proposal}, urgency=task.urgency)
+    if due is None:
+        log.warning("tenant %s: no respond-by date for task %s (its SLA policy cannot give one)",
+                    task.tenant_id, task.pk)
         return None
+    return due.respond_by
 
 
 def pending_respond_by_refresh(*, tenant_id: int) -> int:

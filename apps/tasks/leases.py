@@ -32,6 +32,11 @@ class Lease:
     generation: int
 
 
+def lease_free_q(now) -> Q:
+    """Tasks nobody holds at ``now``: no lease owner, or a lease that expired."""
+    return Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now)
+
+
 def compensation_due_q() -> Q:
     """Tasks a compensation is due for (``reducer/2``): cancelled, their ticket created anyway
     (a receipt of kind ticket: no ``kind`` key), and no compensation asked for yet. Terminal, yet
@@ -96,7 +101,7 @@ def _claim_terminal(task_id: uuid.UUID, *, owner: str, seconds: int, now) -> Lea
             Task.objects.select_for_update(skip_locked=True)
             .filter(pk=task_id)
             .filter(compensation_due_q() | receipt_unsettled_q())
-            .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now))
+            .filter(lease_free_q(now))
             .first()
         )
         if task is None:

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from apps.events.models import TaskEvent
 from apps.tasks import reducer
+from apps.tasks.leases import lease_free_q
 from apps.tasks.models import Task
 from apps.tasks.store import StaleWrite, task_append_event
 from apps.tickets.connectors import CONNECTORS
@@ -44,10 +45,6 @@ ANSWERED_WINDOW = timedelta(days=1)
 
 def _sla_versions() -> list[str]:
     return [version for version in reducer.FEATURES if reducer.supports(version, "sla")]
-
-
-def _free(now: datetime) -> Q:
-    return Q(lease_owner__isnull=True) | Q(lease_expires_at__lt=now)
 
 
 def _not_recorded(state: str, kind: str) -> Q:
@@ -90,7 +87,7 @@ def sla_breaches_mark(*, now: datetime | None = None, limit: int = 200) -> dict[
         return policies[tenant_id]
 
     running = (Task.objects.filter(artifact_bundle__reducer__in=versions, status__in=reducer.NON_TERMINAL)
-               .filter(_free(now)).filter(_not_recorded("state", "respond")))
+               .filter(lease_free_q(now)).filter(_not_recorded("state", "respond")))
     # the tenants whose policy can give dates: a tenant whose policy cannot never fills the window
     usable = [t for t in running.values_list("tenant_id", flat=True).distinct() if policy(t) is not None]
     for task in running.filter(tenant_id__in=usable).order_by("created_at")[:limit * 5]:
@@ -109,7 +106,7 @@ def sla_breaches_mark(*, now: datetime | None = None, limit: int = 200) -> dict[
     # against its respond-by date, for requests answered within the last day
     answered = (Task.objects.filter(artifact_bundle__reducer__in=versions, status=reducer.COMPLETED,
                                     updated_at__gte=now - ANSWERED_WINDOW)
-                .filter(_free(now)).filter(_not_recorded("state", "respond")))
+                .filter(lease_free_q(now)).filter(_not_recorded("state", "respond")))
     usable = [t for t in answered.values_list("tenant_id", flat=True).distinct() if policy(t) is not None]
     for task in answered.filter(tenant_id__in=usable).order_by("updated_at")[:limit * 5]:
         completed = (TaskEvent.objects.filter(task_id=task.pk, type="task.completed")
@@ -132,7 +129,7 @@ def sla_breaches_mark(*, now: datetime | None = None, limit: int = 200) -> dict[
             .filter(_not_recorded("action__task__state", "resolve"))
             .select_related("action")[:limit])
     for mirror in late:
-        task = Task.objects.filter(pk=mirror.action.task_id).filter(_free(now)).first()
+        task = Task.objects.filter(pk=mirror.action.task_id).filter(lease_free_q(now)).first()
         if task is not None and _record(task, "resolve", mirror.due, mirror.action.params.get("priority"), now):
             done["resolve"] += 1
     return done

@@ -21,8 +21,7 @@ from apps.devices.selectors import device_list
 from apps.tasks.forms import FaultRequestForm, InputForm
 from apps.tasks.selectors import task_get, task_list, task_now
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
-from apps.tickets.selectors import sla_policy_for
-from apps.tickets.sla import SlaConfigError, request_priority
+from apps.tickets.selectors import request_deadlines
 
 
 @login_required
@@ -84,9 +83,9 @@ def _deadlines(task) -> dict | None:
     "overdue", "resolve_by"}`` under its tenant's service levels at its proposed priority (else its
     urgency's) — the resolve-by date being the one its ticket was proposed and sent with when there
     is one — or None when the tenant's SLA policy cannot give a date."""
-    try:
-        due = sla_policy_for(task.tenant_id).deadlines(task.created_at, request_priority(task.state, task.urgency))
-    except SlaConfigError:
+    due = request_deadlines(tenant_id=task.tenant_id, created_at=task.created_at, state=task.state,
+                            urgency=task.urgency)
+    if due is None:
         return None
     sent = (((task.state or {}).get("proposal") or {}).get("params") or {}).get("due_at")
     try:

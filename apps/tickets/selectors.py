@@ -5,7 +5,7 @@ from __future__ import annotations
 from apps.core import sql
 from apps.tickets.connectors import CONNECTORS, connector_for
 from apps.tickets.models import SlaPolicy, TicketMirror
-from apps.tickets.sla import Policy
+from apps.tickets.sla import Deadlines, Policy, SlaConfigError, request_priority
 
 #: ticket statuses in which a new report for the device belongs on the ticket as a comment
 OPEN_STATUSES = ("open", "in_progress")
@@ -71,3 +71,13 @@ def sla_policy_for(tenant_id: int) -> Policy:
     :data:`~apps.tickets.sla.DEFAULT_TARGETS`). One query; ``SlaConfigError`` when the row is unusable."""
     row = SlaPolicy.objects.filter(tenant_id=tenant_id).first()
     return row.policy() if row is not None else Policy()
+
+
+def request_deadlines(*, tenant_id: int, created_at, state: dict | None, urgency: str | None) -> Deadlines | None:
+    """A request's due dates (:class:`~apps.tickets.sla.Deadlines`) under its tenant's service
+    levels, counted from ``created_at`` at the priority :func:`~apps.tickets.sla.request_priority`
+    reads from ``state`` and ``urgency``; None when the tenant's policy cannot give a date. One query."""
+    try:
+        return sla_policy_for(tenant_id).deadlines(created_at, request_priority(state, urgency))
+    except SlaConfigError:
+        return None
