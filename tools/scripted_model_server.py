@@ -38,7 +38,7 @@ _DEVICE = re.compile(r"<device>(.*?)</device>", re.S)
 
 
 def draft_from_prompt(messages: list[dict]) -> dict:
-    """A valid model reply for ``messages`` (prompt template ``ticket-draft/2``): title and
+    """A valid model reply for ``messages`` (prompt template ``ticket-draft/3``): title and
     description from the request and device, the first three evidence chunk ids cited."""
     text = "\n".join(m.get("content") or "" for m in messages if m.get("role") == "user")
     ids = list(dict.fromkeys(_CHUNK_IDS.findall(text)))[:3]

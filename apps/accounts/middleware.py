@@ -39,7 +39,8 @@ class RejectMalformedRequestsMiddleware:
                 detail = _("Content-Length must be a non-negative integer")
             return JsonResponse({"error": "invalid_input", "detail": detail}, status=400)
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if length and limit is not None and int(length) > limit and request.path.startswith("/api/"):
+        multipart = request.content_type == "multipart/form-data"  # files: capped by UploadLimitsMiddleware
+        if length and limit is not None and int(length) > limit and request.path.startswith("/api/") and not multipart:
             with translation.override(_request_language(request)):
                 detail = _("the request body is over %(limit)s bytes") % {"limit": limit}
             return JsonResponse({"error": "too_large", "detail": detail}, status=413)
@@ -64,10 +65,11 @@ class RejectNulBytesMiddleware:
                 detail = _("header %(header)s contains a NUL character") % {"header": header}
                 return JsonResponse({"error": "invalid_input", "detail": detail}, status=400)
         fields = [request.GET]
-        if request.method == "POST" and request.content_type in ("application/x-www-form-urlencoded",
-                                                                  "multipart/form-data"):
+        if request.method == "POST" and request.content_type == "application/x-www-form-urlencoded":
             _body = request.body  # read the raw body first, so a view can still read it (webhooks sign it)
             fields.append(request.POST)
+        elif request.method == "POST" and request.content_type == "multipart/form-data":
+            fields.append(request.POST)  # streamed: files are never held whole as the raw body
         for data in fields:
             for key, values in data.lists():
                 if "\x00" in key or any("\x00" in v for v in values):

@@ -45,6 +45,22 @@ TICKET_CREATE_SCHEMA = {
     },
 }
 
+#: the report's files a write carries (apps/attachments): sent to the ticket after it, by digest
+ATTACHMENTS_SCHEMA = {
+    "type": "array", "maxItems": 10,
+    "items": {
+        "type": "object", "additionalProperties": False, "required": ["name", "content_type", "size", "sha256"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 200},
+            "content_type": {"enum": ["image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf",
+                                      "text/plain"]},
+            "size": {"type": "integer", "minimum": 1},
+            "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        },
+    },
+}
+TICKET_CREATE_SCHEMA["properties"]["attachments"] = ATTACHMENTS_SCHEMA
+
 TOOLS: dict[str, ToolContract] = {
     "device.read": ToolContract(
         name="device.read",
@@ -93,6 +109,7 @@ TICKET_COMMENT_SCHEMA = {
         # Empty when no readable procedure covers the report (the draft says so); the parser's
         # business rules require citations whenever the retrieval found relevant evidence.
         "evidence": {"type": "array", "items": {"type": "string"}, "maxItems": 10},
+        "attachments": ATTACHMENTS_SCHEMA,
     },
 }
 

@@ -40,24 +40,36 @@ def _principal_scopes(task: Task) -> list[str]:
 
 
 def _report_text(task: Task) -> str:
-    """What the requester reported: the symptom and the answers given since (the device's alert is
-    matched separately, so it cannot drown the report; apps.evidence.relevance)."""
-    return " ".join(p for p in [task.symptom, *task.state.get("answers", [])] if p)
+    """What the requester reported: the symptom, the answers given since and the fault lines of the
+    logs attached to the report (request data, like the symptom: retrieval searches with them, the
+    model sees them inside ``<attachment>`` tags; the device's alert is matched separately, so it
+    cannot drown the report; apps.evidence.relevance)."""
+    logs = [a.get("text") or "" for a in _attachments(task)]
+    return " ".join(p for p in [task.symptom, *task.state.get("answers", []), *logs] if p)
+
+
+def _attachments(task: Task) -> list[dict]:
+    return ((task.state or {}).get("request") or {}).get("attachments") or []
 
 
 #: device fields a person can type into (names, messages): checked for instructions like a report
 _DEVICE_TEXT_FIELDS = ("name", "alert_message", "site", "model")
 
 
-def input_flags(*, report: str, answers: list[str], reading: dict | None) -> list[dict]:
-    """``[{"source", "flags"}]`` for the report, the requester's answers and the device's text
-    fields (``reading``, a device reading or None) that read like instructions to an agent
-    (DESIGN.md §9): recorded with the retrieval, shown on the trace and the approval queue, and
-    changing nothing else."""
+def input_flags(*, report: str, answers: list[str], reading: dict | None,
+                attachments: list[dict] = ()) -> list[dict]:
+    """``[{"source", "flags"}]`` for the report, the requester's answers, the text of the logs
+    attached to it (``attachments``: ``[{"name", "text"?}]``) and the device's text fields
+    (``reading``, a device reading or None) that read like instructions to an agent (DESIGN.md §9):
+    recorded with the retrieval, shown on the trace and the approval queue, and changing nothing
+    else."""
     out = []
     for i, text in enumerate([report, *answers]):
         if flags := injection_flags(text):
             out.append({"source": "report" if i == 0 else f"answer {i}", "flags": flags})
+    for a in attachments:
+        if flags := injection_flags(a.get("text") or ""):
+            out.append({"source": f"attachment {a.get('name')}", "flags": flags})
     for name in _DEVICE_TEXT_FIELDS:
         if flags := injection_flags(str((reading or {}).get(name) or "")):
             out.append({"source": f"device field {name}", "flags": flags})
@@ -136,7 +148,7 @@ class _Reads:
         payload = {"query": _report_text(task), "refs": ref_dicts, "selection": chosen,
                    "retrieved_at": self.retrieved_at}
         flagged = refs_flags(ref_dicts) + input_flags(report=task.symptom, answers=task.state.get("answers", []),
-                                                      reading=self.device)
+                                                      reading=self.device, attachments=_attachments(task))
         if flagged:
             payload["injection_flags"] = flagged  # shown on the trace and queue; nothing else changes
             chosen["injection_flags"] = flagged

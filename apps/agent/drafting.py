@@ -214,7 +214,8 @@ def _draft_from_output(task: Task, output: dict, model: str) -> dict:
 def plan(state: dict, draft: dict) -> dict:
     """The write the draft leads to, as a proposal ``{tool, tool_version, params, digest}``: a
     comment on the device's open ticket when the plan read one (``reducer/2``), conditional on
-    the version read; otherwise a new ticket. Pure: the same state and draft, the same proposal."""
+    the version read; otherwise a new ticket. The report's attachments (name, type, size, digest)
+    are part of either's parameters. Pure: the same state and draft, the same proposal."""
     ticket, t = state.get("ticket"), draft["ticket"]
     if ticket:
         tool = tool_get("ticket.comment")
@@ -225,5 +226,11 @@ def plan(state: dict, draft: dict) -> dict:
     else:
         tool = tool_get("ticket.create")
         params = t
+    # The report's files go with the write: approved with it (their digests are in its parameters,
+    # so its digest), and sent to the ticket once it exists (apps/attachments/delivery.py).
+    files = [{k: a[k] for k in ("name", "content_type", "size", "sha256")}
+             for a in (state.get("request") or {}).get("attachments") or []]
+    if files:
+        params = {**params, "attachments": files}
     digest = action_digest(tool=tool.name, tool_version=tool.version, params=params)
     return {"tool": tool.name, "tool_version": tool.version, "params": params, "digest": digest}

@@ -30,8 +30,13 @@ SWEEP_LEASES = "sweep_leases"
 EXPIRE_APPROVALS = "expire_approvals"
 #: record the service-level breaches due now as ``sla.breached`` events (queue ``agent``, beat)
 MARK_SLA_BREACHES = "mark_sla_breaches"
+#: send the attachments due to their tickets (queue ``outbox``, kicked on commit and by beat)
+DELIVER_ATTACHMENTS = "deliver_attachments"
 #: recount the full-text term frequencies of tenants whose chunks changed (queue ``tools``, beat)
 REFRESH_TERM_STATISTICS = "refresh_term_statistics"
+#: build the approvers' due digests and send the due notifications (queue ``outbox``; kicked on
+#: commit, and beat's tick, which also takes back rows whose sender's lease expired): no arguments
+NOTIFY_SEND = "send_notifications"
 
 
 def send_now(name: str, *args) -> None:

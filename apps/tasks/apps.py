@@ -7,3 +7,11 @@ class TasksConfig(AppConfig):
     name = "apps.tasks"
     verbose_name = _("Tasks")
     label = "tasks"
+
+    def ready(self) -> None:
+        """Send a report's attachments to its ticket once the write's receipt is recorded (a
+        projection run in that event's transaction: :mod:`apps.attachments.delivery`)."""
+        from apps.attachments.delivery import deliveries_on_receipt
+        from apps.tasks.store import projection_register
+
+        projection_register(deliveries_on_receipt)

@@ -4,6 +4,7 @@ cancel it, answer the agent's questions. Each commits through :mod:`apps.tasks.s
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,6 +16,7 @@ from django.utils.translation import gettext as _
 
 from apps.accounts.principal import Principal
 from apps.actions.registry import TOOLS
+from apps.attachments.services import CheckedFile, attachments_record, attachments_store
 from apps.core import sql
 from apps.core.digests import sha256_json
 from apps.core.errors import Conflict, Forbidden, NotFound, QuotaExceeded, Unprocessable
@@ -64,14 +66,17 @@ def _request_body(*, device_id: int, symptom: str, urgency: str) -> dict:
 
 def task_submit(
     *, principal: Principal, device_id: int, symptom: str, urgency: str = Urgency.NORMAL,
-    request_key: str | None = None,
+    request_key: str | None = None, attachments: Sequence[CheckedFile] = (),
 ) -> SubmitResult:
     """File a fault request as ``principal`` (DESIGN.md §1 step 1).
 
     Creates the task pinned to tenant, principal, device, deadline, budget and artifact bundle,
     with its ``task.accepted`` event, and enqueues its first run on commit (on the tools pool: the
     context reads come first). The same ``request_key`` with the same body returns the existing task
-    (``created=False``).
+    (``created=False``). ``attachments`` are files :func:`apps.attachments.services.attachments_check`
+    passed: their bytes are stored before the task's transaction, their rows written in it, and
+    their names, types, sizes and digests (a log's fault lines too) recorded in ``task.accepted``;
+    their digests are part of the request an ``Idempotency-Key`` stands for.
 
     Raises ``Forbidden`` (principal may not file), ``NotFound`` (device not in the tenant),
     ``Unprocessable`` (invalid fields, or the same key with a different body).
@@ -89,7 +94,11 @@ def task_submit(
     if device is None:
         raise NotFound(_("device %(device)s not found") % {"device": device_id})
     body = _request_body(device_id=device.pk, symptom=symptom, urgency=urgency)
-    digest = sha256_json({"user": principal.user_id, **body})
+    attachments = list(attachments)
+    if any(not isinstance(f, CheckedFile) for f in attachments):
+        raise TypeError("attachments must be checked by attachments_check first")
+    files = {"attachments": [f.sha256 for f in attachments]} if attachments else {}
+    digest = sha256_json({"user": principal.user_id, **body, **files})
 
     if request_key is not None:  # a key is the requester's own: another's same key is another request
         existing = sql.row(Task, "t0.requester_id = %s AND t0.request_key = %s", [principal.user_id, request_key],
@@ -98,6 +107,7 @@ def task_submit(
             return _same_key(existing, digest)
 
     conf = settings.FAULTDESK
+    keys = attachments_store(tenant_id=principal.tenant_id, files=attachments)  # the bytes, before the rows
     now = timezone.now()
     try:
         with transaction.atomic():
@@ -123,7 +133,8 @@ def task_submit(
                 event_type="task.accepted",
                 payload={
                     "request": {**body, "asset_tag": device.asset_tag, "requester": principal.username,
-                                "tenant": principal.tenant_slug},
+                                "tenant": principal.tenant_slug,
+                                **({"attachments": [f.metadata() for f in attachments]} if attachments else {})},
                     "budget_total": new.budget_total,
                     "limits": {"tokens": conf["TASK_TOKEN_LIMIT"], "tool_calls": conf["TASK_TOOL_CALL_LIMIT"],
                                "retries": conf["TASK_RETRY_LIMIT"]},
@@ -133,6 +144,8 @@ def task_submit(
                 actor=principal.as_actor(),
                 occurred_at=now,
             )
+            if attachments:
+                attachments_record(tenant_id=principal.tenant_id, task_id=task.pk, files=attachments, keys=keys)
             # The first steps (record that retrieval starts, then the context reads) run on the tools pool.
             enqueue_on_commit(READ_CONTEXT, task.pk)
     except IntegrityError:

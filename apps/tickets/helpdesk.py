@@ -104,6 +104,34 @@ class HelpdeskConnector(HttpConnector):
         """The ticket created with ``idempotency_key`` (``ticket.create`` is the only tool here)."""
         return self.lookup_by_key(idempotency_key=idempotency_key)
 
+    def attach(self, *, ticket_id: str, name: str, content_type: str, data: bytes, sha256: str,
+               timeout: float | None = None) -> str:
+        """The file as a private follow-up of the ticket with the file attached (django-helpdesk's
+        ``POST /helpdesk/api/followups/``, multipart ``attachments``), titled with its SHA-256.
+        helpdesk has no idempotency key: the ticket's attachments are looked up first (bridge
+        view), and a follow-up already titled with this digest is the file, not sent again.
+        Returns ``followup:<id>``; raises the module table's error classes (404: no such ticket)."""
+        title = f"faultdesk attachment sha256:{sha256}"
+        if not ticket_id.isdigit():
+            raise errors.PreconditionFailed(f"attach: {ticket_id!r} is not a django-helpdesk ticket id")
+        found = self._send("GET", f"/helpdesk/api/faultdesk/tickets/{ticket_id}/attachments/", what="attach lookup",
+                           timeout=timeout)
+        if found.status_code != 200:
+            raise error_for_status(found)
+        results = json_body(found, "attach lookup").get("results")
+        if not isinstance(results, list):
+            raise errors.OutcomeUnknown("attach lookup: the answer holds no results")
+        for row in results:
+            if isinstance(row, dict) and row.get("title") == title:
+                return f"followup:{row.get('followup')}"
+        resp = self._send("POST", "/helpdesk/api/followups/", what="attach", timeout=timeout,
+                          data={"ticket": ticket_id, "title": title, "public": "false", "user": "",
+                                "comment": f"Attached by the requester through faultdesk: {name}"},
+                          files={"attachments": (name, data, content_type)})
+        if resp.status_code == 201:
+            return f"followup:{json_body(resp, 'attach').get('id')}"
+        raise error_for_status(resp)
+
     def get_ticket(self, *, external_id: str, timeout: float | None = None) -> dict | None:
         """The ticket JSON by id (bridge view), with ``idempotency_key`` set from
         ``custom_faultdesk_key``; None when absent. ``timeout`` as for the reference service."""

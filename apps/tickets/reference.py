@@ -41,6 +41,12 @@ def _ticket_for_key(body: dict, idempotency_key: str, *, replayed: bool) -> Rece
     return ticket_receipt(body, replayed=replayed)
 
 
+def ticket_fields(params: dict) -> dict:
+    """A ``ticket.create``'s parameters as the ticket's body: without ``attachments`` (their bytes go
+    to the ticket after it exists, by :meth:`ReferenceTicketConnector.attach`)."""
+    return {k: v for k, v in params.items() if k != "attachments"}
+
+
 class ReferenceTicketConnector(HttpConnector):
     """The reference ticket service over HTTP: create with ``Idempotency-Key`` and
     ``X-Fencing-Token``, look up by key, fence a key, comment and update conditionally, get by id."""
@@ -68,7 +74,7 @@ class ReferenceTicketConnector(HttpConnector):
                       timeout: float | None = None) -> Receipt:
         """POST /tickets. Returns a :class:`Receipt`; raises a :class:`~apps.actions.errors.ToolError`
         subclass per the module table. ``timeout`` (seconds) is bounded by the caller's deadline."""
-        resp = self._send("POST", "/tickets", what="create", timeout=timeout, json=params,
+        resp = self._send("POST", "/tickets", what="create", timeout=timeout, json=ticket_fields(params),
                           headers={"Idempotency-Key": idempotency_key, "X-Fencing-Token": str(fencing_token)})
         if resp.status_code in (200, 201):
             return _ticket_for_key(json_body(resp, "create"), idempotency_key,
@@ -110,7 +116,7 @@ class ReferenceTicketConnector(HttpConnector):
     def _create_tickets(self, items: list[tuple[str, int, dict]], timeout: float | None):
         if len(items) == 1 or self.batch_size == 1:
             return [self._create_or_error(key, token, params, timeout) for key, token, params in items]
-        body = {"items": [{"idempotency_key": key, "fencing_token": token, "ticket": params}
+        body = {"items": [{"idempotency_key": key, "fencing_token": token, "ticket": ticket_fields(params)}
                           for key, token, params in items]}
         try:
             resp = self._send("POST", "/ticket-batches", what="batch create", timeout=timeout, json=body)
@@ -289,6 +295,23 @@ class ReferenceTicketConnector(HttpConnector):
         if resp.status_code == 200:
             return self._update_receipt(json_body(resp, "update"),
                                         replayed=resp.headers.get("Idempotent-Replayed") == "true")
+        raise error_for_status(resp)
+
+    def attach(self, *, ticket_id: str, name: str, content_type: str, data: bytes, sha256: str,
+               timeout: float | None = None) -> str:
+        """PUT /tickets/{id}/attachments/{sha256}: the file's bytes, named ``name`` (sent
+        percent-encoded in ``X-Filename``). Idempotent by the digest: a file the ticket already has
+        is answered 200 and not stored twice. Returns the service's id of the attachment
+        (``<ticket>/<sha256>``); raises the module table's error classes (404: no such ticket;
+        400: the bytes do not match the digest)."""
+        resp = self._send("PUT", f"/tickets/{quote(ticket_id, safe='')}/attachments/{sha256}", what="attach",
+                          timeout=timeout, content=data,
+                          headers={"Content-Type": content_type, "X-Filename": quote(name, safe="")})
+        if resp.status_code in (200, 201):
+            body = json_body(resp, "attach")
+            if not isinstance(body, dict) or body.get("sha256") != sha256:
+                raise errors.OutcomeUnknown("attach: the answer is not this file's")
+            return f"{ticket_id}/{sha256}"
         raise error_for_status(resp)
 
     def get_ticket(self, *, external_id: str, timeout: float | None = None) -> dict | None:

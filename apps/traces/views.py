@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 
 from apps.accounts.pages import page_admin
 from apps.actions.models import Action
+from apps.attachments.selectors import task_attachments
 from apps.core.pages import is_fragment_request, render_page
 from apps.events.models import RefusedEvent
 from apps.tasks.selectors import (
@@ -95,6 +96,7 @@ def _extras(p, task) -> dict:
     return {
         "refused": list(RefusedEvent.objects.visible_to(p).filter(task_id=task.pk).order_by("recorded_at")),
         "actions": list(Action.objects.visible_to(p).filter(task_id=task.pk).prefetch_related("attempts", "webhooks")),
+        "attachments": task_attachments(tenant_id=task.tenant_id, task_id=task.pk),
     }
 
 

@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "apps.evidence",
     "apps.events",
     "apps.tasks",
+    "apps.attachments",
     "apps.actions",
     "apps.approvals",
     "apps.outbox",
@@ -58,6 +59,8 @@ MIDDLEWARE = [
     "apps.accounts.middleware.RequestLogContextMiddleware",
     "apps.accounts.middleware.ApiJsonErrorsMiddleware",
     "apps.accounts.middleware.RejectMalformedRequestsMiddleware",
+    # before anything reads a multipart form: attachment names as sent, and a size cap per file
+    "apps.attachments.uploads.UploadLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -173,6 +176,46 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 
+
+def attachment_storage(kind: str) -> dict:
+    """The ``STORAGES`` entry attachments are kept in: ``filesystem`` (the default, under
+    ``FAULTDESK_ATTACHMENT_DIR``) or ``s3`` (any S3-compatible store through django-storages:
+    bucket, endpoint, keys and region from ``FAULTDESK_ATTACHMENT_S3_*``). Raises
+    ``ImproperlyConfigured`` for another kind or an S3 store without a bucket."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    if kind == "filesystem":
+        return {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": env("FAULTDESK_ATTACHMENT_DIR", default=str(VAR_DIR / "attachments")),
+                            "base_url": None}}
+    if kind == "s3":
+        bucket = env("FAULTDESK_ATTACHMENT_S3_BUCKET", default="")
+        if not bucket:
+            raise ImproperlyConfigured("FAULTDESK_ATTACHMENT_STORAGE=s3 needs FAULTDESK_ATTACHMENT_S3_BUCKET")
+        return {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+            "bucket_name": bucket,
+            "endpoint_url": env("FAULTDESK_ATTACHMENT_S3_ENDPOINT_URL", default=None),
+            "access_key": env("FAULTDESK_ATTACHMENT_S3_ACCESS_KEY_ID", default=None),
+            "secret_key": env("FAULTDESK_ATTACHMENT_S3_SECRET_ACCESS_KEY", default=None),
+            "region_name": env("FAULTDESK_ATTACHMENT_S3_REGION", default=None),
+            "location": env("FAULTDESK_ATTACHMENT_S3_PREFIX", default="attachments"),
+            # private objects, never overwritten (a key is a tenant and a digest), no public URLs
+            "default_acl": "private", "file_overwrite": False, "querystring_auth": True,
+        }}
+    raise ImproperlyConfigured(f"FAULTDESK_ATTACHMENT_STORAGE must be filesystem or s3, not {kind!r}")
+
+
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # attachments of fault reports (apps/attachments): read only through faultdesk's access checks
+    "attachments": attachment_storage(env("FAULTDESK_ATTACHMENT_STORAGE", default="filesystem")),
+}
+# Files larger than this go to a temporary file while a request is read, not to memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+# Django's own refusal (400) of a form with more files than any report could take.
+DATA_UPLOAD_MAX_NUMBER_FILES = 20
+
 # Django's database sessions, the row read by a statement written once (apps/accounts/sessions.py)
 SESSION_ENGINE = "apps.accounts.sessions"
 LOGIN_URL = "login"
@@ -193,7 +236,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": [
         "apps.accounts.parsers.BoundedJSONParser",
         "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "apps.attachments.parsers.AttachmentMultiPartParser",  # file names as sent (attachment checks)
     ],
     # Per signed-in user and per anonymous address (cache-backed: per web process with the default
     # local-memory cache); over the rate, 429 with Retry-After.
@@ -269,6 +312,7 @@ CELERY_TASK_ROUTES = {
     "expire_approvals": {"queue": "agent"},
     "mark_sla_breaches": {"queue": "agent"},
     "refresh_term_statistics": {"queue": "tools"},
+    "deliver_attachments": {"queue": "outbox"},
 }
 CELERY_BEAT_SCHEDULE = {
     "outbox-tick": {"task": "dispatch_pending", "schedule": timedelta(seconds=2)},
@@ -280,6 +324,7 @@ CELERY_BEAT_SCHEDULE = {
     "approval-expiry": {"task": "expire_approvals", "schedule": timedelta(seconds=30)},
     "sla-breaches": {"task": "mark_sla_breaches", "schedule": timedelta(seconds=60)},
     "term-statistics": {"task": "refresh_term_statistics", "schedule": timedelta(seconds=60)},
+    "attachment-deliveries": {"task": "deliver_attachments", "schedule": timedelta(seconds=10)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -291,6 +336,13 @@ CELERY_DB_REUSE_MAX = 2**31
 
 # --- faultdesk ------------------------------------------------------------------------------
 FAULTDESK = {
+    # Attachments of a fault report (apps/attachments): how many, the largest file, all of them.
+    "ATTACHMENTS_MAX_FILES": env.int("FAULTDESK_ATTACHMENTS_MAX_FILES", default=5),
+    "ATTACHMENT_MAX_BYTES": env.int("FAULTDESK_ATTACHMENT_MAX_BYTES", default=10 * 2**20),
+    "ATTACHMENTS_MAX_TOTAL_BYTES": env.int("FAULTDESK_ATTACHMENTS_MAX_TOTAL_BYTES", default=25 * 2**20),
+    # Sending attachments to the ticket system: attempts before FAILED, the lease of one send.
+    "ATTACHMENT_DELIVERY_MAX_ATTEMPTS": env.int("FAULTDESK_ATTACHMENT_DELIVERY_MAX_ATTEMPTS", default=8),
+    "ATTACHMENT_DELIVERY_LEASE_SECONDS": env.float("FAULTDESK_ATTACHMENT_DELIVERY_LEASE_SECONDS", default=60.0),
     # Reference ticket service (DESIGN.md §11); the tool gateway injects this credential.
     "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
     "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default=DEV_SECRETS["REFSERVICE_API_KEY"]),

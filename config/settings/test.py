@@ -1,5 +1,6 @@
 """Settings for the test suite (pytest-django)."""
 
+from config.env import VAR_DIR as _VAR_DIR
 from config.settings.base import *  # noqa: F403
 
 # Fast hashing for in-process tests; PBKDF2 stays available so end-to-end tests can create users the
@@ -12,6 +13,8 @@ CELERY_TASK_ALWAYS_EAGER = False
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "attachments": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                    "OPTIONS": {"location": str(_VAR_DIR / "test-attachments"), "base_url": None}},
 }
 
 import os  # noqa: E402

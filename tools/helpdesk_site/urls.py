@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from tools.helpdesk_site.bridge.views import TicketByCustomFieldView, TicketDetailView
+from tools.helpdesk_site.bridge.views import TicketAttachmentsView, TicketByCustomFieldView, TicketDetailView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -15,6 +15,11 @@ urlpatterns = [
         "helpdesk/api/faultdesk/tickets/<int:pk>/",
         TicketDetailView.as_view(),
         name="faultdesk-ticket-detail",
+    ),
+    path(
+        "helpdesk/api/faultdesk/tickets/<int:pk>/attachments/",
+        TicketAttachmentsView.as_view(),
+        name="faultdesk-ticket-attachments",
     ),
     path("helpdesk/", include("helpdesk.urls", namespace="helpdesk")),
 ]

@@ -356,13 +356,57 @@ def admin_reset(server, request):
     return Response(200, {"ok": True})
 
 
+#: the largest attachment ``PUT /tickets/<id>/attachments/<sha256>`` takes (413 above it)
+MAX_ATTACHMENT_BYTES = 32 * 1024 * 1024
+#: the content types an attachment may have
+ATTACHMENT_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf", "text/plain"})
+
+
+def put_attachment(server, request):
+    """``PUT /tickets/<id>/attachments/<sha256>``: attach the body's bytes to the ticket, once per
+    digest. Headers: ``Content-Type`` (one of :data:`ATTACHMENT_TYPES`) and ``X-Filename`` (the name,
+    percent-encoded UTF-8, 1..200 characters, no path). 201 ``{"ticket_id", "sha256", "filename",
+    "content_type", "size", "created_at"}`` when stored, 200 with the stored record (and
+    ``Idempotent-Replayed: true``) when the ticket already has these bytes, 400 ``invalid_params``
+    when the bytes do not hash to ``sha256`` or a header is wrong, 404 for no such ticket."""
+    import hashlib
+    from urllib.parse import unquote
+
+    sha256 = request.params["sha256"]
+    if hashlib.sha256(request.body).hexdigest() != sha256:
+        raise invalid("the body's SHA-256 is not the one in the path")
+    content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    if content_type not in ATTACHMENT_TYPES:
+        raise invalid(f"Content-Type: must be one of {', '.join(sorted(ATTACHMENT_TYPES))}")
+    try:
+        filename = unquote(request.headers.get("X-Filename") or "", errors="strict")
+    except UnicodeDecodeError:
+        raise invalid("X-Filename: must be percent-encoded UTF-8") from None
+    if not (0 < len(filename) <= 200) or "/" in filename or "\\" in filename or filename.startswith("."):
+        raise invalid("X-Filename: a plain file name of 1..200 characters")
+    with _store_errors():
+        record, created = server.store.add_attachment(request.params["ticket_id"], sha256, filename, content_type,
+                                                      request.body)
+    return Response(201 if created else 200, record, {} if created else {"Idempotent-Replayed": "true"})
+
+
+def list_attachments(server, request):
+    """``GET /tickets/<id>/attachments`` -> 200 ``{"results": [attachment record]}`` (oldest first;
+    the records, not the bytes), 404 for no such ticket."""
+    with _store_errors():
+        return Response(200, {"results": server.store.list_attachments(request.params["ticket_id"])})
+
+
 @dataclass(frozen=True)
 class Route:
-    """A path ``pattern`` (full match), its ``methods`` (name -> handler) and whether it is ``public``."""
+    """A path ``pattern`` (full match), its ``methods`` (name -> handler), whether it is ``public``
+    and the largest body it takes (``max_body`` bytes)."""
 
     pattern: re.Pattern
     methods: dict
     public: bool = False
+    #: the largest body the route takes (413 above it)
+    max_body: int = MAX_BODY_BYTES
 
 
 ROUTES = (
@@ -371,6 +415,9 @@ ROUTES = (
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)"), {"GET": get_ticket, "PATCH": patch_ticket}),
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/comments"), {"GET": lookup_comments, "POST": add_comment}),
     Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/updates"), {"GET": lookup_updates}),
+    Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/attachments"), {"GET": list_attachments}),
+    Route(re.compile(r"/tickets/(?P<ticket_id>[^/]+)/attachments/(?P<sha256>[0-9a-f]{64})"),
+          {"PUT": put_attachment}, max_body=MAX_ATTACHMENT_BYTES),
     Route(re.compile(r"/ticket-batches"), {"POST": create_tickets_batch}),
     Route(re.compile(r"/fences"), {"POST": fence_key}),
     Route(re.compile(r"/_admin/effects"), {"GET": admin_effects}),

@@ -70,9 +70,9 @@ class RefServiceHandler(BaseHTTPRequestHandler):
         self._send(response)
 
     def _handle(self):
-        body = self._read_body()
         url = urlsplit(self.path)
         route, params = find_route(url.path)
+        body = self._read_body(route.max_body if route is not None else MAX_BODY_BYTES)
         if route is None or not route.public:
             self._authenticate()
         if route is None:
@@ -85,8 +85,9 @@ class RefServiceHandler(BaseHTTPRequestHandler):
         request = Request(self.command, url.path, query, self.headers, body, params)
         return handler(self.server, request)
 
-    def _read_body(self):
-        """Read the whole body (always, so keep-alive stays in sync); 411/413/400 on bad framing."""
+    def _read_body(self, limit=MAX_BODY_BYTES):
+        """Read the whole body (always, so keep-alive stays in sync); 411/413/400 on bad framing
+        (413 above ``limit`` bytes: the route's own limit)."""
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
             raise ApiError(
@@ -102,9 +103,9 @@ class RefServiceHandler(BaseHTTPRequestHandler):
         except ValueError:
             self.close_connection = True
             raise invalid("Content-Length: must be a non-negative integer") from None
-        if size > MAX_BODY_BYTES:
+        if size > limit:
             self.close_connection = True
-            raise ApiError(413, "payload_too_large", detail=f"bodies are limited to {MAX_BODY_BYTES} bytes")
+            raise ApiError(413, "payload_too_large", detail=f"bodies are limited to {limit} bytes")
         return self.rfile.read(size)
 
     def _authenticate(self):

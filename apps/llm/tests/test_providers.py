@@ -55,7 +55,7 @@ def test_the_main_job_runs_end_to_end_with_the_openai_compatible_provider(
     assert {k: bundle[k] for k in ("model_provider", "model", "model_base_url", "prompt_template", "parser",
                                    "output_parser")} == {
         "model_provider": "openai_compatible", "model": "scripted-model", "model_base_url": model_server.url,
-        "prompt_template": "ticket-draft/2", "parser": "ticket-draft-parser/1",
+        "prompt_template": "ticket-draft/3", "parser": "ticket-draft-parser/1",
         "output_parser": "model-output-parser/1"}
     task = drive(task.pk)
     assert task.status == reducer.WAITING_APPROVAL

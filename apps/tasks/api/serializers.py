@@ -16,6 +16,13 @@ class TaskCreateSerializer(serializers.Serializer):
     urgency = serializers.ChoiceField(choices=Urgency.choices, default=Urgency.NORMAL)
 
 
+class TaskCreateWithFilesSerializer(TaskCreateSerializer):
+    """The multipart form of a new request (schema only): the fields above, and up to
+    ``ATTACHMENTS_MAX_FILES`` files in ``attachments`` (photos, text logs, PDF; checked by content)."""
+
+    attachments = serializers.ListField(child=serializers.FileField(), required=False)
+
+
 # A ModelSerializer builds its fields from the model on every instantiation, which cost the submit
 # about 0.3 ms of CPU per response (docs/performance.md, "Hot reads in SQL"): the fields are built once
 # per class and copied per instance (get_fields), so the schema and the JSON stay the ModelSerializer's.
@@ -29,6 +36,7 @@ class TaskSerializer(serializers.ModelSerializer):
     waiting_for = serializers.SerializerMethodField()
     questions = serializers.SerializerMethodField()
     limits = serializers.SerializerMethodField()
+    attachments = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
 
     class Meta:
@@ -36,7 +44,8 @@ class TaskSerializer(serializers.ModelSerializer):
         fields = [
             "id", "status", "version", "device", "requester", "symptom", "urgency", "termination_reason",
             "waiting_for", "questions", "answer", "proposal", "approval", "receipt", "budget_total", "budget_used",
-            "budget_reserved", "limits", "deadline_at", "artifact_bundle", "created_at", "updated_at", "links",
+            "budget_reserved", "limits", "attachments", "deadline_at", "artifact_bundle", "created_at", "updated_at",
+            "links",
         ]
 
     def get_fields(self) -> dict:
@@ -72,6 +81,14 @@ class TaskSerializer(serializers.ModelSerializer):
         if limits is None:
             return None
         return {**limits, "open_reservations": len(obj.state.get("reservations") or {})}
+
+    def get_attachments(self, obj: Task) -> list[dict]:
+        """The files attached to the report, as recorded in ``task.accepted``: ``[{"name",
+        "content_type", "size", "sha256", "url"}]`` (``url``: the API address of its bytes)."""
+        base = settings.FAULTDESK["PUBLIC_BASE_URL"].rstrip("/")
+        return [{k: a[k] for k in ("name", "content_type", "size", "sha256")}
+                | {"url": base + reverse("api-task-attachment", args=[obj.pk, a["sha256"]])}
+                for a in ((obj.state or {}).get("request") or {}).get("attachments") or []]
 
     def get_waiting_for(self, obj: Task) -> str | None:
         """What the task waits for, in the reader's language; None when it waits for nothing."""

@@ -14,6 +14,8 @@ from rest_framework.views import APIView
 from apps.accounts.api import HasPrincipal, request_principal
 from apps.actions.api.serializers import ActionSerializer
 from apps.actions.selectors import task_actions
+from apps.attachments.services import attachments_check
+from apps.attachments.uploads import recorded_uploads
 from apps.core.errors import Forbidden, NotFound
 from apps.tasks import reducer
 from apps.tasks.api.serializers import (
@@ -21,6 +23,7 @@ from apps.tasks.api.serializers import (
     EventSerializer,
     InputSerializer,
     TaskCreateSerializer,
+    TaskCreateWithFilesSerializer,
     TaskSerializer,
 )
 from apps.tasks.selectors import payload_shown, task_events_for_viewer, task_get, task_list
@@ -45,7 +48,7 @@ class TaskListCreateApi(APIView):
         return Response(TaskSerializer(qs[:100], many=True).data)
 
     @extend_schema(
-        request=TaskCreateSerializer,
+        request={"application/json": TaskCreateSerializer, "multipart/form-data": TaskCreateWithFilesSerializer},
         responses={201: TaskSerializer, 200: TaskSerializer},
         parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
                                      description="same key + same body → the same task; different body → 422")],
@@ -54,8 +57,11 @@ class TaskListCreateApi(APIView):
         principal = request_principal(request)
         ser = TaskCreateSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
+        # multipart/form-data: the files of field "attachments", checked by their content
+        files, skipped = recorded_uploads(request, "attachments")
+        checked = attachments_check([(name, f, f.content_type) for name, f in files], skipped)
         result = task_submit(principal=principal, request_key=request.headers.get("Idempotency-Key"),
-                             **ser.validated_data)
+                             attachments=checked, **ser.validated_data)
         if result.task.requester_id == request.user.pk:
             result.task.requester = request.user  # the signed-in user, already read: no query for the answer
         return Response(
@@ -136,3 +142,17 @@ class TaskActionsApi(APIView):
     def get(self, request, task_id):
         principal, task = _task_for_admin(request, task_id, what=_("a task's actions"))
         return Response(ActionSerializer(task_actions(principal=principal, task_id=task.pk), many=True).data)
+
+
+class TaskAttachmentApi(APIView):
+    """``GET /api/tasks/<id>/attachments/<sha256>/``: one attachment's bytes, for whoever may read
+    the task (its requester, the tenant's approvers and admins); 404 otherwise, and for another
+    tenant's task. The same answer as the page's link (:func:`apps.tasks.views.attachment_response`)."""
+
+    permission_classes = [HasPrincipal]
+
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request, task_id, sha256):
+        from apps.tasks.views import attachment_response
+
+        return attachment_response(request_principal(request), task_id, sha256)

@@ -2,6 +2,11 @@
 
 GET /helpdesk/api/faultdesk/tickets/by-custom-field/?field=faultdesk_key&value=X
 GET /helpdesk/api/faultdesk/tickets/<id>/
+GET /helpdesk/api/faultdesk/tickets/<id>/attachments/
+
+The third lists a ticket's follow-up attachments with the follow-up's title, so a sender can see
+whether a file is already there (faultdesk titles the follow-up that carries a file with the file's
+SHA-256): the stock API lists every follow-up of every ticket, with no filter by ticket.
 
 The second exists because the stock GET /helpdesk/api/tickets/<id>/ (and PATCH/PUT
 on it) runs TicketViewSet.get_queryset(), which loads EVERY ticket and does one
@@ -68,3 +73,20 @@ class TicketDetailView(APIView):
         )
         ticket.set_custom_field_values()
         return Response(TicketSerializer(ticket, context={"request": request}).data)
+
+
+class TicketAttachmentsView(APIView):
+    """The attachments of one ticket's follow-ups: ``{"results": [{"followup", "title", "filename",
+    "mime_type", "size"}]}``, oldest first; 404 for a ticket the user cannot see."""
+
+    permission_classes = [IsAdminUser]
+
+    def get(self, request, pk: int):
+        from helpdesk.models import FollowUpAttachment
+
+        ticket = get_object_or_404(HelpdeskUser(request.user).accessible_tickets(), pk=pk)
+        rows = (FollowUpAttachment.objects.filter(followup__ticket=ticket).select_related("followup")
+                .order_by("followup__date", "id"))
+        return Response({"results": [{"followup": a.followup_id, "title": a.followup.title or "",
+                                      "filename": a.filename, "mime_type": a.mime_type, "size": a.size}
+                                     for a in rows]})
