@@ -270,3 +270,43 @@ def test_a_second_report_files_a_new_ticket_and_a_compensation_goes_to_a_person(
     second = compensation_settle(principal=p(admin_user), task_id=second.pk, decision="done_by_hand",
                                  note="closed in helpdesk")
     assert second.status == reducer.CANCELLED and "done by hand" in second.termination_reason
+
+
+def test_a_reports_files_reach_the_helpdesk_ticket_once_even_when_sent_again(hd, requester, approver, device, kb):
+    """django-helpdesk has no idempotency key: the file goes as a private follow-up titled with its
+    SHA-256, and a second send (after a crash that lost the first answer) finds it first."""
+    import hashlib
+
+    from django.utils import timezone
+
+    from apps.attachments.delivery import deliveries_drain
+    from apps.attachments.models import AttachmentDelivery, DeliveryStatus
+    from apps.attachments.services import attachments_check
+
+    log = b"08:00:09 ERROR E-203 fuser temperature below threshold\n"
+    files = attachments_check([("printer.log", log, "text/plain")])
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high",
+                       attachments=files).task
+    task = drive(task.pk)
+    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    agent_run(task_id=task.pk)
+    task = drive(task.pk)
+    ticket_id = task.state["receipt"]["external_id"]
+    assert deliveries_drain() == 1
+    row = AttachmentDelivery.objects.get()
+    assert row.status == DeliveryStatus.DELIVERED and row.connector == "helpdesk" and row.ticket_id == ticket_id
+
+    def listed():
+        resp = httpx.get(f"{HelpdeskConnector().base_url}/helpdesk/api/faultdesk/tickets/{ticket_id}/attachments/",
+                         headers={"Authorization": f"Token {TOKEN}"})
+        assert resp.status_code == 200, resp.text
+        return resp.json()["results"]
+
+    sha = hashlib.sha256(log).hexdigest()
+    assert [(a["filename"], a["size"], a["title"]) for a in listed()] == [
+        ("printer.log", len(log), f"faultdesk attachment sha256:{sha}")]
+    AttachmentDelivery.objects.update(status=DeliveryStatus.IN_FLIGHT, lease_expires_at=timezone.now(),
+                                      available_at=timezone.now())
+    assert deliveries_drain() == 1
+    assert len(listed()) == 1 and AttachmentDelivery.objects.get().status == DeliveryStatus.DELIVERED

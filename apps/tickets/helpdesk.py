@@ -12,6 +12,21 @@ HELPDESK_PRIORITY = {"P1": 1, "P2": 2, "P3": 3, "P4": 4}
 HELPDESK_STATUS = {1: "open", 2: "reopened", 3: "resolved", 4: "closed", 5: "duplicate"}
 
 
+#: the extension helpdesk needs to accept a file of each type faultdesk attaches (its
+#: ``HELPDESK_VALID_EXTENSIONS`` checks the name only)
+_EXTENSION_FOR = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp",
+                  "application/pdf": ".pdf", "text/plain": ".txt"}
+_EXTENSIONS_OF = {"text/plain": (".txt", ".log", ".csv", ".json", ".xml", ".cfg", ".conf", ".ini", ".out", ".text"),
+                  "image/jpeg": (".jpg", ".jpeg", ".jfif")}
+
+
+def _with_extension(name: str, content_type: str) -> str:
+    """``name``, with the extension of ``content_type`` added when it has none that fits: a log
+    sent as ``printer`` goes as ``printer.txt``."""
+    fits = _EXTENSIONS_OF.get(content_type, (_EXTENSION_FOR.get(content_type, ""),))
+    return name if name.lower().endswith(fits) else name + _EXTENSION_FOR.get(content_type, "")
+
+
 class HelpdeskConnector(HttpConnector):
     """django-helpdesk 2.6 over its REST API (``Authorization: Token``), DESIGN.md §11.
 
@@ -127,7 +142,7 @@ class HelpdeskConnector(HttpConnector):
         resp = self._send("POST", "/helpdesk/api/followups/", what="attach", timeout=timeout,
                           data={"ticket": ticket_id, "title": title, "public": "false", "user": "",
                                 "comment": f"Attached by the requester through faultdesk: {name}"},
-                          files={"attachments": (name, data, content_type)})
+                          files={"attachments": (_with_extension(name, content_type), data, content_type)})
         if resp.status_code == 201:
             return f"followup:{json_body(resp, 'attach').get('id')}"
         raise error_for_status(resp)

@@ -123,3 +123,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
 }
+# faultdesk sends a report's photos, logs and PDF documents as follow-up attachments: helpdesk's
+# default list has no .log, .json, .cfg or .webp (faultdesk checks every file by its content first).
+HELPDESK_VALID_EXTENSIONS = [".txt", ".log", ".csv", ".json", ".xml", ".cfg", ".conf", ".ini", ".out", ".text",
+                             ".pdf", ".png", ".jpg", ".jpeg", ".jfif", ".gif", ".webp"]
