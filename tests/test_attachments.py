@@ -77,6 +77,18 @@ def post_api(client, device, files, symptom=SYMPTOM, **headers):
     return client.post("/api/tasks/", data=body, content_type=ctype, **headers)
 
 
+@pytest.fixture(autouse=True)
+def _own_storage(settings, tmp_path):
+    """Each test's files in a directory of its own (tenant ids repeat across test runs)."""
+    from django.core.files.storage import storages
+
+    settings.STORAGES = {**settings.STORAGES, "attachments": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+    storages._storages.pop("attachments", None)
+    yield
+    storages._storages.pop("attachments", None)
+
+
 # --- what is accepted, and where it is recorded ----------------------------------------------------
 
 
@@ -248,6 +260,7 @@ def test_the_files_reach_the_new_ticket_once_even_when_sent_again(client, reques
     rows = list(AttachmentDelivery.objects.filter(attachment__task=task))
     assert {r.ticket_id for r in rows} == {ticket_id} and len(rows) == 2
     assert deliveries_drain() == 2
+    assert [(r.status, r.last_error) for r in AttachmentDelivery.objects.all()] == [("DELIVERED", "")] * 2
     listed = refadmin.client.get(f"/tickets/{ticket_id}/attachments").json()["results"]
     assert sorted((r["filename"], r["sha256"], r["size"]) for r in listed) == sorted(
         [("panel.png", hashlib.sha256(photo).hexdigest(), len(photo)),

@@ -131,18 +131,30 @@ def storage_key(tenant_id: int, sha256: str) -> str:
 
 def attachments_store(*, tenant_id: int, files: list[CheckedFile]) -> list[str]:
     """Put each checked file's bytes into the ``attachments`` storage under
-    :func:`storage_key` (a file already there, the same bytes by its digest, is kept as it is).
+    :func:`storage_key` (a file already there is kept when it still hashes to its digest, and
+    replaced when it does not).
     Returns the keys in order. Raises what the storage raises (``OSError`` for a full disk)."""
     storage = storages[STORAGE_ALIAS]
     keys = []
     for f in files:
         key = storage_key(tenant_id, f.sha256)
+        if storage.exists(key) and not _holds(storage, key, f.sha256):
+            storage.delete(key)  # damaged or altered at rest: these are the bytes the digest names
         if not storage.exists(key):
             saved = storage.save(key, ContentFile(f.data))
             if saved != key:  # a concurrent save of the same bytes won the name: keep one copy
                 storage.delete(saved)
         keys.append(key)
     return keys
+
+
+def _holds(storage, key: str, sha256: str) -> bool:
+    """Whether the stored file ``key`` still hashes to ``sha256``."""
+    digest = hashlib.sha256()
+    with storage.open(key, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest() == sha256
 
 
 def attachments_record(*, tenant_id: int, task_id: uuid.UUID, files: list[CheckedFile], keys: list[str]) -> None:
