@@ -10,6 +10,7 @@ from apps.approvals import views as approval_views
 from apps.approvals.api import views as approval_api
 from apps.devices.api import views as device_api
 from apps.evidence import views as evidence_views
+from apps.notifications import views as notification_views
 from apps.outbox import api as reconciliation_api
 from apps.outbox import views as reconciliation_views
 from apps.tasks import views as task_views
@@ -44,6 +45,9 @@ urlpatterns = [
     path("evidence/<int:chunk_id>/", evidence_views.evidence_detail, name="evidence-detail"),
     path("approvals/", approval_views.approval_queue, name="approval-queue"),
     path("approvals/<uuid:approval_id>/decide/", approval_views.approval_decide_view, name="approval-decide"),
+    path("notifications/", notification_views.notification_list, name="notification-list"),
+    path("notifications/bell/", notification_views.notification_bell, name="notification-bell"),
+    path("notifications/read/", notification_views.notification_read_all, name="notification-read-all"),
     path("webhooks/reference/", ticket_webhooks.reference_webhook, name="webhook-reference"),
     # API
     path("api/tasks/", task_api.TaskListCreateApi.as_view(), name="api-task-list"),

@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "apps.llm",
     "apps.agent",
     "apps.traces",
+    "apps.notifications",
     "config.apps.FaultdeskConfig",
 ]
 
@@ -313,6 +314,7 @@ CELERY_TASK_ROUTES = {
     "mark_sla_breaches": {"queue": "agent"},
     "refresh_term_statistics": {"queue": "tools"},
     "deliver_attachments": {"queue": "outbox"},
+    "send_notifications": {"queue": "outbox"},
 }
 CELERY_BEAT_SCHEDULE = {
     "outbox-tick": {"task": "dispatch_pending", "schedule": timedelta(seconds=2)},
@@ -325,6 +327,11 @@ CELERY_BEAT_SCHEDULE = {
     "sla-breaches": {"task": "mark_sla_breaches", "schedule": timedelta(seconds=60)},
     "term-statistics": {"task": "refresh_term_statistics", "schedule": timedelta(seconds=60)},
     "attachment-deliveries": {"task": "deliver_attachments", "schedule": timedelta(seconds=10)},
+    # notifications: the approvers' due digests, and rows left PENDING or whose sender died
+    "notify-tick": {
+        "task": "send_notifications",
+        "schedule": timedelta(seconds=env.float("FAULTDESK_NOTIFY_TICK_SECONDS", default=10.0)),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -462,7 +469,34 @@ FAULTDESK = {
     # /healthz answers 503 past these (apps/traces/health.py)
     "HEALTH_MAX_TRANSACTION_SECONDS": env.float("FAULTDESK_HEALTH_MAX_TRANSACTION_SECONDS", default=120.0),
     "HEALTH_MAX_OUTBOX_LAG_SECONDS": env.float("FAULTDESK_HEALTH_MAX_OUTBOX_LAG_SECONDS", default=300.0),
+    # Notifications (apps/notifications): an approver's items go out as one digest e-mail at most
+    # every NOTIFY_DIGEST_SECONDS (the first of a quiet period at once); a send is leased for
+    # NOTIFY_LEASE_SECONDS (a sender that dies is replaced after it), retried with backoff from
+    # NOTIFY_RETRY_BASE_SECONDS up to NOTIFY_RETRY_CAP_SECONDS, and FAILED after NOTIFY_MAX_ATTEMPTS.
+    "NOTIFY_DIGEST_SECONDS": env.int("FAULTDESK_NOTIFY_DIGEST_SECONDS", default=300),
+    "NOTIFY_LEASE_SECONDS": env.int("FAULTDESK_NOTIFY_LEASE_SECONDS", default=60),
+    "NOTIFY_MAX_ATTEMPTS": env.int("FAULTDESK_NOTIFY_MAX_ATTEMPTS", default=6),
+    "NOTIFY_RETRY_BASE_SECONDS": env.float("FAULTDESK_NOTIFY_RETRY_BASE_SECONDS", default=30.0),
+    "NOTIFY_RETRY_CAP_SECONDS": env.float("FAULTDESK_NOTIFY_RETRY_CAP_SECONDS", default=1800.0),
+    "NOTIFY_BATCH": env.int("FAULTDESK_NOTIFY_BATCH", default=50),
+    "NOTIFY_DRAIN_SECONDS": env.float("FAULTDESK_NOTIFY_DRAIN_SECONDS", default=20.0),
+    # the domain of the notification e-mails' Message-IDs (<notification.<id>@domain>)
+    "NOTIFY_MESSAGE_ID_DOMAIN": env("FAULTDESK_NOTIFY_MESSAGE_ID_DOMAIN", default="faultdesk.localhost"),
 }
+
+# E-mail (notifications): SMTP when EMAIL_HOST is set; otherwise each message is written as a file
+# under var/mail/ (development). EMAIL_BACKEND names another backend outright (e.g. the console's).
+EMAIL_HOST = env("EMAIL_HOST", default="")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
+                    else "django.core.mail.backends.filebased.EmailBackend")
+EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="faultdesk <faultdesk@localhost>")
 
 # Structured logs (config/logs.py): JSON lines by default, LOG_FORMAT=console for a terminal.
 LOGGING = logging_config(fmt=env("LOG_FORMAT", default="json"), level=env("LOG_LEVEL", default="INFO"))
