@@ -28,6 +28,8 @@ request). Someone without an e-mail address gets the page notification only.
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.utils import timezone
 
@@ -158,7 +160,8 @@ def _row(task, event, user_id: int, address: str, kind: str, context: dict, *, h
 
 
 def message_id_for(notification_id) -> str:
-    """The Message-ID of notification ``notification_id``'s e-mail: ``<notification.<id>@<domain>>``
+    """The Message-ID of notification ``notification_id``'s e-mail: ``<notify.<id as 32 hex digits>@<domain>>``
     with ``FAULTDESK["NOTIFY_MESSAGE_ID_DOMAIN"]`` — the same at every resend, so a receiver that
-    deduplicates by Message-ID keeps one copy (RFC 5322 §3.6.4)."""
-    return f"<notification.{notification_id}@{settings.FAULTDESK['NOTIFY_MESSAGE_ID_DOMAIN']}>"
+    deduplicates by Message-ID keeps one copy (RFC 5322 §3.6.4). Short enough for the header to
+    stay on one line with the default domain."""
+    return f"<notify.{uuid.UUID(str(notification_id)).hex}@{settings.FAULTDESK['NOTIFY_MESSAGE_ID_DOMAIN']}>"

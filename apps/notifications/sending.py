@@ -21,7 +21,7 @@ Exactly once, and where it cannot be: a crash before the send leaves the row ``S
 lease expires, then it is claimed and sent once. A crash after the SMTP server accepted the message
 and before the ``SENT`` mark committed (or a sender stalled past its lease) cannot be told apart
 from one before the send, so the row is sent again — as the *same* message: every send of a row
-carries the Message-ID derived from the row's id (``<notification.<id>@<domain>>``) and the header
+carries the Message-ID derived from the row's id (``<notify.<id>@<domain>>``) and the header
 ``X-Faultdesk-Notification: <id>``, by which a receiving system or mail client deduplicates. That
 window is the time between the server's "250 OK" and the commit of the mark: milliseconds, unless
 the process dies in it.
@@ -164,7 +164,7 @@ def email_message(n: Notification, *, language: str, connection=None) -> EmailMu
     headers = {"Message-ID": n.message_id, "X-Faultdesk-Notification": str(n.pk),
                "Auto-Submitted": "auto-generated", "Content-Language": language}
     if n.task_id:
-        thread = f"<task.{n.task_id}@{settings.FAULTDESK['NOTIFY_MESSAGE_ID_DOMAIN']}>"
+        thread = f"<task.{n.task_id.hex}@{settings.FAULTDESK['NOTIFY_MESSAGE_ID_DOMAIN']}>"
         headers.update({"References": thread, "In-Reply-To": thread})
     message = EmailMultiAlternatives(subject=parts.subject, body=parts.text, from_email=settings.DEFAULT_FROM_EMAIL,
                                      to=[n.recipient.email], headers=headers, connection=connection)

@@ -31,7 +31,8 @@ def _kinds(user) -> list[tuple[str, str]]:
 
 
 def _waiting(mailed, device):
-    task = drive(task_submit(principal=p(mailed["riley"]), device_id=device.pk, urgency="high", symptom=SYMPTOM).task.pk)
+    task = drive(task_submit(principal=p(mailed["riley"]), device_id=device.pk, urgency="high",
+                             symptom=SYMPTOM).task.pk)
     assert task.status == reducer.WAITING_APPROVAL
     return task
 
@@ -48,7 +49,7 @@ def test_an_approval_waiting_is_held_for_each_approver_never_the_requester(maile
     assert item.context["asset_tag"] == "PRN-0417"
     event = TaskEvent.objects.get(task=task, type="approval.requested")
     assert (item.source_event_id, item.source_event_seq) == (event.id, event.seq)
-    assert item.message_id == f"<notification.{item.pk}@faultdesk.localhost>"
+    assert item.message_id == f"<notify.{item.pk.hex}@faultdesk.localhost>"
 
 
 def test_the_requester_learns_the_ticket_id_and_the_end_once_each(mailed, device, kb, refservice):
@@ -74,7 +75,7 @@ def test_the_requester_learns_the_ticket_id_and_the_end_once_each(mailed, device
     for m in to_riley:
         n = Notification.objects.get(message_id=m.extra_headers["Message-ID"])
         assert m.extra_headers["X-Faultdesk-Notification"] == str(n.pk)
-        assert m.extra_headers["References"] == f"<task.{task.pk}@faultdesk.localhost>"
+        assert m.extra_headers["References"] == f"<task.{task.pk.hex}@faultdesk.localhost>"
         assert n.status == DeliveryStatus.SENT and n.attempts == 1 and n.email_to == "riley@acme.test"
     assert f"/tasks/{task.pk}/" in to_riley[0].body
     # a second drain sends nothing again
