@@ -68,6 +68,8 @@ def input_flags(*, report: str, answers: list[str], reading: dict | None,
         if flags := injection_flags(text):
             out.append({"source": "report" if i == 0 else f"answer {i}", "flags": flags})
     for a in attachments:
+        if flags := injection_flags(str(a.get("name") or "")):
+            out.append({"source": "attachment name", "flags": flags})
         if flags := injection_flags(a.get("text") or ""):
             out.append({"source": f"attachment {a.get('name')}", "flags": flags})
     for name in _DEVICE_TEXT_FIELDS:

@@ -149,7 +149,9 @@ def _image(name: str, data: bytes) -> str:
             if img.width * img.height > MAX_IMAGE_PIXELS:
                 raise Refused(_("“%(name)s”: the picture is %(w)s × %(h)s pixels, larger than faultdesk takes")
                               % {"name": name, "w": img.width, "h": img.height})
-            img.verify()  # reads the whole file: a truncated or damaged image fails here
+            img.verify()  # PNG: checks every chunk's checksum
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()  # every format: decodes every pixel, so a truncated or damaged picture fails here
     except Refused:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:

@@ -80,8 +80,8 @@ def render_prompt(*, request: dict, device: dict, evidence: list[dict], answers:
                                                 "alert_message", "version")}
     user = [f"<request urgency=\"{esc(request.get('urgency', 'normal'))}\">{esc(request['symptom'])}</request>"]
     user += [f"<answer>{esc(a)}</answer>" for a in answers]
-    user += [f"<attachment name=\"{esc(a['name'])}\" type=\"{esc(a['content_type'])}\">{esc(a.get('text') or '')}"
-             "</attachment>" for a in request.get("attachments") or []]
+    user += [f"<attachment name=\"{html.escape(a['name'])}\" type=\"{html.escape(a['content_type'])}\">"
+             f"{esc(a.get('text') or '')}</attachment>" for a in request.get("attachments") or []]
     user += [f"<device>{esc(json.dumps(device_fields, sort_keys=True))}</device>", blocks]
     messages = [
         {

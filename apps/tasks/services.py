@@ -97,7 +97,8 @@ def task_submit(
     attachments = list(attachments)
     if any(not isinstance(f, CheckedFile) for f in attachments):
         raise TypeError("attachments must be checked by attachments_check first")
-    files = {"attachments": [f.sha256 for f in attachments]} if attachments else {}
+    # the files as recorded and approved: their bytes, names and order
+    files = {"attachments": [[f.sha256, f.name] for f in attachments]} if attachments else {}
     digest = sha256_json({"user": principal.user_id, **body, **files})
 
     if request_key is not None:  # a key is the requester's own: another's same key is another request

@@ -214,8 +214,9 @@ STORAGES = {
 }
 # Files larger than this go to a temporary file while a request is read, not to memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
-# Django's own refusal (400) of a form with more files than any report could take.
-DATA_UPLOAD_MAX_NUMBER_FILES = 20
+# Django's own refusal (400) of a form with far more files than any report could take; below it,
+# the attachment checks refuse "too many files" with the form kept.
+DATA_UPLOAD_MAX_NUMBER_FILES = 100
 
 # Django's database sessions, the row read by a statement written once (apps/accounts/sessions.py)
 SESSION_ENGINE = "apps.accounts.sessions"

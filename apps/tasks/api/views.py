@@ -16,7 +16,7 @@ from apps.actions.api.serializers import ActionSerializer
 from apps.actions.selectors import task_actions
 from apps.attachments.services import attachments_check
 from apps.attachments.uploads import recorded_uploads
-from apps.core.errors import Forbidden, NotFound
+from apps.core.errors import Forbidden, NotFound, Unprocessable
 from apps.tasks import reducer
 from apps.tasks.api.serializers import (
     CancelSerializer,
@@ -56,10 +56,18 @@ class TaskListCreateApi(APIView):
     def post(self, request):
         principal = request_principal(request)
         ser = TaskCreateSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        # multipart/form-data: the files of field "attachments", checked by their content
+        valid = ser.is_valid()
+        # multipart/form-data: the files of field "attachments", checked by their content — also when
+        # another field is wrong, so every problem is told at once
         files, skipped = recorded_uploads(request, "attachments")
-        checked = attachments_check([(name, f, f.content_type) for name, f in files], skipped)
+        try:
+            checked = attachments_check([(name, f, f.content_type) for name, f in files], skipped)
+        except Unprocessable as exc:
+            if valid:
+                raise
+            raise ValidationError({**ser.errors, "attachments": exc.extra.get("attachments") or [exc.detail]}) from exc
+        if not valid:
+            raise ValidationError(ser.errors)
         result = task_submit(principal=principal, request_key=request.headers.get("Idempotency-Key"),
                              attachments=checked, **ser.validated_data)
         if result.task.requester_id == request.user.pk:
