@@ -87,6 +87,10 @@ ACCESS: dict[str, set[str] | str] = {
     "api-compensation-list": {ADMIN},
     "api-compensation-decision": {ADMIN},
     "api-schema": EVERYONE,  # the OpenAPI description: no tenant's data in it
+    # each person's own notifications in their tenant (apps/notifications)
+    "notification-list": SIGNED_IN,
+    "notification-bell": SIGNED_IN,
+    "notification-read-all": SIGNED_IN,
 }
 
 
@@ -263,10 +267,11 @@ PRINCIPAL_FACING = [
     "apps/outbox/views.py", "apps/outbox/api.py", "apps/outbox/reconciliation.py", "apps/traces/views.py",
     "apps/devices/selectors.py", "apps/devices/api/views.py", "apps/evidence/selectors.py",
     "apps/tickets/selectors.py",
+    "apps/notifications/views.py", "apps/notifications/selectors.py", "apps/notifications/services.py",
 ]
 TENANT_MODELS = {"Task", "TaskEvent", "RefusedEvent", "TaskSnapshot", "Action", "ActionAttempt", "ApprovalRequest",
                  "ApprovalPolicy", "Device", "Document", "DocumentVersion", "Chunk", "OutboxMessage", "TicketMirror",
-                 "InboundWebhook", "Membership"}
+                 "InboundWebhook", "Membership", "Notification"}
 
 
 def _unscoped_reads(path: Path) -> list[str]:

@@ -51,8 +51,8 @@ def reason_words(reason: str) -> str:
 
 
 def task_path(task_id) -> str:
-    """The request's page (relative)."""
-    return reverse("task-detail", args=[task_id])
+    """The request's page (relative); the notifications page for a notification of no task."""
+    return reverse("task-detail", args=[task_id]) if task_id else reverse("notification-list")
 
 
 def approvals_path(asset_tag: str = "") -> str:
@@ -133,7 +133,7 @@ def email_parts(n: Notification) -> EmailParts:
     it goes out in a digest)."""
     ctx = n.context or {}
     tag = ctx.get("asset_tag") or ""
-    link_task, see_request = absolute(task_path(n.task_id)) if n.task_id else "", _("Open the request")
+    link_task, see_request = absolute(task_path(n.task_id)), _("Open the request")
     if n.kind == NotificationKind.INPUT_REQUESTED:
         parts = EmailParts(
             subject=_("Question about your report on %(asset_tag)s") % {"asset_tag": tag},
