@@ -160,3 +160,56 @@ def test_a_deactivation_after_the_row_was_written_stops_the_mail(mailed, device,
     assert mail.outbox == []
     n = Notification.objects.get(recipient=mailed["riley"])
     assert n.status == DeliveryStatus.SKIPPED and "no longer an active member" in n.last_error
+
+
+def _approve(approver, task) -> None:
+    approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+
+
+def test_a_report_that_joins_an_open_ticket_says_which_ticket(mailed, device, kb, refservice):
+    first = _waiting(mailed, device)
+    _approve(mailed["avery"], first)
+    first = drive(first.pk)
+    ticket = first.state["receipt"]["external_id"]
+    second = drive(task_submit(principal=p(mailed["riley"]), device_id=device.pk, urgency="high",
+                               symptom="Paper jams at the fuser exit on every duplex job from tray 2.").task.pk)
+    item = Notification.objects.get(recipient=mailed["adele"], task=second)
+    assert item.context["tool"] == "ticket.comment" and item.context["ticket"] == ticket
+    notifications_drain()
+    digest = next(m for m in mail.outbox if m.to == ["adele@acme.test"] and "approval" in m.subject)
+    assert f"PRN-0417: add a comment to ticket {ticket}" in digest.body
+    _approve(mailed["avery"], second)
+    second = drive(second.pk)
+    assert second.state["receipt"]["kind"] == "comment"
+    joined = Notification.objects.get(task=second, kind=NotificationKind.REPORT_JOINED)
+    assert joined.recipient == mailed["riley"]
+    assert joined.context == {"ticket": ticket, "comment": second.state["receipt"]["external_id"],
+                              "asset_tag": "PRN-0417"}
+    assert not Notification.objects.filter(task=second, kind=NotificationKind.TICKET_CREATED).exists()
+    notifications_drain()
+    [m] = [m for m in mail.outbox if "added to ticket" in m.subject]
+    assert m.subject == f"[faultdesk] Your report on PRN-0417 was added to ticket {ticket}"
+    assert f"comment {second.state['receipt']['external_id']}" in m.body
+
+
+def test_a_ticket_made_after_the_cancel_is_told_and_its_closing_asked_of_the_approvers(mailed, device, kb,
+                                                                                        refservice, refadmin):
+    from apps.agent.runner import agent_run
+    from tests.conftest import created_then_cancelled
+
+    task = _waiting(mailed, device)
+    _approve(mailed["avery"], task)
+    agent_run(task_id=task.pk)
+    task = created_then_cancelled(task.pk, canceller=mailed["riley"], refadmin=refadmin)
+    assert task.status == reducer.COMPENSATING
+    ticket = task.state["receipt"]["external_id"]
+    kinds = [k for k, _ in _kinds(mailed["riley"])]
+    assert sorted(kinds) == [NotificationKind.TASK_ENDED, NotificationKind.TICKET_CREATED]
+    closing = Notification.objects.get(recipient=mailed["adele"], task=task, context__compensation=True)
+    assert closing.context["ticket"] == ticket and closing.status == DeliveryStatus.HELD
+    _approve(mailed["avery"], task)
+    task = drive(task.pk)
+    assert task.status == reducer.CANCELLED and task.state["compensation"]["status"] == "DONE"
+    # the compensation's end puts the task back to CANCELLED: no second "cancelled" notification
+    assert Notification.objects.filter(task=task, kind=NotificationKind.TASK_ENDED).count() == 1
