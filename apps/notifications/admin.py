@@ -10,5 +10,6 @@ class NotificationAdmin(ReadOnlyTenantAdmin):
 
     list_display = ("created_at", "tenant", "recipient", "kind", "status", "attempts", "sent_at", "read_at")
     list_filter = ("kind", "status")
+    list_select_related = ("tenant", "recipient")
     search_fields = ("message_id",)
     readonly_fields = ("message_id", "lease_generation", "last_error")
