@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.template.loader import render_to_string
@@ -58,7 +59,7 @@ def task_path(task_id) -> str:
 def approvals_path(asset_tag: str = "") -> str:
     """The approval queue (relative), filtered to ``asset_tag``'s device when given."""
     path = reverse("approval-queue")
-    return f"{path}?device={asset_tag}" if asset_tag else path
+    return f"{path}?{urlencode({'device': asset_tag})}" if asset_tag else path
 
 
 def absolute(path: str) -> str:

@@ -203,6 +203,12 @@ def send_claimed(rows: list[Notification]) -> dict[str, int]:
             language = languages.get(n.recipient_id) or settings.LANGUAGE_CODE
             try:
                 message = email_message(n, language=language, connection=backend)
+                message.message()  # a message that cannot be built (a bad header) never will be
+            except Exception as exc:  # noqa: BLE001 - recorded; retrying cannot help
+                count(_mark_failed_attempt(n, SendFailure(True, f"cannot build the e-mail: {exc!r}"),
+                                           now=timezone.now()))
+                continue
+            try:
                 if not opened:
                     backend.open()
                     opened = True

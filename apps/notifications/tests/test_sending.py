@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import smtplib
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -72,3 +73,28 @@ def test_backoff_doubles_with_equal_jitter_up_to_the_cap(settings):
 ])
 def test_only_a_5xx_refusal_is_permanent(exc, permanent):
     assert failure_of(exc).permanent is permanent
+
+
+def test_a_message_that_cannot_be_built_fails_at_once(row):
+    Notification.objects.filter(pk=row.pk).update(context={"ticket": "REF-1\nBcc: someone@else.test",
+                                                           "asset_tag": "PRN-0417"})
+    assert send_claimed(claim_due(owner="a", limit=10)) == {DeliveryStatus.FAILED: 1}
+    row.refresh_from_db()
+    assert row.status == DeliveryStatus.FAILED and "cannot build the e-mail" in row.last_error
+    assert mail.outbox == []
+
+
+def test_an_event_that_notifies_the_requester_costs_two_statements(requester, tenant, device,
+                                                                   django_assert_num_queries):
+    from types import SimpleNamespace
+
+    from apps.notifications.projections import notifications_from_event
+    from apps.tasks.services import task_submit
+    from tests.conftest import p
+
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom="broken").task
+    before = SimpleNamespace(pk=task.pk, tenant_id=tenant.pk, requester_id=requester.pk, status="VALIDATING",
+                             state={"status": "VALIDATING", "receipt": None})
+    after = {"status": "WAITING_INPUT", "questions": ["since when?"], "request": {"asset_tag": "PRN-0417"}}
+    with django_assert_num_queries(2):  # the requester's membership and address, one INSERT
+        notifications_from_event(before, SimpleNamespace(id=uuid.uuid4(), seq=5), after)
