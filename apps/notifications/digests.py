@@ -31,9 +31,10 @@ from django.db import connection, transaction
 from django.db.models import Max, Min
 from django.utils import timezone
 
+from apps.accounts.models import Membership
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.notifications.models import DeliveryStatus, Notification, NotificationKind
-from apps.notifications.projections import message_id_for
+from apps.notifications.projections import DEFAULT_APPROVER_ROLES, message_id_for
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +91,20 @@ def digest_build_one(*, tenant_id: int, recipient_id: int, now=None) -> int:
                      .select_for_update(skip_locked=True).order_by("created_at", "pk"))
         if not items:
             return 0
-        waiting = {str(pk) for pk in ApprovalRequest.objects.for_tenant(tenant_id).filter(
+        # still waiting, and still the recipient's to decide (a role changed since is no longer asked)
+        role = (Membership.objects.for_tenant(tenant_id)
+                .filter(user_id=recipient_id, is_active=True, user__is_active=True)
+                .values_list("role", flat=True).first())
+        waiting = {str(pk) for pk, roles in ApprovalRequest.objects.for_tenant(tenant_id).filter(
             pk__in=[i.context.get("approval_id") for i in items], status=ApprovalStatus.PENDING,
-            expires_at__gt=now).values_list("pk", flat=True)}
+            expires_at__gt=now).values_list("pk", "approver_roles")
+            if role is not None and role in (roles or DEFAULT_APPROVER_ROLES)}
         listed = [i for i in items if i.context.get("approval_id") in waiting]
         gone = [i.pk for i in items if i.context.get("approval_id") not in waiting]
         if gone:
             Notification.objects.filter(pk__in=gone).update(status=DeliveryStatus.SKIPPED,
-                                                            last_error="no longer waiting when the digest was built")
+                                                            last_error="no longer waiting for this recipient when the "
+                                                                       "digest was built")
         if not listed:
             return 0
         digest = Notification(tenant_id=tenant_id, recipient_id=recipient_id, kind=NotificationKind.APPROVAL_DIGEST,

@@ -166,7 +166,9 @@ def email_message(n: Notification, *, language: str, connection=None) -> EmailMu
     if n.task_id:
         thread = f"<task.{n.task_id.hex}@{settings.FAULTDESK['NOTIFY_MESSAGE_ID_DOMAIN']}>"
         headers.update({"References": thread, "In-Reply-To": thread})
-    message = EmailMultiAlternatives(subject=parts.subject, body=parts.text, from_email=settings.DEFAULT_FROM_EMAIL,
+    # a subject is one line: line breaks or other control characters from a device's fields fold to spaces
+    subject = " ".join("".join(ch if ch.isprintable() else " " for ch in parts.subject).split())
+    message = EmailMultiAlternatives(subject=subject, body=parts.text, from_email=settings.DEFAULT_FROM_EMAIL,
                                      to=[n.recipient.email], headers=headers, connection=connection)
     message.attach_alternative(parts.html, "text/html")
     return message

@@ -118,3 +118,16 @@ def test_a_digest_never_lists_another_tenants_task(mailed, tenant, kb, refservic
         listed = [i["task_id"] for i in digest.context["items"]]
         assert set(Task.objects.filter(pk__in=listed).values_list("tenant_id", flat=True)) == {digest.tenant_id}
         assert set(digest.items.values_list("tenant_id", flat=True)) == {digest.tenant_id}
+
+
+def test_an_approver_whose_role_changed_gets_no_digest_of_what_they_can_no_longer_decide(mailed, tenant, kb,
+                                                                                          refservice):
+    from apps.accounts.models import Membership
+
+    _waiting(mailed["riley"], tenant, "PRN-301")
+    Membership.objects.filter(user=mailed["avery"], tenant=tenant).update(role=Role.REQUESTER)
+    notifications_drain()
+    assert _digests_to("avery@acme.test") == []
+    assert len(_digests_to("adele@acme.test")) == 1
+    item = Notification.objects.get(recipient=mailed["avery"], kind=NotificationKind.APPROVAL_WAITING)
+    assert item.status == DeliveryStatus.SKIPPED and "no longer waiting for this recipient" in item.last_error

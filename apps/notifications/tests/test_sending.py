@@ -76,8 +76,8 @@ def test_only_a_5xx_refusal_is_permanent(exc, permanent):
 
 
 def test_a_message_that_cannot_be_built_fails_at_once(row):
-    Notification.objects.filter(pk=row.pk).update(context={"ticket": "REF-1\nBcc: someone@else.test",
-                                                           "asset_tag": "PRN-0417"})
+    row.recipient.email = "riley@acme.test\nBcc: someone@else.test"  # no address is ever two headers
+    row.recipient.save(update_fields=["email"])
     assert send_claimed(claim_due(owner="a", limit=10)) == {DeliveryStatus.FAILED: 1}
     row.refresh_from_db()
     assert row.status == DeliveryStatus.FAILED and "cannot build the e-mail" in row.last_error
@@ -98,3 +98,25 @@ def test_an_event_that_notifies_the_requester_costs_two_statements(requester, te
     after = {"status": "WAITING_INPUT", "questions": ["since when?"], "request": {"asset_tag": "PRN-0417"}}
     with django_assert_num_queries(2):  # the requester's membership and address, one INSERT
         notifications_from_event(before, SimpleNamespace(id=uuid.uuid4(), seq=5), after)
+
+
+def test_a_subject_from_a_device_with_a_line_break_is_sent_on_one_line(requester, approver, tenant, kb, refservice):
+    """Nothing a person typed into a device's fields can add a header, and the e-mail still goes."""
+    from django.core import mail
+
+    from apps.notifications.models import DeliveryStatus, Notification
+    from apps.notifications.services import notifications_drain
+    from apps.tasks.services import task_submit
+    from tests.conftest import drive, p
+    from tests.factories import DeviceFactory
+
+    requester.email = "riley@acme.test"
+    requester.save(update_fields=["email"])
+    device = DeviceFactory(tenant=tenant, asset_tag="PRN-9\r\nBcc: evil@evil.test")
+    drive(task_submit(principal=p(requester), device_id=device.pk, urgency="low",
+                      symptom="Toner low").task.pk)
+    notifications_drain()
+    sent = [m for m in mail.outbox if m.to == ["riley@acme.test"]]
+    assert sent and all("\n" not in m.subject and "\r" not in m.subject for m in sent)
+    assert all(m.bcc == [] and "evil" not in str(m.message()["Bcc"] or "") for m in sent)
+    assert not Notification.objects.filter(recipient=requester, status=DeliveryStatus.FAILED).exists()
