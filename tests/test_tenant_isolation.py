@@ -33,6 +33,7 @@ from apps.accounts.models import AccessScope, Role
 from apps.actions.models import Action
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
+from apps.attachments.services import attachments_check
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
@@ -76,6 +77,8 @@ ACCESS: dict[str, set[str] | str] = {
     "api-task-detail": {REQ, APPR, ADMIN},
     "api-task-cancel": {REQ, ADMIN},
     "api-task-input": {REQ},
+    "task-attachment": {REQ, APPR, ADMIN},  # the task's readers only (apps/attachments)
+    "api-task-attachment": {REQ, APPR, ADMIN},
     "api-task-events": {ADMIN},
     "api-task-actions": {ADMIN},
     "api-approval-list": {APPR, ADMIN},
@@ -109,7 +112,8 @@ def _all_patterns():
 @pytest.fixture
 def acme(tenant, requester, approver, admin_user, device, kb, refservice):
     """Tenant ``acme``'s data: one completed task (ticket created) and one waiting for approval."""
-    done = drive(task_submit(principal=p(requester), device_id=device.pk, urgency="high",
+    log = attachments_check([("printer.log", b"08:00:09 ERROR E-203 fuser cold\n", "text/plain")])
+    done = drive(task_submit(principal=p(requester), device_id=device.pk, urgency="high", attachments=log,
                              symptom="Fuser error after warm-up, pages come out smeared.").task.pk)
     approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=done).pk,
                     decision="approve", reason="ok")
@@ -125,7 +129,7 @@ def acme(tenant, requester, approver, admin_user, device, kb, refservice):
                ">acme<", ">ACME<", "tenant__id__exact=" + str(tenant.pk)}
     chunk = done.state["evidence"][0]["chunk_id"]  # a public chunk every acme role may read
     return {"done": done, "waiting": waiting, "approval": pending, "action": action, "secrets": secrets,
-            "chunk": chunk}
+            "chunk": chunk, "sha256": log[0].sha256}
 
 
 @pytest.fixture
@@ -153,7 +157,8 @@ def _urls(acme):
     """Every URL pattern outside the Django admin with ``acme``'s ids filled in, then the Django
     admin's URLs for every registered model: ``(name, path)``."""
     ids = {"task_id": acme["done"].pk, "approval_id": acme["approval"].pk, "action_id": acme["action"].pk,
-           "chunk_id": acme["chunk"], "seq": 4}  # seq 4: evidence.retrieved, excerpts and all
+           "chunk_id": acme["chunk"], "seq": 4,  # seq 4: evidence.retrieved, excerpts and all
+           "sha256": acme["sha256"]}
     out = []
     for route, pat in _all_patterns():
         if route.startswith("django-admin/"):

@@ -69,7 +69,10 @@ class RejectNulBytesMiddleware:
             _body = request.body  # read the raw body first, so a view can still read it (webhooks sign it)
             fields.append(request.POST)
         elif request.method == "POST" and request.content_type == "multipart/form-data":
-            fields.append(request.POST)  # streamed: files are never held whole as the raw body
+            length = request.META.get("CONTENT_LENGTH") or "0"
+            if length.isdigit() and int(length) <= (settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0):
+                _body = request.body  # small: kept, so a view may still read it; larger files are streamed
+            fields.append(request.POST)
         for data in fields:
             for key, values in data.lists():
                 if "\x00" in key or any("\x00" in v for v in values):
