@@ -50,7 +50,7 @@ def _url_problem(name: str, value: str) -> str | None:
 
 def deploy_problems() -> list[checks.CheckMessage]:
     """Every reason the current settings cannot serve production, as check messages
-    (``faultdesk.E001``–``E017``; errors, so ``check --deploy`` exits non-zero)."""
+    (``faultdesk.E001``–``E018``; errors, so ``check --deploy`` exits non-zero)."""
     conf = settings.FAULTDESK
     secret_key = "" if settings.SECRET_KEY == getattr(settings, "MISSING_SECRET_KEY", None) else settings.SECRET_KEY
     found: list[tuple[str, str | None, str]] = [
@@ -85,6 +85,9 @@ def deploy_problems() -> list[checks.CheckMessage]:
          if getattr(settings, "SECURE_HSTS_SECONDS", 0) < 86400 else None, "31536000 (a year), the default"),
         ("E017", "the https redirect is off (DJANGO_SECURE_SSL_REDIRECT)"
          if not getattr(settings, "SECURE_SSL_REDIRECT", False) else None, "true, the default"),
+        ("E018", "EMAIL_HOST is not set: notification e-mails would only be written to files"
+         if settings.EMAIL_BACKEND.endswith("filebased.EmailBackend") else None,
+         "the SMTP relay notifications are sent through (EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, …)"),
     ]
     return [checks.Error(problem, hint=hint, id=f"faultdesk.{code}") for code, problem, hint in found if problem]
 
