@@ -10,7 +10,6 @@ recorded, its leading reason code named in the reader's language.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
@@ -18,38 +17,13 @@ from django.conf import settings
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import ngettext
 
 from apps.notifications.models import Notification, NotificationKind
-from apps.tasks.models import STATUS_LABELS
+from apps.tasks.models import STATUS_LABELS, reason_in_words
 
 #: the subject's tag, the same in every language (mail filters match it)
 SUBJECT_TAG = "[faultdesk]"
-
-#: the codes a termination reason starts with (apps/tasks/reducer), as a reader calls them
-REASON_WORDS = {
-    "ticket_created": gettext_lazy("ticket created"),
-    "ticket_commented": gettext_lazy("comment added to the open ticket"),
-    "proposal_rejected": gettext_lazy("the proposal was rejected"),
-    "no_action_needed": gettext_lazy("no action needed"),
-    "deadline_exceeded": gettext_lazy("deadline exceeded"),
-    "dispatch_failed": gettext_lazy("sending failed"),
-    "cancelled": gettext_lazy("cancelled"),
-    "budget_exhausted": gettext_lazy("budget exhausted"),
-    "redraft_limit": gettext_lazy("too many re-drafts"),
-    "model_error": gettext_lazy("the model failed"),
-    "model_output_invalid": gettext_lazy("the model's output could not be used"),
-}
-
-
-def reason_words(reason: str) -> str:
-    """A recorded termination reason with its leading code named in the reader's language, the
-    recorded rest kept as written (``"dispatch_failed: 503"`` → ``"sending failed: 503"``)."""
-    m = re.match(r"([a-z_]+)(.*)\Z", reason or "", re.S)
-    if m is None or m.group(1) not in REASON_WORDS:
-        return reason or ""
-    return f"{REASON_WORDS[m.group(1)]}{m.group(2)}"
-
 
 def task_path(task_id) -> str:
     """The request's page (relative); the notifications page for a notification of no task."""
@@ -159,7 +133,7 @@ def email_parts(n: Notification) -> EmailParts:
     elif n.kind == NotificationKind.TASK_ENDED:
         lines = [_("Status: %(status)s") % {"status": STATUS_LABELS.get(ctx.get("status"), ctx.get("status"))}]
         if ctx.get("reason"):
-            lines.append(_("Reason: %(reason)s") % {"reason": reason_words(ctx["reason"])})
+            lines.append(_("Reason: %(reason)s") % {"reason": reason_in_words(ctx["reason"])})
         if ctx.get("ticket"):
             lines.append(_("Ticket: %(ticket)s") % {"ticket": ctx["ticket"]})
         parts = EmailParts(subject=_ended_title(ctx), paragraphs=lines, link=link_task, link_text=see_request)

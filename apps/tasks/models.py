@@ -44,6 +44,34 @@ STATUS_LABELS = {
 }
 
 
+#: the codes a task's termination reason starts with (apps/tasks/reducer), as a reader calls them
+REASON_LABELS = {
+    "ticket_created": _("ticket created"),
+    "ticket_commented": _("comment added to the open ticket"),
+    "proposal_rejected": _("the proposal was rejected"),
+    "no_action_needed": _("no action needed"),
+    "deadline_exceeded": _("deadline exceeded"),
+    "dispatch_failed": _("sending failed"),
+    "cancelled": _("cancelled"),
+    "budget_exhausted": _("budget exhausted"),
+    "redraft_limit": _("too many re-drafts"),
+    "model_error": _("the model failed"),
+    "model_output_invalid": _("the model's output could not be used"),
+}
+
+
+def reason_in_words(reason: str) -> str:
+    """A recorded termination reason with its leading code (:data:`REASON_LABELS`) named in the
+    reader's language and the recorded rest kept as written (``"dispatch_failed: 503"`` → ``"sending
+    failed: 503"``); any other text as it is."""
+    import re
+
+    m = re.match(r"([a-z_]+)(.*)\Z", reason or "", re.S)
+    if m is None or m.group(1) not in REASON_LABELS:
+        return reason or ""
+    return f"{REASON_LABELS[m.group(1)]}{m.group(2)}"
+
+
 class Task(models.Model):
     STATUS_CHOICES = [(s, STATUS_LABELS[s]) for s in reducer.ALL_STATUSES]
 

@@ -20,7 +20,7 @@ from apps.actions.models import ActionStatus, AttemptOutcome
 from apps.approvals.models import ApprovalStatus
 from apps.outbox.models import OutboxStatus
 from apps.tasks.answer import reason_zh
-from apps.tasks.models import STATUS_LABELS, Urgency
+from apps.tasks.models import STATUS_LABELS, Urgency, reason_in_words
 from apps.tickets.connectors import CONNECTORS
 
 register = template.Library()
@@ -117,32 +117,13 @@ def effects(approval: object) -> str:
     return text
 
 
-#: the codes a task's termination reason starts with (apps/tasks/reducer), as a reader calls them
-REASON_LABELS = {
-    "ticket_created": gettext_lazy("ticket created"),
-    "ticket_commented": gettext_lazy("comment added to the open ticket"),
-    "proposal_rejected": gettext_lazy("the proposal was rejected"),
-    "no_action_needed": gettext_lazy("no action needed"),
-    "deadline_exceeded": gettext_lazy("deadline exceeded"),
-    "dispatch_failed": gettext_lazy("sending failed"),
-    "cancelled": gettext_lazy("cancelled"),
-    "budget_exhausted": gettext_lazy("budget exhausted"),
-    "redraft_limit": gettext_lazy("too many re-drafts"),
-    "model_error": gettext_lazy("the model failed"),
-    "model_output_invalid": gettext_lazy("the model's output could not be used"),
-}
-
-
 @register.filter
 def reason_label(reason: object) -> object:
     """A termination reason for the reader: its leading code (``ticket_created``,
     ``dispatch_failed: …``) named in their language, the recorded rest kept as written."""
     if not isinstance(reason, str):
         return reason
-    m = re.match(r"([a-z_]+)(.*)\Z", reason, re.S)
-    if m is None or m.group(1) not in REASON_LABELS:
-        return reason
-    return f"{REASON_LABELS[m.group(1)]}{m.group(2)}"
+    return reason_in_words(reason)
 
 
 #: reasons the agent records in English as fixed sentences, as a reader calls them
