@@ -30,6 +30,13 @@ SYMPTOM = (
     "unfused toner. Power-cycling did not help."
 )
 #: the Chinese run's report (``language="zh-hans"``): the server-room UPS, which has a Chinese procedure
+#: the log the English run attaches to its report (the fault lines reach retrieval as request data;
+#: the file reaches the ticket once it exists)
+DEMO_LOG_NAME = "printer-panel.log"
+DEMO_LOG = (b"2026-12-05 08:00:01 INFO warm-up started\n"
+            b"2026-12-05 08:00:09 ERROR fuser temperature below threshold during warm-up\n"
+            b"2026-12-05 08:00:10 INFO retrying warm-up\n")
+
 SYMPTOM_ZH = "机房 UPS A 电池自检失败，前面板“更换电池”指示灯亮，每 30 秒蜂鸣一次，担心停电时撑不住。"
 #: the languages a demo run can speak: Accept-Language sent, and the approver's reason
 LANGUAGES = {"en": ("en", "Matches the fuser procedure; go ahead."),
@@ -149,6 +156,32 @@ def _held_at_ticket_system(systems: TicketSystems, receipt: dict, key: str) -> l
     return [str(t["id"]) for t in _json(found, "looking the key up at the reference service")["results"]]
 
 
+def _attachments_at_ticket_system(systems: TicketSystems, receipt: dict, ticket: str, files: list[dict], *,
+                                   timeout: float) -> list[str]:
+    """Wait (up to ``timeout`` seconds) until ticket ``ticket`` holds each of ``files`` (the task's
+    ``attachments``) exactly once at the tenant's ticket system; returns their names. Raises
+    DemoFailed when one is missing at the end or held twice."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if receipt.get("connector", "reference") == "helpdesk":
+            found = httpx.get(f"{systems.helpdesk_url}/helpdesk/api/faultdesk/tickets/{ticket}/attachments/",
+                              timeout=10, headers={"Authorization": f"Token {systems.helpdesk_token}"})
+            rows = _json(found, "listing the ticket's files")["results"]
+            digests = [r["title"].rsplit("sha256:", 1)[-1] for r in rows]
+        else:
+            found = httpx.get(f"{systems.refservice_url}/tickets/{ticket}/attachments", timeout=10,
+                              headers={"Authorization": f"Bearer {systems.refservice_api_key}"})
+            digests = [r["sha256"] for r in _json(found, "listing the ticket's files")["results"]]
+        wanted = [f["sha256"] for f in files]
+        if any(digests.count(d) > 1 for d in wanted):
+            raise DemoFailed(f"ticket {ticket} holds an attachment twice: {digests}")
+        if all(d in digests for d in wanted):
+            return [f["name"] for f in files]
+        if time.monotonic() > deadline:
+            raise DemoFailed(f"ticket {ticket} does not hold the report's attachments after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
 def run(*, base_url: str, credentials_path: Path, tenant: str = "acme", systems: TicketSystems | None = None,
         timeout: float = 180.0, before_ok: Callable[[], None] | None = None, language: str = "en") -> bool:
     """Run the main job against a running faultdesk at ``base_url`` as ``tenant``'s demo cast
@@ -211,13 +244,23 @@ def _run(requester: httpx.Client, approver: httpx.Client, admin: httpx.Client, *
          f"{device['state']}, alert {device['alert_code']}, object version {device['version']})")
     key = f"demo-{uuid.uuid4()}"
     body = {"device_id": device["id"], "symptom": symptom, "urgency": "high"}
-    resp = requester.post("/api/tasks/", json=body, headers={"Idempotency-Key": key})
+
+    def file_it() -> httpx.Response:
+        if chinese:
+            return requester.post("/api/tasks/", json=body, headers={"Idempotency-Key": key})
+        # the English run attaches the printer's log (multipart/form-data)
+        return requester.post("/api/tasks/", data=body, headers={"Idempotency-Key": key},
+                              files=[("attachments", (DEMO_LOG_NAME, DEMO_LOG, "text/plain"))])
+
+    resp = file_it()
     task = _json(resp, "filing the request")
-    again = _json(requester.post("/api/tasks/", json=body, headers={"Idempotency-Key": key}), "filing it again")
+    again = _json(file_it(), "filing it again")
     if again["id"] != task["id"]:
         raise DemoFailed(f"the same Idempotency-Key made a second task {again['id']} beside {task['id']}")
     _say(f"   POST /api/tasks/ (Idempotency-Key {key}) → {resp.status_code}, task {task['id']}; "
          f"the same key again → the same task")
+    for a in task.get("attachments") or []:
+        _say(f"   attached {a['name']} ({a['content_type']}, {a['size']} bytes, sha256 {a['sha256'][:16]}…)")
 
     task = _poll(requester, task["id"], {"WAITING_APPROVAL", "COMPLETED"}, timeout)
     if task["status"] != "WAITING_APPROVAL":
@@ -294,7 +337,12 @@ def _finish(requester: httpx.Client, admin: httpx.Client, task: dict, *, admin_l
     if held != [ticket_id]:
         raise DemoFailed(f"the {system} ticket system holds {held} for key {action_key}, expected [{ticket_id}]")
     _say(f"   the {system} ticket system holds exactly one {what} for key {action_key}: {ticket_id} "
-         f"(sent {len(action['attempts'])} time(s), {action['tool']} {action['tool_version']})\n")
+         f"(sent {len(action['attempts'])} time(s), {action['tool']} {action['tool_version']})")
+    if task.get("attachments"):
+        ticket = receipt.get("ticket_id") or ticket_id
+        held_files = _attachments_at_ticket_system(systems, receipt, ticket, task["attachments"], timeout=60)
+        _say(f"   its ticket {ticket} holds the attached {', '.join(held_files)}, each once")
+    _say("")
     if before_ok is not None:
         before_ok()
     label = "DEMO OK" if language == "en" else f"DEMO OK {language}"
