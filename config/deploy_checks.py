@@ -50,7 +50,7 @@ def _url_problem(name: str, value: str) -> str | None:
 
 def deploy_problems() -> list[checks.CheckMessage]:
     """Every reason the current settings cannot serve production, as check messages
-    (``faultdesk.E001``–``E018``; errors, so ``check --deploy`` exits non-zero)."""
+    (``faultdesk.E001``–``E019``; errors, so ``check --deploy`` exits non-zero)."""
     conf = settings.FAULTDESK
     secret_key = "" if settings.SECRET_KEY == getattr(settings, "MISSING_SECRET_KEY", None) else settings.SECRET_KEY
     found: list[tuple[str, str | None, str]] = [
@@ -88,6 +88,8 @@ def deploy_problems() -> list[checks.CheckMessage]:
         ("E018", "EMAIL_HOST is not set: notification e-mails would only be written to files"
          if settings.EMAIL_BACKEND.endswith("filebased.EmailBackend") else None,
          "the SMTP relay notifications are sent through (EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, …)"),
+        ("E019", _url_problem("FAULTDESK_PUBLIC_BASE_URL", conf["PUBLIC_BASE_URL"]),
+         "the site's https address: the links in API answers and in notification e-mails start with it"),
     ]
     return [checks.Error(problem, hint=hint, id=f"faultdesk.{code}") for code, problem, hint in found if problem]
 

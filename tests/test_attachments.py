@@ -311,6 +311,27 @@ def test_the_files_reach_the_new_ticket_once_even_when_sent_again(client, reques
     assert len(again) == 2 and set(AttachmentDelivery.objects.values_list("status", flat=True)) == {"DELIVERED"}
 
 
+def test_a_sender_whose_lease_may_lapse_mid_send_sends_nothing_and_hands_the_row_back(
+        client, requester, approver, device, kb, refservice, refadmin, monkeypatch):
+    from apps.attachments import delivery
+    from apps.tickets.reference import ReferenceTicketConnector
+
+    task = _approved_and_sent(client, requester, approver, device, [upload("panel.png", png(), "image/png")])
+    [row] = delivery._claim("sender-a")
+    sent = []
+    monkeypatch.setattr(ReferenceTicketConnector, "attach", lambda self, **kw: sent.append(kw) or "x")
+    AttachmentDelivery.objects.filter(pk=row.pk).update(lease_expires_at=timezone.now() + timedelta(seconds=1))
+    row.lease_expires_at = timezone.now() + timedelta(seconds=1)
+    delivery._send(row)
+    assert sent == []
+    back = AttachmentDelivery.objects.get(pk=row.pk)
+    assert back.status == DeliveryStatus.PENDING and back.attempts == 0
+    monkeypatch.undo()
+    assert deliveries_drain() == 1
+    assert len(refadmin.client.get(f"/tickets/{task.state['receipt']['external_id']}/attachments")
+               .json()["results"]) == 1
+
+
 def test_bytes_changed_in_storage_after_approval_are_never_sent(client, requester, approver, device, kb,
                                                                 refservice, refadmin):
     from django.core.files.base import ContentFile

@@ -31,6 +31,7 @@ REAL = {
     "REFSERVICE_URL": "https://tickets.example.com",
     "HELPDESK_URL": "https://helpdesk.example.com",
     "EMAIL_HOST": "smtp.example.com",
+    "FAULTDESK_PUBLIC_BASE_URL": "https://faultdesk.example.com",
 }
 
 
@@ -49,7 +50,8 @@ def test_check_deploy_with_no_secrets_exits_non_zero_naming_each_one():
     for code, name in [("E001", "DJANGO_SECRET_KEY"), ("E003", "DJANGO_ALLOWED_HOSTS"),
                        ("E004", "DJANGO_CSRF_TRUSTED_ORIGINS"), ("E005", "DATABASE_URL"), ("E006", "REDIS_URL"),
                        ("E007", "REFSERVICE_API_KEY"), ("E008", "REFSERVICE_WEBHOOK_SECRET"),
-                       ("E009", "HELPDESK_API_TOKEN"), ("E011", "FAULTDESK_METRICS_TOKEN"), ("E018", "EMAIL_HOST")]:
+                       ("E009", "HELPDESK_API_TOKEN"), ("E011", "FAULTDESK_METRICS_TOKEN"), ("E018", "EMAIL_HOST"),
+                       ("E019", "FAULTDESK_PUBLIC_BASE_URL")]:
         assert f"(faultdesk.{code}) {name}" in done.stderr, (code, done.stderr[-3000:])
 
 

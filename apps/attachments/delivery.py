@@ -35,8 +35,8 @@ from apps.tickets.connectors import CONNECTORS
 
 log = logging.getLogger(__name__)
 
-#: the most rows one drain claims at a time
-BATCH = 20
+#: the most rows one drain claims at a time (under one lease: a few, so each is sent well within it)
+BATCH = 5
 
 
 def deliveries_on_receipt(task, event, new_state: dict) -> None:
@@ -110,10 +110,21 @@ def _send(row: AttachmentDelivery) -> None:
                 last_error="the stored file no longer matches the approved digest; not sent")
         return
     connector = CONNECTORS[row.connector]()
+    # Send only while the lease outlasts the whole send (helpdesk's is a lookup and a post, each up to
+    # the connector's timeout): once it could lapse mid-send, another sender may claim the row, and
+    # two sends of one file could both miss the lookup. A row with too little lease left is handed back.
+    left = (row.lease_expires_at - timezone.now()).total_seconds()
+    if left < 2 * connector.timeout + 1:
+        log.info("attachment delivery %s: %.1f s of lease left, less than a send may take; handed back",
+                 row.pk, left)
+        _settle(row, status=DeliveryStatus.PENDING, lease_owner="", lease_expires_at=None,
+                available_at=timezone.now(), attempts=row.attempts - 1)  # not an attempt: nothing was sent
+        return
     failpoint("attachment_before_send")
     try:
         remote_id = connector.attach(ticket_id=row.ticket_id, name=attachment.name,
-                                     content_type=attachment.content_type, data=data, sha256=attachment.sha256)
+                                     content_type=attachment.content_type, data=data, sha256=attachment.sha256,
+                                     timeout=connector.timeout)
     except (errors.InvalidParams, errors.Unauthorized, errors.PreconditionFailed) as exc:
         _settle(row, status=DeliveryStatus.FAILED, last_error=f"{type(exc).__name__}: {exc}"[:500], lease_owner="")
         return

@@ -1,5 +1,5 @@
 """The words of a notification, composed in the reader's language when it is sent or shown (a
-notification's ``context`` is data, never text; the issue: "in the recipient's saved language").
+notification's ``context`` is data, never text: each recipient reads it in their saved language).
 
 :func:`page_line` is what the bell and the notifications page show; :func:`email_parts` the
 subject, plain text and HTML of the e-mail. Both read the language active when they are called:
@@ -10,20 +10,46 @@ recorded, its leading reason code named in the reader's language.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import translation
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from apps.notifications.models import Notification, NotificationKind
-from apps.tasks.models import STATUS_LABELS, reason_in_words
+from apps.tasks.models import REASON_LABELS, STATUS_LABELS
 
 #: the subject's tag, the same in every language (mail filters match it)
 SUBJECT_TAG = "[faultdesk]"
+
+def reason_for_reader(reason: str) -> str:
+    """A recorded termination reason for the reader: its leading code (``cancelled``,
+    ``dispatch_failed``…) in their words; the rest — recorded in English by the agent, or a person's
+    words — kept as recorded, and marked so for a reader of another language when it is not in theirs
+    (never passed off as a translation)."""
+    if not reason:
+        return ""
+    english = (translation.get_language() or "en").startswith("en")
+    m = re.match(r"([a-z_]+)(.*)\Z", reason, re.S)
+    label = REASON_LABELS.get(m.group(1)) if m else None
+    if label is None:
+        return reason if english or _has_cjk(reason) else _("as recorded: %(recorded)s") % {"recorded": reason}
+    rest = m.group(2).lstrip(":").strip()
+    if not rest:
+        return str(label)
+    if english or _has_cjk(rest):
+        return f"{label}: {rest}"
+    return _("%(words)s (as recorded: %(recorded)s)") % {"words": label, "recorded": rest}
+
+
+def _has_cjk(text: str) -> bool:
+    return any("\u4e00" <= ch <= "\u9fff" for ch in text)
+
 
 def task_path(task_id) -> str:
     """The request's page (relative); the notifications page for a notification of no task."""
@@ -58,6 +84,14 @@ def _approval_line(ctx: dict) -> str:
 def _ended_title(ctx: dict) -> str:
     tag = ctx.get("asset_tag") or ""
     status = ctx.get("status")
+    if ctx.get("after_cancel"):
+        return _("Your cancelled request about %(asset_tag)s: what became of ticket %(ticket)s") % {
+            "asset_tag": tag, "ticket": ctx.get("ticket") or "—"}
+    if status == "COMPLETED" and str(ctx.get("reason") or "").startswith("proposal_rejected"):
+        return _("Your request about %(asset_tag)s ended without a ticket: the proposal was rejected") % {
+            "asset_tag": tag}
+    if status == "COMPLETED" and not ctx.get("ticket"):
+        return _("Your request about %(asset_tag)s ended without a ticket") % {"asset_tag": tag}
     if status == "COMPLETED":
         return _("Your request about %(asset_tag)s is completed") % {"asset_tag": tag}
     if status == "CANCELLED":
@@ -133,7 +167,9 @@ def email_parts(n: Notification) -> EmailParts:
     elif n.kind == NotificationKind.TASK_ENDED:
         lines = [_("Status: %(status)s") % {"status": STATUS_LABELS.get(ctx.get("status"), ctx.get("status"))}]
         if ctx.get("reason"):
-            lines.append(_("Reason: %(reason)s") % {"reason": reason_in_words(ctx["reason"])})
+            lines.append(_("Reason: %(reason)s") % {"reason": reason_for_reader(ctx["reason"])})
+        if ctx.get("approver_reason"):
+            lines.append(_("The approver's reason: %(reason)s") % {"reason": ctx["approver_reason"]})
         if ctx.get("ticket"):
             lines.append(_("Ticket: %(ticket)s") % {"ticket": ctx["ticket"]})
         parts = EmailParts(subject=_ended_title(ctx), paragraphs=lines, link=link_task, link_text=see_request)

@@ -1,6 +1,6 @@
 """The approvers' digest: one e-mail listing everything waiting for one approver, instead of one
-e-mail per approval (the issue: "approvers when something waits for them, with a digest instead of
-a flood").
+e-mail per approval: approvers are told when something waits for them, with a digest instead of a
+flood.
 
 Each approval item (``approval_waiting``) is ``HELD`` when written. :func:`digests_build` turns the
 held items of one approver in one tenant into one digest row (kind ``approval_digest``, sent like

@@ -1,8 +1,8 @@
 """Task events → notifications, in the event's own transaction (a projection registered with
 :func:`apps.tasks.store.projection_register` by :class:`~apps.notifications.apps.NotificationsConfig`).
 
-What is noticed, comparing the task's state before the event with the state after it (the issue's
-"notifications"; DESIGN.md §1 "requester" and "approver"):
+What is noticed, comparing the task's state before the event with the state after it (DESIGN.md §1
+"requester" and "approver"):
 
 =============================  =================================================  ==============
 the event …                    notification                                       to
@@ -11,16 +11,20 @@ enters ``WAITING_INPUT``       ``input_requested`` (the agent's questions)      
 records the task's receipt     ``ticket_created`` (the ticket id), or             the requester
                                ``report_joined`` (a comment on another report's
                                ticket: which ticket the report joined)
-ends the task                  ``task_ended`` (status, reason, ticket)            the requester
+ends the task                  ``task_ended`` (status, reason, ticket; the        the requester
+                               approver's reason after a rejection)
+ends a compensation            ``task_ended`` with ``after_cancel`` (the ticket   the requester
+                               made before the cancel: closed, or left open)
 asks for an approval           ``approval_waiting`` (held for the digest)         who may decide
 (the proposal, or closing a
 ticket after a cancel)
 =============================  =================================================  ==============
 
-A compensation that ends puts the task back into ``CANCELLED``: that is not a second end. Most
-events match none of these and cost no query; one that does costs a read of its recipients (and,
-for an approval, of the approval's row) and one ``INSERT … ON CONFLICT DO NOTHING`` (the unique key
-``(source_event_id, recipient, kind)``: the projection run again for the same event adds nothing).
+A compensation that ends puts the task back into ``CANCELLED``: the requester, told of the cancel
+already, learns what became of the ticket made before it. Most events match none of these and cost
+no query; one that does costs a read of its recipients (and, for an approval, of the approval's
+row) and one ``INSERT … ON CONFLICT DO NOTHING`` (the unique key ``(source_event_id, recipient,
+kind)``: the projection run again for the same event adds nothing).
 Recipients are members of the task's tenant only, active, with an active account; an approval's
 are those holding a role the approval names, never the requester (nobody decides their own
 request). Someone without an e-mail address gets the page notification only.
@@ -50,6 +54,12 @@ def notifications_from_event(task, event, new_state: dict) -> None:
     and kick the sender after the commit. ``task`` is the task as read before ``event``,
     ``new_state`` the state after it. Raises what the database raises (the event then rolls back
     with them)."""
+    closed = approvals_closed(task.state or {}, new_state)
+    if closed:
+        # decided, invalidated or cancelled: the bell no longer calls anyone to it
+        Notification.objects.for_tenant(task.tenant_id).filter(
+            task_id=task.pk, kind=NotificationKind.APPROVAL_WAITING, read_at__isnull=True,
+            context__approval_id__in=closed).update(read_at=timezone.now())
     wanted = changes_noticed(task.status, task.state or {}, new_state)
     if not wanted:
         return  # most events: no query
@@ -71,6 +81,20 @@ def notifications_from_event(task, event, new_state: dict) -> None:
         kick_on_commit(NOTIFY_SEND)
 
 
+def approvals_closed(before: dict, after: dict) -> list[str]:
+    """Ids of the task's approvals (its proposal's, its compensation's) that were pending before the
+    event and are not after it, or whose task the event ends (pure; no I/O)."""
+    out = []
+    ended = after.get("status") in reducer.TERMINAL  # a cancel or an end closes whatever was pending
+    for old, new in ((before.get("approval"), after.get("approval")),
+                     ((before.get("compensation") or {}).get("approval"),
+                      (after.get("compensation") or {}).get("approval"))):
+        if old and old.get("status") == "PENDING" and (ended or not (new and new.get("id") == old.get("id")
+                                                                       and new.get("status") == "PENDING")):
+            out.append(str(old.get("id")))
+    return out
+
+
 def changes_noticed(old_status: str, before: dict, after: dict) -> list[tuple[str, dict]]:
     """``[(kind, context)]`` a task event causes, from the status and state before it and the state
     after it (pure; no I/O). The contexts lack the recipient and the device's asset tag."""
@@ -85,10 +109,17 @@ def changes_noticed(old_status: str, before: dict, after: dict) -> list[tuple[st
                                                          "comment": receipt.get("external_id") or ""}))
         elif receipt.get("kind", "ticket") == "ticket":
             out.append((NotificationKind.TICKET_CREATED, {"ticket": receipt.get("external_id") or ""}))
-    if new_status in reducer.TERMINAL and old_status not in reducer.TERMINAL and old_status not in _AFTER_CANCEL:
-        out.append((NotificationKind.TASK_ENDED, {"status": new_status,
-                                                  "reason": after.get("termination_reason") or "",
-                                                  "ticket": _ticket_of(receipt)}))
+    if new_status in reducer.TERMINAL and old_status not in reducer.TERMINAL:
+        ended = {"status": new_status, "reason": after.get("termination_reason") or "", "ticket": _ticket_of(receipt)}
+        if old_status in _AFTER_CANCEL:
+            # the cancelled request's ticket was closed, or left open: the requester learns which
+            ended["after_cancel"] = True
+            ended["ticket"] = ((after.get("compensation") or {}).get("ticket") or {}).get("external_id") \
+                or ended["ticket"]
+        approval = after.get("approval") or {}
+        if approval.get("status") == "REJECTED" and approval.get("reason"):
+            ended["approver_reason"] = str(approval["reason"])[:500]
+        out.append((NotificationKind.TASK_ENDED, ended))
     approval = after.get("approval") or {}
     if new_status == reducer.WAITING_APPROVAL and approval.get("status") == "PENDING" \
             and _newly_pending(before.get("approval"), approval):

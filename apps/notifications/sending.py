@@ -1,6 +1,6 @@
-"""Sending notification e-mails from their outbox rows (the issue's "each notification is an
-outbox message, so it is sent once, after the commit, and survives a crash"; DESIGN.md §6's
-dispatcher, for people).
+"""Sending notification e-mails from their outbox rows: each notification is an outbox message,
+sent once, after the commit that wrote it, and surviving a crash (DESIGN.md §6's dispatcher, for
+people).
 
 One row goes through three phases, each its own transaction, the SMTP conversation in a phase of
 its own:

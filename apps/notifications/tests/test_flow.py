@@ -211,5 +211,32 @@ def test_a_ticket_made_after_the_cancel_is_told_and_its_closing_asked_of_the_app
     _approve(mailed["avery"], task)
     task = drive(task.pk)
     assert task.status == reducer.CANCELLED and task.state["compensation"]["status"] == "DONE"
-    # the compensation's end puts the task back to CANCELLED: no second "cancelled" notification
-    assert Notification.objects.filter(task=task, kind=NotificationKind.TASK_ENDED).count() == 1
+    # the compensation's end puts the task back to CANCELLED: the requester learns what became of the
+    # ticket (closed), in a notification of its own, and the closing no longer calls from the bell
+    ended = Notification.objects.filter(task=task, kind=NotificationKind.TASK_ENDED).order_by("created_at")
+    assert [n.context.get("after_cancel", False) for n in ended] == [False, True]
+    assert ended[1].context["ticket"] == ticket and "compensation done" in ended[1].context["reason"]
+    assert not Notification.objects.filter(task=task, kind=NotificationKind.APPROVAL_WAITING,
+                                           read_at__isnull=True).exists()
+
+
+def test_a_decided_or_cancelled_approval_no_longer_calls_from_the_bell(mailed, tenant, kb, refservice):
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.notifications.models import Notification, NotificationKind
+    from apps.tasks.services import task_cancel, task_submit
+    from tests.conftest import drive, p
+    from tests.factories import DeviceFactory
+
+    symptom = "Fuser error after warm-up, pages come out smeared with unfused toner."
+    first = drive(task_submit(principal=p(mailed["riley"]), device_id=DeviceFactory(tenant=tenant).pk,
+                              urgency="high", symptom=symptom).task.pk)
+    second = drive(task_submit(principal=p(mailed["riley"]), device_id=DeviceFactory(tenant=tenant).pk,
+                               urgency="high", symptom=symptom).task.pk)
+    waiting = Notification.objects.filter(kind=NotificationKind.APPROVAL_WAITING)
+    assert waiting.filter(read_at__isnull=True).count() == 2 * waiting.values("recipient").distinct().count()
+    from apps.approvals.services import approval_decide
+
+    approval_decide(principal=p(mailed["avery"]), decision="reject", reason="not ours",
+                    approval_id=ApprovalRequest.objects.get(task_id=first.pk, status=ApprovalStatus.PENDING).pk)
+    task_cancel(principal=p(mailed["riley"]), task_id=second.pk, reason="fixed itself")
+    assert not waiting.filter(read_at__isnull=True).exists()

@@ -110,7 +110,7 @@ def test_most_events_cost_no_query(django_assert_num_queries):
      {"status": "COMPLETED", "receipt": {"external_id": "REF-1"}, "termination_reason": "ticket_created"},
      ["task_ended"]),
     ("COMPENSATING", {"receipt": {"external_id": "REF-1"}},
-     {"status": "CANCELLED", "receipt": {"external_id": "REF-1"}}, []),  # a compensation that ends is not a second end
+     {"status": "CANCELLED", "receipt": {"external_id": "REF-1"}}, ["task_ended"]),  # what became of the ticket
     ("VALIDATING", {}, {"status": "WAITING_APPROVAL", "approval": {"id": "a1", "status": "PENDING"}},
      ["approval_waiting"]),
     ("VALIDATING", {}, {"status": "WAITING_APPROVAL", "approval": {"id": "a1", "status": "APPROVED"}}, []),
@@ -122,6 +122,32 @@ def test_what_each_change_notifies(old_status, before, after, kinds):
     assert [k for k, _ in changes_noticed(old_status, before, after)] == kinds
 
 
+def test_a_compensation_that_ends_tells_what_became_of_the_ticket_and_a_rejection_says_why():
+    [(kind, ctx)] = changes_noticed("COMPENSATING", {"receipt": {"external_id": "REF-1"}}, {
+        "status": "CANCELLED", "receipt": {"external_id": "REF-1"},
+        "compensation": {"ticket": {"external_id": "REF-1"}},
+        "termination_reason": "cancelled: by request; compensation rejected by avery: ticket REF-1 left as it is"})
+    assert kind == "task_ended" and ctx["after_cancel"] and ctx["ticket"] == "REF-1"
+    [(kind, ctx)] = changes_noticed("WAITING_APPROVAL", {}, {
+        "status": "COMPLETED", "termination_reason": "proposal_rejected",
+        "approval": {"id": "a1", "status": "REJECTED", "reason": "duplicate of a phone call"}})
+    assert ctx["approver_reason"] == "duplicate of a phone call"
+
+
 def test_a_notification_is_dated_when_written(requester, tenant):
     n = _note(requester, tenant)
     assert abs((timezone.now() - n.created_at).total_seconds()) < 60
+
+
+def test_a_recorded_reason_reads_in_the_readers_words_and_says_what_stays_as_recorded():
+    from django.utils import translation
+
+    from apps.notifications.compose import reason_for_reader
+
+    assert reason_for_reader("cancelled: by request") == "cancelled: by request"
+    with translation.override("zh-hans"):
+        assert reason_for_reader("cancelled: by request") == "已取消（记录原文：by request）"
+        assert reason_for_reader("proposal_rejected") == "提案被驳回"
+        assert reason_for_reader("no readable evidence for this device and symptom") == \
+            "记录原文：no readable evidence for this device and symptom"
+        assert reason_for_reader("cancelled: 打印机已修好") == "已取消: 打印机已修好"
