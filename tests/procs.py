@@ -42,19 +42,21 @@ def database_url() -> str:
     return f"postgres://{user}:{password}@{host}:{port}/{s['NAME']}"
 
 
-def broker_url() -> str:
+def broker_url(db: int = BROKER_DB) -> str:
+    """The broker URL of Redis database ``db`` (the test stacks' own: 9 by default)."""
     if os.environ.get("REDIS_URL"):
         base = os.environ["REDIS_URL"]
-        return base.rsplit("/", 1)[0] + f"/{BROKER_DB}" if base.startswith("redis://") else base
+        return base.rsplit("/", 1)[0] + f"/{db}" if base.startswith("redis://") else base
     embedded.ensure_redis()
-    return embedded.redis_url(BROKER_DB)
+    return embedded.redis_url(db)
 
 
-def flush_broker(url: str) -> None:
+def flush_broker(url: str, db: int = BROKER_DB) -> None:
+    """Empty the broker at ``url`` (Redis database ``db`` for the embedded socket)."""
     import redis
 
     if url.startswith("redis+socket://"):
-        redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=BROKER_DB).flushdb()
+        redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=db).flushdb()
     else:
         redis.Redis.from_url(url).flushdb()
 

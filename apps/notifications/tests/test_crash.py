@@ -28,32 +28,13 @@ from django.utils import timezone
 
 from apps.notifications.models import DeliveryStatus, Notification, NotificationKind
 from apps.notifications.projections import message_id_for
+from tests.procs import broker_url, flush_broker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 #: the Redis database of these processes' broker (tests/procs.py's stack uses 9)
 BROKER_DB = 13
 LEASE_SECONDS = 2
-
-
-def _broker_url() -> str:
-    from config import embedded
-
-    if os.environ.get("REDIS_URL", "").startswith("redis://"):
-        return os.environ["REDIS_URL"].rsplit("/", 1)[0] + f"/{BROKER_DB}"
-    embedded.ensure_redis()
-    return embedded.redis_url(BROKER_DB)
-
-
-def _flush(url: str) -> None:
-    import redis
-
-    from config import embedded
-
-    if url.startswith("redis+socket://"):
-        redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=BROKER_DB).flushdb()
-    else:
-        redis.Redis.from_url(url).flushdb()
 
 
 class Procs:
@@ -63,8 +44,8 @@ class Procs:
         from tests.procs import database_url
 
         self.log_dir = log_dir
-        self.broker = _broker_url()
-        _flush(self.broker)
+        self.broker = broker_url(BROKER_DB)
+        flush_broker(self.broker, BROKER_DB)
         self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
                     "DATABASE_URL": database_url(), "REDIS_URL": self.broker, "PYTHONUNBUFFERED": "1",
                     "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
@@ -103,7 +84,7 @@ class Procs:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-        _flush(self.broker)
+        flush_broker(self.broker, BROKER_DB)
 
 
 @pytest.fixture
