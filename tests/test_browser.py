@@ -129,6 +129,29 @@ def test_a_requester_files_a_request_and_watches_it_reach_the_answer(chromium, l
     _shot(page, "requester-answer")
 
 
+def test_a_requester_attaches_a_log_and_a_refused_file_keeps_the_report(chromium, live_server, requester, device):
+    """The form's file field: a file that lies about its type is refused with its reason and the
+    typed report stays; the log alone is then filed and listed on the request's page."""
+    from tests.pdfmake import pdf_bytes
+
+    log = b"08:00:09 ERROR E-203 fuser temperature below threshold\n"
+    page = _page(chromium, live_server, "riley")
+    page.click("text=New request")
+    page.select_option("#id_device", str(device.pk))
+    page.fill("#id_symptom", SYMPTOM)
+    page.set_input_files("#id_attachments", files=[
+        {"name": "printer.log", "mimeType": "text/plain", "buffer": log},
+        {"name": "panel.png", "mimeType": "image/png", "buffer": pdf_bytes(["not a picture"])}])
+    page.click("button:has-text('File request')")
+    page.wait_for_selector("text=lies about its type")
+    assert page.input_value("#id_symptom") == SYMPTOM and not Task.objects.exists()
+    page.set_input_files("#id_attachments", files=[{"name": "printer.log", "mimeType": "text/plain", "buffer": log}])
+    page.click("button:has-text('File request')")
+    page.wait_for_url("**/tasks/*/")
+    assert "printer.log" in page.inner_text("#task-status")
+    _shot(page, "requester-attachment")
+
+
 def test_an_approver_approves_the_proposal_from_the_queue(chromium, live_server, agent, requester, approver, device,
                                                           kb, refservice):
     task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task
