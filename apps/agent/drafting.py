@@ -22,7 +22,7 @@ from apps.agent.common import (
 )
 from apps.core.digests import sha256_json
 from apps.core.failpoints import failpoint
-from apps.llm.drafter import local_draft, render_prompt
+from apps.llm.drafter import PROMPT_TEMPLATE_VERSION, local_draft, render_prompt
 from apps.llm.providers import TRANSIENT, CallResult, provider_for
 from apps.tasks import reducer
 from apps.tasks.answer import answer_compose
@@ -128,7 +128,8 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
     if provider is not None:
         feedback = (last or {}).get("problems") if (last or {}).get("outcome") == "malformed" else m.get("feedback")
         messages = render_prompt(request=state["request"], device=state["device"], evidence=state["evidence"] or [],
-                                 answers=state.get("answers") or [], feedback=feedback or ())
+                                 answers=state.get("answers") or [], feedback=feedback or (),
+                                 template=task.artifact_bundle.get("prompt_template", PROMPT_TEMPLATE_VERSION))
         amounts.update(provider.reservation(messages))
     # The call must end (and be recorded) while this worker still holds the lease: renew it, and
     # bound the call by the lease as well as by the task's deadline.

@@ -26,6 +26,7 @@ from apps.agent.authorization import (
     resume_after_approval,
     validate_and_authorize,
 )
+from apps.agent.bundle import USES_BUNDLE, bundle_problem
 from apps.agent.common import (
     MAX_STEPS_PER_RUN,
     RUN_POOL,
@@ -120,12 +121,19 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str, first: Task) -> str 
     """The loop of :func:`agent_run` under ``lease``, from ``first`` (the task as the claim read
     it, with its device, tenant and requester); returns the pool to hand the task over to, or
     None. The refusals a run expects end it here, recorded: a lost lease or CAS (``StaleWrite``),
-    an event δ refused (``IllegalTransition``)."""
+    an event δ refused (``IllegalTransition``). A task pinned to a prompt, parser, controller or
+    tool schema this build does not carry fails at once (:mod:`apps.agent.bundle`)."""
     try:
         bind(tenant_id=first.tenant_id, task_id=first.pk, lease_generation=lease.generation, step=f"run:{pool}")
         if has_ledger(first) and stale_reservations(first, lease.generation):
             release_stale(first, lease)
             first = _read_with_related(task_id)
+        if first.status in USES_BUNDLE and (problem := bundle_problem(first.artifact_bundle)):
+            # pinned to code this build no longer has: refused, recorded, never run with other code
+            log.warning("task %s: %s", task_id, problem)
+            task_append_event(task=first, event_type="task.failed", actor=actor_of(lease),
+                              lease_generation=lease.generation, payload={"reason": f"bundle_unsupported: {problem}"})
+            return None
         for i in range(MAX_STEPS_PER_RUN):
             task = (run_current_task(task_id, lease.generation) or _reread(task_id)) if i else first
             task.tenant, task.requester, task.device = first.tenant, first.requester, first.device
