@@ -421,7 +421,7 @@ def test_a_logs_fault_lines_reach_retrieval_and_the_draft_and_instructions_in_it
 def test_s3_compatible_storage_is_one_setting_away(monkeypatch):
     from django.core.exceptions import ImproperlyConfigured
 
-    from config.settings.base import attachment_storage
+    from config.storage import attachment_storage
 
     monkeypatch.setenv("FAULTDESK_ATTACHMENT_S3_BUCKET", "faultdesk-files")
     monkeypatch.setenv("FAULTDESK_ATTACHMENT_S3_ENDPOINT_URL", "http://minio.internal:9000")

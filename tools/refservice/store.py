@@ -14,7 +14,7 @@ Tables:
   response, the highest fencing token seen and the effects counter.
 * ``webhooks`` -- status-change events to deliver (see :mod:`.webhooks`), written
   in the same transaction as the change when ``record_webhooks`` is on.
-* ``attachments`` -- files attached to a ticket, one per (ticket, SHA-256 of the bytes).
+* ``attachments`` -- files attached to a ticket (:mod:`.attachments`).
 * ``fences`` -- per key, the highest fencing token seen, whether it came with a
   create or with a fence alone (``POST /fences``). A fence may name a key no
   ticket has been created for yet: after it, a create with a lower token is
@@ -31,6 +31,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from .attachments import ATTACHMENTS_SCHEMA, AttachmentStore
 from .webhooks import event_body
 
 SCHEMA_VERSION = 3
@@ -60,16 +61,6 @@ CREATE TABLE IF NOT EXISTS webhooks (
     delivered_at TEXT,
     last_status TEXT,
     created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS attachments (
-    ticket_id TEXT NOT NULL,
-    sha256 TEXT NOT NULL,
-    filename TEXT NOT NULL,
-    content_type TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    created_at TEXT NOT NULL,
-    PRIMARY KEY (ticket_id, sha256)
 );
 CREATE TABLE IF NOT EXISTS fences (
     key TEXT PRIMARY KEY,
@@ -133,12 +124,6 @@ class CreateResult:
     replayed: bool
 
 
-def _attachment_record(row):
-    ticket_id, sha256, filename, content_type, size, created_at = row
-    return {"ticket_id": ticket_id, "sha256": sha256, "filename": filename, "content_type": content_type,
-            "size": size, "created_at": created_at}
-
-
 def utc_now():
     """Return the current UTC time as ISO 8601 with milliseconds, e.g. ``2025-01-02T03:04:05.678Z``."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -149,7 +134,7 @@ def format_ticket_id(seq):
     return f"REF-{seq:06d}"
 
 
-class TicketStore:
+class TicketStore(AttachmentStore):
     """Tickets and idempotency records in one SQLite file at ``db_path``.
 
     Safe to share between threads: each method opens and closes its own
@@ -170,7 +155,7 @@ class TicketStore:
                 raise RuntimeError(f"{self.db_path} has storage schema {found}, newer than this code's "
                                    f"{SCHEMA_VERSION}: refusing to open it (older code would ignore fences)")
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
+            conn.executescript(SCHEMA + ATTACHMENTS_SCHEMA)
             # Schema 2 had no fenced_at column.
             columns = {row[1] for row in conn.execute("PRAGMA table_info(fences)")}
             if "fenced_at" not in columns:
@@ -506,39 +491,6 @@ class TicketStore:
         with self._read() as conn:
             row = conn.execute("SELECT effects FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
         return row[0] if row else 0
-
-    def add_attachment(self, ticket_id, sha256, filename, content_type, data):
-        """Attach ``data`` (whose SHA-256 is ``sha256``) to ticket ``ticket_id``, once per digest.
-        Returns ``(record, created)``: the stored record (without the bytes) and whether this call
-        stored it. Raises :class:`NotFound` for no such ticket."""
-        with self._write() as conn:
-            if conn.execute("SELECT 1 FROM tickets WHERE id = ?", (ticket_id,)).fetchone() is None:
-                raise NotFound(ticket_id)
-            cur = conn.execute(
-                "INSERT OR IGNORE INTO attachments (ticket_id, sha256, filename, content_type, size, data, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (ticket_id, sha256, filename, content_type, len(data), data, utc_now()))
-            created = cur.rowcount == 1
-            row = conn.execute("SELECT ticket_id, sha256, filename, content_type, size, created_at FROM attachments"
-                               " WHERE ticket_id = ? AND sha256 = ?", (ticket_id, sha256)).fetchone()
-        return _attachment_record(row), created
-
-    def list_attachments(self, ticket_id):
-        """The records of ticket ``ticket_id``'s attachments, oldest first (no bytes). Raises
-        :class:`NotFound` for no such ticket."""
-        with self._read() as conn:
-            if conn.execute("SELECT 1 FROM tickets WHERE id = ?", (ticket_id,)).fetchone() is None:
-                raise NotFound(ticket_id)
-            rows = conn.execute("SELECT ticket_id, sha256, filename, content_type, size, created_at FROM attachments"
-                                " WHERE ticket_id = ? ORDER BY created_at, rowid", (ticket_id,)).fetchall()
-        return [_attachment_record(r) for r in rows]
-
-    def attachment_bytes(self, ticket_id, sha256):
-        """The stored bytes of ticket ``ticket_id``'s attachment ``sha256``, or None."""
-        with self._read() as conn:
-            row = conn.execute("SELECT data FROM attachments WHERE ticket_id = ? AND sha256 = ?",
-                               (ticket_id, sha256)).fetchone()
-        return bytes(row[0]) if row else None
 
     def reset(self):
         """Delete every ticket and idempotency record; ids restart at ``REF-000001``."""
