@@ -36,3 +36,32 @@ def idempotency_key(*, tenant_slug: str, tool: str, task_id: str, digest: str, i
     after a re-plan (e.g. an approval that expired before dispatch) is a new logical action."""
     inner = hashlib.sha256(f"{task_id}:{digest}:{intent_seq}".encode()).hexdigest()[:32]
     return f"{tenant_slug}:{tool}:{inner}"
+
+
+#: the kind of change each write makes, for :func:`action_identity`
+_CHANGE_KIND = {"ticket.create": "create", "ticket.comment": "comment", "ticket.update": "update"}
+
+
+def action_identity(*, tool: str, params: dict) -> dict:
+    """What an action *is*, as a rejection remembers it (spec §16.6: a rejection is a constraint on
+    later proposals, not a transient error to retry): ``{"tool", "target", "change"}``.
+
+    * ``target`` — the object it writes: ``ticket/<id>`` for a write on an existing ticket,
+      ``device/<asset tag>`` for a new ticket about a device;
+    * ``change`` — the kind of change: ``create``, ``comment``, or for an update
+      ``update:<changed fields, sorted, with a status or priority's new value>``.
+
+    Wording (title, description, a comment's body, the cited evidence, the attachments' list, the
+    due date) is not part of it: two drafts that differ only in words are the same action. Pure;
+    raises nothing for an unknown tool (its change kind is the tool's name)."""
+    params = params if isinstance(params, dict) else {}
+    if params.get("ticket_id") is not None:
+        target = f"ticket/{params['ticket_id']}"
+    else:
+        target = f"device/{params.get('device')}"
+    change = _CHANGE_KIND.get(tool, tool)
+    if change == "update":
+        changes = params.get("changes") if isinstance(params.get("changes"), dict) else {}
+        parts = [f"{k}={changes[k]}" if k in ("status", "priority") else k for k in sorted(changes)]
+        change = "update:" + ",".join(parts)
+    return {"tool": tool, "target": target, "change": change}

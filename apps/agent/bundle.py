@@ -7,15 +7,15 @@ the code now has. (The reducer is honoured by :func:`apps.tasks.reducer.reducer_
 from __future__ import annotations
 
 from apps.actions.registry import TOOLS
+from apps.agent.controllers import CONTROLLERS as CONTROLLER_VERSIONS
 from apps.llm.drafter import PROMPT_TEMPLATES
 from apps.llm.parser import PARSER_VERSION
 from apps.llm.providers import OUTPUT_PARSER_VERSION
 from apps.tasks import reducer
-from apps.tasks.services import CONTROLLER_VERSION
 
 #: the parser and controller versions this build carries
 PARSERS = (PARSER_VERSION,)
-CONTROLLERS = (CONTROLLER_VERSION,)
+CONTROLLERS = tuple(CONTROLLER_VERSIONS)
 OUTPUT_PARSERS = (OUTPUT_PARSER_VERSION,)
 
 #: the statuses in which a run still uses the bundle's prompt, parser, controller or tool schemas

@@ -11,7 +11,7 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
-from apps.actions.digest import action_digest
+from apps.actions.digest import action_digest, action_identity
 from apps.actions.registry import tool_get
 from apps.agent.common import (
     actor_of,
@@ -20,10 +20,19 @@ from apps.agent.common import (
     fail,
     has_ledger,
 )
+from apps.agent.controllers import Controller, controller_for
 from apps.core.digests import sha256_json
 from apps.core.failpoints import failpoint
-from apps.llm.drafter import PROMPT_TEMPLATE_VERSION, local_draft, render_prompt
-from apps.llm.providers import TRANSIENT, CallResult, provider_for
+from apps.llm.drafter import (
+    PROMPT_TEMPLATE_VERSION,
+    local_draft,
+    render_prompt,
+    rules_priority,
+    rules_questions,
+    rules_title,
+)
+from apps.llm.providers import TRANSIENT, CallResult, output_schema_for, provider_for
+from apps.llm.screening import description_screen, instruction_flags, sentence_supported, sentences, state_sources
 from apps.tasks import reducer
 from apps.tasks.answer import answer_compose
 from apps.tasks.budget import activity_timeout, budget_reserve, budget_settle
@@ -54,13 +63,19 @@ def propose(task: Task, lease: Lease) -> bool:
     else:
         draft = _model_call(task, state)
     draft = with_due_date(task, draft)
-    digest = plan(state, draft)["digest"]
-    if digest in state["rejected_digests"]:
-        # The local drafter is deterministic: it cannot propose something materially different.
+    proposal = plan(state, draft)
+    refused = rejection_covering(state, proposal, controller_for(task.artifact_bundle))
+    if refused is not None:
+        # The same action was rejected earlier in the task — byte for byte, or (controller/2) re-worded:
+        # a rejection is a constraint, never a reason to ask the approver again (spec §16.6).
         final = {**state, "proposal": None, "termination_reason": "proposal_rejected"}
+        payload = {"reason": "proposal_rejected", "answer": answer_compose(final)}
+        if refused:
+            payload["refused"] = {"identity": refused["identity"], "digest": proposal["digest"],
+                                  "rejected_by_approval": refused["approval_id"], "rejection_reason": refused["reason"],
+                                  "title": (draft.get("ticket") or {}).get("title")}
         task_append_event(task=task, event_type="task.completed", actor=actor_of(lease),
-                          lease_generation=lease.generation,
-                          payload={"reason": "proposal_rejected", "answer": answer_compose(final)})
+                          lease_generation=lease.generation, payload=payload)
         return False
     task_append_event(
         task=task, event_type="draft.proposed", actor=actor_of(lease), lease_generation=lease.generation,
@@ -68,6 +83,20 @@ def propose(task: Task, lease: Lease) -> bool:
                  "proposed_at": timezone.now().isoformat()},
     )
     return True
+
+
+def rejection_covering(state: dict, proposal: dict, controller: Controller) -> dict | None:
+    """Whether ``proposal`` repeats an action rejected earlier in the task: None when it does not;
+    ``{}`` when its exact digest was rejected; under a controller that refuses by identity
+    (``controller/2`` with ``reducer/5``'s ``rejections``), the rejection — ``{"approval_id",
+    "identity", "digest", "reason", "decided_by"}`` — whose action identity (tool, target, kind of
+    change; never the wording) it has."""
+    if controller.rejection_by_identity:
+        identity = action_identity(tool=proposal["tool"], params=proposal["params"])
+        for rejection in state.get("rejections") or []:
+            if rejection["identity"] == identity:
+                return rejection
+    return {} if proposal["digest"] in state["rejected_digests"] else None
 
 
 def with_due_date(task: Task, draft: dict) -> dict:
@@ -124,13 +153,15 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
     provider = provider_for(task.artifact_bundle, conf)
     last = m["last"]
     amounts = {"retries": 1 if last is not None else 0}
-    messages = None
+    messages, schema = None, None
     if provider is not None:
+        if controller_for(task.artifact_bundle).rules_decide:
+            schema = output_schema_for([str(r["chunk_id"]) for r in state["evidence"] or []])
         feedback = (last or {}).get("problems") if (last or {}).get("outcome") == "malformed" else m.get("feedback")
         messages = render_prompt(request=state["request"], device=state["device"], evidence=state["evidence"] or [],
                                  answers=state.get("answers") or [], feedback=feedback or (),
                                  template=task.artifact_bundle.get("prompt_template", PROMPT_TEMPLATE_VERSION))
-        amounts.update(provider.reservation(messages))
+        amounts.update(provider.reservation(messages, schema))
     # The call must end (and be recorded) while this worker still holds the lease: renew it, and
     # bound the call by the lease as well as by the task's deadline.
     task_lease_renew(lease=lease)
@@ -156,7 +187,8 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
         return task, draft, True
     with checkpoint():  # the reservation is committed before the call leaves the process
         try:
-            result = provider.complete(messages, timeout=timeout, should_stop=lambda: cancel_requested(task.pk),
+            result = provider.complete(messages, timeout=timeout, schema=schema,
+                                       should_stop=lambda: cancel_requested(task.pk),
                                        poll_seconds=conf["CANCEL_POLL_SECONDS"])
         except Exception as exc:  # noqa: BLE001 - recorded (charged in full) and ends in a decision, never re-sent blind
             log.exception("model call for %s failed inside the provider", task.pk)
@@ -172,7 +204,10 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
                "request_digest": sha256_json(messages)},
     )
     if result.outcome == "ok":
-        return task, _draft_from_output(task, result.output, provider.model), True
+        draft = draft_from_output(state=task.state, output=result.output, model=provider.model,
+                                  tenant=task.tenant.slug, requester=task.requester.get_username(),
+                                  controller=controller_for(task.artifact_bundle))
+        return task, draft, True
     if result.outcome == "cancelled" or task.status in reducer.TERMINAL:
         return task, None, False
     if result.outcome == "error":
@@ -200,16 +235,60 @@ def _backoff(task: Task, lease: Lease, result, *, attempt: int) -> None:
         time.sleep(min(conf["CANCEL_POLL_SECONDS"], max(until - time.monotonic(), 0)))
 
 
-def _draft_from_output(task: Task, output: dict, model: str) -> dict:
-    """The ticket draft from a parsed model reply: the model's content, with device, tenant,
-    requester and labels taken from the task's recorded state (the model cannot choose them)."""
-    device = task.state["device"]
+def draft_from_output(*, state: dict, output: dict, model: str, tenant: str, requester: str,
+                      controller: Controller) -> dict:
+    """The ticket draft from a parsed model reply (``output``: :data:`~apps.llm.providers.MODEL_OUTPUT_SCHEMA`)
+    over a task's recorded ``state``. Device, tenant, requester and labels always come from the
+    state (the model cannot choose them). Pure: the same inputs, the same draft — what a trajectory
+    replay re-drives (apps/agent/trajectories.py).
+
+    Under a controller whose rules decide (``controller/2``; apps/agent/controllers.py):
+
+    * ``priority`` is :func:`~apps.llm.drafter.rules_priority`'s; the model's is kept in
+      ``draft["suggested"]["priority"]``, and ``draft["outside_rules"]`` lists each suggestion the
+      rules did not take (``{"field", "suggested", "decided"}``) for the approver;
+    * the requester is asked only what :func:`~apps.llm.drafter.rules_questions` asks (the model's
+      questions are suggestions; they are asked in its words when the rules would ask);
+    * the title and description are screened (:mod:`apps.llm.screening`): unsupported sentences
+      are dropped (a title with an unsupported claim gives way to the rules' title), and
+      ``draft["screening"]`` = ``{"dropped": [{"field", "text"}], "flags": [{"source", "flags"}]}``.
+
+    Under ``controller/1`` the reply is the draft, as it was."""
+    device = state["device"]
     labels = sorted({device["kind"], f"site:{device.get('site') or 'unknown'}", "faultdesk"})
     ticket = {"title": output["title"], "description": output["description"], "priority": output["priority"],
-              "device": device["asset_tag"], "tenant": task.tenant.slug, "requester": task.requester.get_username(),
+              "device": device["asset_tag"], "tenant": tenant, "requester": requester,
               "labels": labels, "evidence": list(output["evidence"])}
-    return {"ticket": ticket, "alert_summary": output["alert_summary"],
-            "missing_information": list(output["missing_information"]), "model": model}
+    draft = {"ticket": ticket, "alert_summary": output["alert_summary"],
+             "missing_information": list(output["missing_information"]), "model": model}
+    if not controller.rules_decide:
+        return draft
+    request, answers = state["request"], state.get("answers") or []
+    decided = rules_priority(request=request, device=device)
+    questions = rules_questions(request=request, answers=answers)
+    draft["suggested"] = {"priority": output["priority"], "missing_information": list(output["missing_information"])}
+    draft["outside_rules"] = ([{"field": "priority", "suggested": output["priority"], "decided": decided}]
+                              if output["priority"] != decided else [])
+    ticket["priority"] = decided
+    draft["missing_information"] = (list(output["missing_information"]) or questions) if questions else []
+    if controller.screens:
+        sources = state_sources(state)
+        dropped = []
+        description, cut = description_screen(output["description"], sources)
+        dropped += [{"field": "description", "text": t} for t in cut]
+        if len(description) < 10:
+            description = local_draft(request=request, device=device, evidence=state.get("evidence") or [],
+                                      tenant=tenant, requester=requester, answers=answers,
+                                      selection=state.get("selection"))["ticket"]["description"]
+        title = output["title"]
+        if not all(sentence_supported(t, sources) for t in sentences(title)):
+            dropped.append({"field": "title", "text": title})
+            title = rules_title(request=request, device=device, answers=answers)
+        ticket["title"], ticket["description"] = title, description
+        draft["screening"] = {"dropped": dropped,
+                              "flags": instruction_flags({"title": output["title"],
+                                                          "description": output["description"]})}
+    return draft
 
 
 def plan(state: dict, draft: dict) -> dict:

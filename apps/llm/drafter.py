@@ -72,6 +72,32 @@ _BUMP_STATES = {"fault": -1, "offline": -1, "degraded": 0, "ok": 0}
 _CRITICALITY = {"high": -1, "medium": 0, "low": 1}
 
 
+def rules_priority(*, request: dict, device: dict) -> str:
+    """The ticket's priority by rules (``P1`` most urgent … ``P4``): the request's urgency (critical
+    P1, high P2, normal P3, low P4), one level higher when the device is in ``fault`` or
+    ``offline`` and one more when it is of high criticality, bounded to P1..P4. Under
+    ``controller/2`` this decides; a model's priority is only a suggestion (apps/agent/controllers.py)."""
+    level = _PRIORITY_BY_URGENCY.get(request.get("urgency", "normal"), 3)
+    level += _BUMP_STATES.get(device.get("state", "ok"), 0) + min(0, _CRITICALITY.get(device.get("criticality"), 0))
+    return f"P{min(4, max(1, level))}"
+
+
+def rules_questions(*, request: dict, answers: list[str] = ()) -> list[str]:
+    """The question the rules ask the requester, in the report's language — one, when the report
+    with the answers given since is too short to act on (:func:`_too_short`) — or ``[]``."""
+    symptom = " ".join(part.strip() for part in [request["symptom"], *answers] if part.strip())
+    words = _TEXT["zh" if is_chinese(symptom) else "en"]
+    return [words["question"]] if _too_short(symptom) else []
+
+
+def rules_title(*, request: dict, device: dict, answers: list[str] = ()) -> str:
+    """The ticket title the rules write from the recorded inputs only: ``[<asset tag>] <alert code
+    or state> — <the report's first 80 characters>`` (at most 200 characters)."""
+    symptom = " ".join(part.strip() for part in [request["symptom"], *answers] if part.strip())
+    head = device.get("alert_code") or device.get("state")
+    return f"[{device['asset_tag']}] {head} — {symptom[:80]}".strip()[:200]
+
+
 def render_prompt(*, request: dict, device: dict, evidence: list[dict], answers: list[str] = (),
                   feedback: list[str] = (), previous: str | None = None,
                   template: str = PROMPT_TEMPLATE_VERSION) -> list[dict]:
@@ -150,16 +176,14 @@ def local_draft(
     """
     symptom = " ".join(part.strip() for part in [request["symptom"], *answers] if part.strip())
     words = _TEXT["zh" if is_chinese(symptom) else "en"]
-    level = _PRIORITY_BY_URGENCY.get(request.get("urgency", "normal"), 3)
-    level += _BUMP_STATES.get(device.get("state", "ok"), 0) + min(0, _CRITICALITY.get(device.get("criticality"), 0))
-    priority = f"P{min(4, max(1, level))}"
+    priority = rules_priority(request=request, device=device)
     alert = device.get("alert_code") or words["no_alert"]
     alert_summary = words["summary"].format(tag=device["asset_tag"], kind=device["kind"],
                                             site=device.get("site") or words["unknown_site"], state=device["state"],
                                             alert=alert)
     if device.get("alert_message"):
         alert_summary += f": {device['alert_message']}"
-    missing = [words["question"]] if _too_short(symptom) else []
+    missing = rules_questions(request=request, answers=answers)
     description = (
         words["reported"].format(requester=requester, symptom=symptom) + "\n\n"
         + _attachments_text(request.get("attachments") or [], words)
@@ -168,8 +192,7 @@ def local_draft(
     )
     labels = sorted({device["kind"], f"site:{device.get('site') or 'unknown'}", "faultdesk"})
     ticket = {
-        "title": f"[{device['asset_tag']}] {alert if device.get('alert_code') else device['state']} — "
-                 f"{symptom[:80]}".strip()[:200],
+        "title": rules_title(request=request, device=device, answers=answers),
         "description": description[:8000],
         "priority": priority,
         "device": device["asset_tag"],

@@ -59,6 +59,19 @@ MODEL_OUTPUT_SCHEMA = {
     },
 }
 _SCHEMA_TEXT = json.dumps(MODEL_OUTPUT_SCHEMA, separators=(",", ":"))
+
+
+def output_schema_for(evidence_ids: list[str] | None) -> dict:
+    """:data:`MODEL_OUTPUT_SCHEMA` narrowed to one call (``controller/2``): ``evidence`` may only
+    name the chunk ids retrieved for the task (``evidence_ids``) — at least one when any was, none
+    when none was — so that a constrained decoder cannot invent a citation. ``None`` leaves the
+    schema as it is. A reply valid under the narrowed schema is valid under the general one."""
+    if evidence_ids is None:
+        return MODEL_OUTPUT_SCHEMA
+    ids = sorted({str(i) for i in evidence_ids})
+    evidence = {"type": "array", "items": {"enum": ids}, "minItems": 1, "maxItems": min(5, len(ids))} if ids \
+        else {"type": "array", "maxItems": 0}
+    return {**MODEL_OUTPUT_SCHEMA, "properties": {**MODEL_OUTPUT_SCHEMA["properties"], "evidence": evidence}}
 _MESSAGE_OVERHEAD_TOKENS = 8
 _REQUEST_OVERHEAD_TOKENS = 32
 
@@ -123,20 +136,22 @@ class OpenAICompatibleProvider:
         self.units_per_1k = float(units_per_1k)
 
     # --- the ledger -----------------------------------------------------------------------------
-    def prompt_token_bound(self, messages: list[dict]) -> int:
-        """An upper bound of the prompt's tokens: UTF-8 bytes of every message and of the schema,
-        plus per-message and per-request overheads (a token covers at least one byte)."""
+    def prompt_token_bound(self, messages: list[dict], schema: dict | None = None) -> int:
+        """An upper bound of the prompt's tokens: UTF-8 bytes of every message and of the schema
+        (``schema``, default :data:`MODEL_OUTPUT_SCHEMA`), plus per-message and per-request
+        overheads (a token covers at least one byte)."""
         size = sum(len(m["content"].encode()) + _MESSAGE_OVERHEAD_TOKENS for m in messages)
-        return size + len(_SCHEMA_TEXT.encode()) + _REQUEST_OVERHEAD_TOKENS
+        schema_text = _SCHEMA_TEXT if schema is None else json.dumps(schema, separators=(",", ":"))
+        return size + len(schema_text.encode()) + _REQUEST_OVERHEAD_TOKENS
 
     def units(self, tokens: int) -> int:
         """Cost units of ``tokens`` (rounded up)."""
         return math.ceil(tokens * self.units_per_1k / 1000)
 
-    def reservation(self, messages: list[dict]) -> dict:
-        """``{"tokens", "money"}`` to reserve for one call with ``messages``: the prompt bound
-        plus ``max_tokens``, and its price."""
-        tokens = self.prompt_token_bound(messages) + self.max_output_tokens
+    def reservation(self, messages: list[dict], schema: dict | None = None) -> dict:
+        """``{"tokens", "money"}`` to reserve for one call with ``messages`` (and ``schema``): the
+        prompt bound plus ``max_tokens``, and its price."""
+        tokens = self.prompt_token_bound(messages, schema) + self.max_output_tokens
         return {"tokens": tokens, "money": self.units(tokens)}
 
     def cost(self, result: CallResult, reserved: dict) -> tuple[dict, dict | None]:
@@ -153,15 +168,18 @@ class OpenAICompatibleProvider:
         return {"tokens": tokens, "money": min(self.units(tokens), reserved["money"])}, overrun
 
     # --- the call -------------------------------------------------------------------------------
-    def request_body(self, messages: list[dict]) -> dict:
+    def request_body(self, messages: list[dict], schema: dict | None = None) -> dict:
+        """The chat-completions request: ``messages`` at temperature 0, ``max_tokens`` capped, and
+        the reply constrained to ``schema`` (default :data:`MODEL_OUTPUT_SCHEMA`) by OpenAI's
+        ``json_schema`` response format (vLLM, Ollama and llama.cpp's server accept it too)."""
         return {
             "model": self.model, "messages": messages, "temperature": 0, "max_tokens": self.max_output_tokens,
             "response_format": {"type": "json_schema",
                                 "json_schema": {"name": "ticket_draft", "strict": True,
-                                                "schema": MODEL_OUTPUT_SCHEMA}},
+                                                "schema": schema or MODEL_OUTPUT_SCHEMA}},
         }
 
-    def complete(self, messages: list[dict], *, timeout: float,
+    def complete(self, messages: list[dict], *, timeout: float, schema: dict | None = None,
                  should_stop: Callable[[], bool] | None = None, poll_seconds: float = 0.25) -> CallResult:
         """One HTTP attempt, at most ``timeout`` seconds. While it runs, ``should_stop()`` is asked
         every ``poll_seconds``; when it says True the call is abandoned (``cancelled``; the
@@ -170,12 +188,13 @@ class OpenAICompatibleProvider:
         started = time.monotonic()
 
         limit = settings.FAULTDESK["MODEL_MAX_REPLY_BYTES"]
+        body = self.request_body(messages, schema)
 
         def run() -> None:
             try:
                 with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
                                   verify=tls_context()) as client, \
-                        client.stream("POST", f"{self.base_url}/chat/completions", json=self.request_body(messages),
+                        client.stream("POST", f"{self.base_url}/chat/completions", json=body,
                                       headers={"Authorization": f"Bearer {self.api_key}"}) as streamed:
                     # Read at most ``limit`` bytes of the reply: a server that sends more is cut off.
                     chunks, size = [], 0

@@ -30,7 +30,8 @@ from apps.tasks.models import Task, Urgency
 from apps.tasks.selectors import task_get
 from apps.tasks.store import task_append_with_retry, task_create
 
-CONTROLLER_VERSION = "controller/1"
+#: the controller new tasks are pinned to (apps/agent/controllers.py carries every version a task may pin)
+CONTROLLER_VERSION = "controller/2"
 
 #: one structured line per committed event (config.logs): tenant, task, seq, type, actor, fencing token
 events_log = structlog.get_logger("faultdesk.events")

@@ -13,7 +13,7 @@ from apps.actions.models import Action
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
-from apps.llm.providers import MODEL_OUTPUT_SCHEMA, model_output_parse
+from apps.llm.providers import MODEL_OUTPUT_SCHEMA, model_output_parse, output_schema_for
 from apps.outbox.models import OutboxMessage
 from apps.tasks import reducer
 from apps.tasks.models import Task
@@ -66,7 +66,10 @@ def test_the_main_job_runs_end_to_end_with_the_openai_compatible_provider(
     # exactly one request, with strict JSON-schema structured output and the evidence as data
     [sent] = model_server.requests
     assert sent["model"] == "scripted-model" and sent["response_format"]["json_schema"]["strict"] is True
-    assert sent["response_format"]["json_schema"]["schema"] == MODEL_OUTPUT_SCHEMA
+    # controller/2 narrows the schema to this call: the evidence may only name the chunks retrieved
+    retrieved = sorted(str(r["chunk_id"]) for r in task.state["evidence"])
+    assert sent["response_format"]["json_schema"]["schema"] == output_schema_for(retrieved)
+    assert sent["response_format"]["json_schema"]["schema"]["properties"]["evidence"]["items"] == {"enum": retrieved}
     user = sent["messages"][1]["content"]
     assert "<evidence chunk_id=" in user and "untrusted data" in user
     # the call is recorded with usage and cost, before the draft that uses it
