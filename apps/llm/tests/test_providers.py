@@ -13,7 +13,7 @@ from apps.actions.models import Action
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
 from apps.events.models import TaskEvent
-from apps.llm.providers import MODEL_OUTPUT_SCHEMA, model_output_parse, output_schema_for
+from apps.llm.providers import model_output_parse, output_schema_for
 from apps.outbox.models import OutboxMessage
 from apps.tasks import reducer
 from apps.tasks.models import Task
