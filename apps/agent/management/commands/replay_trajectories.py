@@ -1,0 +1,82 @@
+"""``manage.py replay_trajectories --bundle NEW``: the release gate of spec §16.11 — re-drive recorded
+tasks through a candidate artifact bundle and fail on any divergence in a decision field
+(apps/agent/trajectories.py)."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.agent.trajectories import DECISION_FIELDS, BundleInvalid, trajectories_replay
+from apps.tasks.models import Task
+from apps.tasks.services import artifact_bundle_current
+
+
+def parse_bundle(text: str) -> dict:
+    """The candidate bundle's overrides from ``--bundle``: ``current`` (this build's bundle for new
+    tasks, with the model settings in force), a JSON object, ``@file.json``, or ``key=value`` pairs
+    separated by commas (``prompt_template=ticket-draft/2,controller=controller/1``). Raises
+    :class:`CommandError` for anything else."""
+    text = (text or "").strip()
+    if text == "current":
+        bundle = artifact_bundle_current()
+        bundle.pop("reducer", None)  # a task is always replayed with the reducer it was pinned to
+        return bundle
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise CommandError(f"--bundle {text}: {exc}") from exc
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--bundle is not valid JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise CommandError("--bundle JSON must be an object")
+        return value
+    pairs = [p for p in text.split(",") if p.strip()]
+    if not pairs or not all("=" in p for p in pairs):
+        raise CommandError("--bundle: give 'current', a JSON object, @file.json or key=value[,key=value]")
+    return {k.strip(): v.strip() for k, v in (p.split("=", 1) for p in pairs)}
+
+
+class Command(BaseCommand):
+    help = ("Re-drive recorded tasks' inputs through a candidate artifact bundle and print where its decisions "
+            f"({', '.join(DECISION_FIELDS)}) diverge; exits 1 on any divergence in a decision field.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bundle", required=True,
+                            help="the candidate: 'current', a JSON object, @file.json or key=value[,key=value] "
+                                 "overriding each task's pinned bundle (e.g. prompt_template=ticket-draft/2)")
+        parser.add_argument("--live", action="store_true",
+                            help="ask the candidate's model again instead of using the recorded replies")
+        parser.add_argument("--tenant", help="only this tenant's tasks (slug)")
+        parser.add_argument("--task", action="append", default=[], help="only this task (repeatable)")
+        parser.add_argument("--limit", type=int, default=0, help="at most this many tasks, newest first")
+
+    def handle(self, *args, **opts):
+        overrides = parse_bundle(opts["bundle"])
+        tasks = Task.objects.select_related("tenant", "requester").order_by("-created_at")
+        if opts["tenant"]:
+            tasks = tasks.filter(tenant__slug=opts["tenant"])
+        if opts["task"]:
+            tasks = tasks.filter(pk__in=opts["task"])
+        if opts["limit"]:
+            tasks = tasks[: opts["limit"]]
+        self.stdout.write(f"candidate bundle: {json.dumps(overrides, sort_keys=True)}"
+                          f"{' (live model)' if opts['live'] else ' (recorded model replies)'}")
+        try:
+            totals = trajectories_replay(tasks.iterator(), overrides, live=opts["live"], out=self.stdout)
+        except BundleInvalid as exc:
+            raise CommandError(f"the candidate bundle cannot run in this build: {exc}") from exc
+        by_field = ", ".join(f"{f}={totals.by_field.get(f, 0)}" for f in DECISION_FIELDS)
+        changes = ", ".join(f"{f}={n}" for f, n in sorted(totals.changes.items())) or "none"
+        self.stdout.write(f"replay_trajectories: tasks={totals.tasks} decision_points={totals.points} "
+                          f"diverged_tasks={totals.diverged_tasks} diverged_points={totals.diverged_points} "
+                          f"({by_field}); describing changes: {changes}; {totals.seconds:.1f} s")
+        if totals.diverged_points:
+            raise CommandError(f"{totals.diverged_points} decision point(s) in {totals.diverged_tasks} task(s) "
+                               "diverge under the candidate bundle", returncode=1)
