@@ -299,6 +299,24 @@ def _replay_every_task(request):
     assert not diverged, f"tasks diverge from their event log: {diverged}"
     disagreeing = {str(t.pk): problems for t in tasks if (problems := task_actions_audit(t))}
     assert not disagreeing, f"action rows disagree with the task state: {disagreeing}"
+    if os.environ.get("FAULTDESK_TRAJECTORY_CHECK") == "1":
+        _trajectories_same(tasks)
+
+
+def _trajectories_same(tasks) -> None:
+    """Trajectory replay of every task under its own pinned bundle (apps/agent/trajectories.py):
+    the recorded model replies re-driven through the same controller must reach the same tool,
+    target, priority and termination at every decision point. (Approval need is left out: tests
+    change a tenant's policy between a task's decisions on purpose.)"""
+    from apps.agent.trajectories import trajectory_replay
+
+    diverged = {}
+    for task in tasks:
+        for point in trajectory_replay(task, {}).points:
+            fields = [d for d in point.divergences if d[0] != "approval_need"]
+            if fields:
+                diverged.setdefault(str(task.pk), []).append((point.seq, fields))
+    assert not diverged, f"re-driven through their own bundle, tasks decide otherwise: {diverged}"
 
 
 @pytest.fixture
