@@ -48,6 +48,13 @@ _OUTCOMES = {"draft.invalid": "draft_invalid", "input.requested": "input_request
              "approval.requested": "proposal", "intent.committed": "proposal"}
 
 
+#: events after a draft that end its decision point before the controller's outcome: what follows
+#: belongs to another draft (one ticket per fault deferred it, a cancel, a re-plan, a failure)
+_ENDS_POINT = frozenset({"draft.proposed", "intent.deferred", "approval.invalidated", "dispatch.conflict",
+                         "task.failed", "task.cancelled", "cancel.requested", "input.provided",
+                         "evidence.retrieved", "device.read", "ticket.read"})
+
+
 class BundleInvalid(ValueError):
     """A candidate bundle this build cannot run (a part it does not carry), or a malformed one."""
 
@@ -118,8 +125,8 @@ def _recorded(events: list, i: int) -> dict:
                                     "intent.committed": False if later.payload.get("approval_required") is False
                                     else None}.get(later.type)
             break
-        if later.type in ("task.failed", "task.cancelled", "cancel.requested", "approval.invalidated"):
-            break
+        if later.type in _ENDS_POINT:
+            break  # the draft led nowhere the controller decided (a deferral, a cancel, a re-plan, a failure)
     return out
 
 

@@ -75,6 +75,9 @@ def output_schema_for(evidence_ids: list[str] | None) -> dict:
 _MESSAGE_OVERHEAD_TOKENS = 8
 _REQUEST_OVERHEAD_TOKENS = 32
 
+#: how a call asks for its JSON schema (``MODEL_RESPONSE_FORMAT``)
+RESPONSE_FORMATS = ("json_schema", "json_object")
+
 #: outcomes after which the server did no billable work
 NOT_PROCESSED = ("rate_limited", "unavailable")
 #: outcomes worth another attempt (each a new reservation with one retry)
@@ -128,7 +131,11 @@ class OpenAICompatibleProvider:
 
     name = OPENAI_COMPATIBLE
 
-    def __init__(self, *, base_url: str, model: str, api_key: str, max_output_tokens: int, units_per_1k: float):
+    def __init__(self, *, base_url: str, model: str, api_key: str, max_output_tokens: int, units_per_1k: float,
+                 response_format: str = "json_schema"):
+        if response_format not in RESPONSE_FORMATS:
+            raise ValueError(f"response_format must be one of {RESPONSE_FORMATS}, not {response_format!r}")
+        self.response_format = response_format
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
@@ -170,14 +177,18 @@ class OpenAICompatibleProvider:
     # --- the call -------------------------------------------------------------------------------
     def request_body(self, messages: list[dict], schema: dict | None = None) -> dict:
         """The chat-completions request: ``messages`` at temperature 0, ``max_tokens`` capped, and
-        the reply constrained to ``schema`` (default :data:`MODEL_OUTPUT_SCHEMA`) by OpenAI's
-        ``json_schema`` response format (vLLM, Ollama and llama.cpp's server accept it too)."""
-        return {
-            "model": self.model, "messages": messages, "temperature": 0, "max_tokens": self.max_output_tokens,
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "ticket_draft", "strict": True,
-                                                "schema": schema or MODEL_OUTPUT_SCHEMA}},
-        }
+        the reply constrained to ``schema`` (default :data:`MODEL_OUTPUT_SCHEMA`): by OpenAI's
+        ``json_schema`` response format (vLLM and Ollama take it too), or — ``response_format``
+        ``json_object`` — by ``{"type": "json_object", "schema": …}``, the only form in which
+        llama-cpp-python's server turns the schema into a grammar."""
+        schema = schema or MODEL_OUTPUT_SCHEMA
+        if self.response_format == "json_object":  # llama-cpp-python's server: the schema becomes a grammar
+            response_format = {"type": "json_object", "schema": schema}
+        else:
+            response_format = {"type": "json_schema",
+                               "json_schema": {"name": "ticket_draft", "strict": True, "schema": schema}}
+        return {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": self.max_output_tokens,
+                "response_format": response_format}
 
     def complete(self, messages: list[dict], *, timeout: float, schema: dict | None = None,
                  should_stop: Callable[[], bool] | None = None, poll_seconds: float = 0.25) -> CallResult:
@@ -339,6 +350,7 @@ def provider_for(bundle: dict, conf: dict) -> OpenAICompatibleProvider | None:
         base_url=bundle["model_base_url"], model=bundle["model"], api_key=conf["MODEL_API_KEY"],
         max_output_tokens=bundle.get("max_output_tokens", conf["MODEL_MAX_OUTPUT_TOKENS"]),
         units_per_1k=bundle.get("units_per_1k_tokens", conf["MODEL_UNITS_PER_1K_TOKENS"]),
+        response_format=bundle.get("response_format", "json_schema"),
     )
 
 
@@ -356,6 +368,10 @@ def bundle_entries(conf: dict) -> dict:
         return {"model_provider": LOCAL, "model": LOCAL_MODEL_ID}
     if name != OPENAI_COMPATIBLE:
         raise ValueError(f"FAULTDESK_MODEL_PROVIDER must be one of {PROVIDERS}, not {name!r}")
+    if conf.get("MODEL_RESPONSE_FORMAT", "json_schema") not in RESPONSE_FORMATS:
+        raise ValueError(f"FAULTDESK_MODEL_RESPONSE_FORMAT must be one of {RESPONSE_FORMATS}, "
+                         f"not {conf['MODEL_RESPONSE_FORMAT']!r}")
     return {"model_provider": OPENAI_COMPATIBLE, "model": conf["MODEL_NAME"],
             "model_base_url": conf["MODEL_BASE_URL"], "max_output_tokens": conf["MODEL_MAX_OUTPUT_TOKENS"],
-            "units_per_1k_tokens": conf["MODEL_UNITS_PER_1K_TOKENS"], "output_parser": OUTPUT_PARSER_VERSION}
+            "units_per_1k_tokens": conf["MODEL_UNITS_PER_1K_TOKENS"], "output_parser": OUTPUT_PARSER_VERSION,
+            "response_format": conf.get("MODEL_RESPONSE_FORMAT", "json_schema")}

@@ -417,6 +417,9 @@ FAULTDESK = {
     "MODEL_MAX_REPLY_BYTES": env.int("FAULTDESK_MODEL_MAX_REPLY_BYTES", default=1024 * 1024),
     # malformed output: re-asks of one draft before the task fails with a clear reason
     "MODEL_MAX_REASKS": env.int("FAULTDESK_MODEL_MAX_REASKS", default=2),
+    # how the reply's JSON schema is asked for: "json_schema" (OpenAI, vLLM, Ollama) or "json_object"
+    # (llama-cpp-python's server, which applies the schema as a grammar only in that form)
+    "MODEL_RESPONSE_FORMAT": env.str("FAULTDESK_MODEL_RESPONSE_FORMAT", default="json_schema"),
     # how often a worker waiting on a model call checks whether its task was cancelled
     "CANCEL_POLL_SECONDS": env.float("FAULTDESK_CANCEL_POLL_SECONDS", default=0.25),
     # use-multilingual-v3 (default; English and Chinese), all-MiniLM-L6-v2 (English only) or

@@ -243,3 +243,27 @@ def test_a_reply_over_the_byte_cap_is_not_read_and_counts_as_malformed(requester
     called = [e.payload for e in task.events.filter(type="model.called")]
     assert called and all("larger than 65536 bytes" in " ".join(c.get("problems", [])) for c in called)
     _ledger_closed(task)
+
+
+def test_the_schema_is_asked_for_in_the_form_the_server_applies():
+    """OpenAI, vLLM and Ollama take ``json_schema``; llama-cpp-python's server applies a schema as a
+    grammar only as ``{"type": "json_object", "schema": …}``. Anything else is refused."""
+    from apps.llm.providers import OpenAICompatibleProvider, bundle_entries, provider_for
+
+    schema = output_schema_for(["7"])
+    kwargs = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key": "k", "max_output_tokens": 10,
+              "units_per_1k": 1.0}
+    openai = OpenAICompatibleProvider(**kwargs).request_body([], schema)["response_format"]
+    assert openai == {"type": "json_schema", "json_schema": {"name": "ticket_draft", "strict": True, "schema": schema}}
+    llama = OpenAICompatibleProvider(**kwargs, response_format="json_object").request_body([], schema)
+    assert llama["response_format"] == {"type": "json_object", "schema": schema}
+    with pytest.raises(ValueError, match="response_format"):
+        OpenAICompatibleProvider(**kwargs, response_format="grammar")
+    conf = {"MODEL_PROVIDER": "openai_compatible", "MODEL_NAME": "smollm2", "MODEL_BASE_URL": "http://x/v1",
+            "MODEL_MAX_OUTPUT_TOKENS": 10, "MODEL_UNITS_PER_1K_TOKENS": 1.0, "MODEL_API_KEY": "k",
+            "MODEL_RESPONSE_FORMAT": "json_object"}
+    bundle = bundle_entries(conf)
+    assert bundle["response_format"] == "json_object"
+    assert provider_for(bundle, conf).response_format == "json_object"
+    with pytest.raises(ValueError, match="FAULTDESK_MODEL_RESPONSE_FORMAT"):
+        bundle_entries({**conf, "MODEL_RESPONSE_FORMAT": "xml"})
