@@ -78,6 +78,24 @@ _REQUEST_OVERHEAD_TOKENS = 32
 #: how a call asks for its JSON schema (``MODEL_RESPONSE_FORMAT``)
 RESPONSE_FORMATS = ("json_schema", "json_object")
 
+#: the longest string bound llama.cpp's grammar takes: its converter writes ``maxLength: n`` as n
+#: nested optional groups, and past about 1,000 the grammar is refused and the server process dies
+GRAMMAR_MAX_LENGTH = 1000
+
+
+def grammar_schema(schema):
+    """``schema`` with every ``maxLength`` above :data:`GRAMMAR_MAX_LENGTH` lowered to it — what
+    llama-cpp-python's server can turn into a grammar (``json_object``). The reply is still checked
+    against the whole schema (:func:`model_output_parse`); only generation is bounded tighter."""
+    if isinstance(schema, dict):
+        out = {k: grammar_schema(v) for k, v in schema.items()}
+        if isinstance(out.get("maxLength"), int) and out["maxLength"] > GRAMMAR_MAX_LENGTH:
+            out["maxLength"] = GRAMMAR_MAX_LENGTH
+        return out
+    if isinstance(schema, list):
+        return [grammar_schema(v) for v in schema]
+    return schema
+
 #: outcomes after which the server did no billable work
 NOT_PROCESSED = ("rate_limited", "unavailable")
 #: outcomes worth another attempt (each a new reservation with one retry)
@@ -183,7 +201,7 @@ class OpenAICompatibleProvider:
         llama-cpp-python's server turns the schema into a grammar."""
         schema = schema or MODEL_OUTPUT_SCHEMA
         if self.response_format == "json_object":  # llama-cpp-python's server: the schema becomes a grammar
-            response_format = {"type": "json_object", "schema": schema}
+            response_format = {"type": "json_object", "schema": grammar_schema(schema)}
         else:
             response_format = {"type": "json_schema",
                                "json_schema": {"name": "ticket_draft", "strict": True, "schema": schema}}

@@ -256,7 +256,12 @@ def test_the_schema_is_asked_for_in_the_form_the_server_applies():
     openai = OpenAICompatibleProvider(**kwargs).request_body([], schema)["response_format"]
     assert openai == {"type": "json_schema", "json_schema": {"name": "ticket_draft", "strict": True, "schema": schema}}
     llama = OpenAICompatibleProvider(**kwargs, response_format="json_object").request_body([], schema)
-    assert llama["response_format"] == {"type": "json_object", "schema": schema}
+    grammar = llama["response_format"]["schema"]
+    assert llama["response_format"]["type"] == "json_object" and grammar["required"] == schema["required"]
+    # llama.cpp cannot take the description's 8,000-character bound as a grammar: generation is bounded at 1,000
+    assert grammar["properties"]["description"]["maxLength"] == 1000 == grammar["properties"]["alert_summary"][
+        "maxLength"] and grammar["properties"]["title"] == schema["properties"]["title"]
+    assert grammar["properties"]["evidence"] == schema["properties"]["evidence"]
     with pytest.raises(ValueError, match="response_format"):
         OpenAICompatibleProvider(**kwargs, response_format="grammar")
     conf = {"MODEL_PROVIDER": "openai_compatible", "MODEL_NAME": "smollm2", "MODEL_BASE_URL": "http://x/v1",
