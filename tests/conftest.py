@@ -342,3 +342,17 @@ def json_lines():
     yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines() if line.strip()]
     root.removeHandler(handler)
     clear()
+
+
+@pytest.fixture(scope="session")
+def real_model_server(tmp_path_factory):
+    """The base URL (``http://127.0.0.1:<port>/v1``) of the real local model server — llama.cpp with
+    SmolLM2-135M-Instruct, one for the session (tests/model_server.py). Skips when ``make model`` has
+    not run, and fails instead under ``make test-model`` (``FAULTDESK_REQUIRE_MODEL=1``)."""
+    from django.conf import settings
+
+    from tests.model_server import running_model_server
+
+    with running_model_server(tmp_path_factory.mktemp("model-server"),
+                              api_key=settings.FAULTDESK["MODEL_API_KEY"]) as base_url:
+        yield base_url
