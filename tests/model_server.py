@@ -48,9 +48,11 @@ def running_model_server(log_dir: Path, *, api_key: str) -> Iterator[str]:
 
 def model_provider(base_url: str, **bundle_entries):
     """The product's OpenAI-compatible provider for the model server at ``base_url``, built by
-    :func:`apps.llm.providers.provider_for` from the model part of an artifact bundle (the model
-    alias, this base URL, the settings' output cap and price; ``bundle_entries`` add or override
-    entries), with the settings' API key."""
+    :func:`apps.llm.providers.provider_for` from the model part of an artifact bundle as a task
+    created under ``FAULTDESK_MODEL_SERVER=llama`` pins it (the model alias, this base URL, the
+    settings' output cap and price, ``response_format`` ``json_object``: the only form in which
+    llama-cpp-python's server applies the schema; ``bundle_entries`` add or override entries),
+    with the settings' API key."""
     from django.conf import settings
 
     from apps.llm.providers import OPENAI_COMPATIBLE, OUTPUT_PARSER_VERSION, provider_for
@@ -59,5 +61,5 @@ def model_provider(base_url: str, **bundle_entries):
     bundle = {"model_provider": OPENAI_COMPATIBLE, "model": modelserver.MODEL_ALIAS, "model_base_url": base_url,
               "max_output_tokens": conf["MODEL_MAX_OUTPUT_TOKENS"],
               "units_per_1k_tokens": conf["MODEL_UNITS_PER_1K_TOKENS"], "output_parser": OUTPUT_PARSER_VERSION,
-              **bundle_entries}
+              "response_format": "json_object", **bundle_entries}
     return provider_for(bundle, conf)

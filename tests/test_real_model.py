@@ -6,7 +6,8 @@ The server is the session-scoped ``real_model_server`` fixture (tests/conftest.p
 shared with any other ``model`` test. The prompts are the demo's own reports (English on printer
 ``PRN-0417``, Chinese on UPS ``UPS-0007``) with the knowledge base's procedures as evidence, rendered
 by the product's prompt template and sent by the product's provider with the schema narrowed to the
-shown evidence, as ``controller/2`` sends it.
+shown evidence, as ``controller/2`` sends it, in the form this server applies as a grammar
+(``FAULTDESK_MODEL_RESPONSE_FORMAT=json_object``, what ``make up`` sets for it).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import jsonschema
 import pytest
 
 from apps.llm.drafter import render_prompt
-from apps.llm.providers import MODEL_OUTPUT_SCHEMA, model_output_parse, output_schema_for
+from apps.llm.providers import MODEL_OUTPUT_SCHEMA, grammar_schema, model_output_parse, output_schema_for
 from tests.model_server import model_provider
 from tools import modelserver
-from tools.bench.model import _chunks, grammar_schema
+from tools.bench.model import _chunks
 from tools.demo_client import SYMPTOM, SYMPTOM_ZH
 from tools.demo_data import FLEET
 
@@ -48,14 +49,8 @@ def _draft(base_url: str, case: dict):
     schema = output_schema_for(ids)
     messages = render_prompt(request=case["request"], device=case["device"], evidence=case["evidence"])
     reservation = provider.reservation(messages, schema)
+    assert provider.request_body(messages, schema)["response_format"]["type"] == "json_object"
     result = provider.complete(messages, timeout=TIMEOUT, schema=schema)
-    if result.outcome != "ok" and provider.request_body(messages, schema)["response_format"]["type"] != "json_object" \
-            and result.http_status == 500 and "json_object" in (result.error or ""):
-        # Exactly the known incompatibility, nothing else: llama-cpp-python 0.3.36's server takes
-        # structured output only as {"type": "json_object", "schema": …} and answers the OpenAI
-        # form with a 500. Once the provider sends llama.cpp's form to this server, this runs.
-        pytest.xfail("the provider sends response_format json_schema, which llama-cpp-python 0.3.36 refuses "
-                     f"(HTTP 500: {result.error[:160]}); it needs {{'type': 'json_object', 'schema': …}}")
     return provider, result, schema, reservation
 
 

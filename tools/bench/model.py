@@ -17,7 +17,7 @@ with the count of each outcome and the most frequent problems; all of it also go
 
 No database is needed: the prompt and the provider read only settings (``config.settings.local``).
 
-``python -m tools.bench.model [--n 120] [--seed 7] [--response-format provider|json_object]``
+``python -m tools.bench.model [--n 120] [--seed 7] [--response-format json_object|json_schema]``
 """
 
 from __future__ import annotations
@@ -94,48 +94,6 @@ def cases(n: int, seed: int = 7) -> list[dict]:
     return out
 
 
-#: the longest string bound llama.cpp 0.3.36 turns into a grammar: its schema converter writes
-#: ``maxLength: n`` as n nested optional groups, and past about 1,000 the grammar parser refuses it
-#: and the server dies (SIGSEGV) — the product's ``description`` allows 8,000
-GRAMMAR_MAX_LENGTH = 1000
-
-
-def grammar_schema(schema: dict) -> dict:
-    """``schema`` as llama.cpp 0.3.36 can constrain generation with it (the reply is still checked
-    against the whole schema): every ``maxLength`` above :data:`GRAMMAR_MAX_LENGTH` lowered to it,
-    and an array without ``items`` given string items — its converter turns ``{"type": "array",
-    "maxItems": 0}`` (``output_schema_for`` with no evidence) into "any array of any values",
-    ignoring ``maxItems``; every array of the draft schema holds strings."""
-    if isinstance(schema, dict):
-        out = {k: grammar_schema(v) for k, v in schema.items()}
-        if isinstance(out.get("maxLength"), int) and out["maxLength"] > GRAMMAR_MAX_LENGTH:
-            out["maxLength"] = GRAMMAR_MAX_LENGTH
-        if out.get("type") == "array" and "items" not in out:
-            out["items"] = {"type": "string"}
-        return out
-    if isinstance(schema, list):
-        return [grammar_schema(v) for v in schema]
-    return schema
-
-
-def _provider_class(response_format: str):
-    """The product's provider; with ``json_object``, the same class sending llama-cpp-python's own
-    form of schema-constrained output (``{"type": "json_object", "schema": …}``, the schema's
-    string bounds lowered by :func:`grammar_schema`) instead of the OpenAI form it refuses."""
-    from apps.llm.providers import MODEL_OUTPUT_SCHEMA, OpenAICompatibleProvider
-
-    if response_format == "provider":
-        return OpenAICompatibleProvider
-
-    class JsonObjectProvider(OpenAICompatibleProvider):
-        def request_body(self, messages: list[dict], schema: dict | None = None) -> dict:
-            return {**super().request_body(messages, schema),
-                    "response_format": {"type": "json_object",
-                                        "schema": grammar_schema(schema or MODEL_OUTPUT_SCHEMA)}}
-
-    return JsonObjectProvider
-
-
 def _stats(values: list[float]) -> dict:
     from tools.bench.harness import percentile
 
@@ -151,7 +109,7 @@ def run(*, n: int, seed: int, response_format: str, timeout: float, threads: int
     from django.conf import settings
 
     from apps.llm.drafter import render_prompt
-    from apps.llm.providers import output_schema_for
+    from apps.llm.providers import OpenAICompatibleProvider, output_schema_for
     from tools import modelserver
 
     conf = settings.FAULTDESK
@@ -166,9 +124,10 @@ def run(*, n: int, seed: int, response_format: str, timeout: float, threads: int
     started = time.monotonic()
     with modelserver.ModelServer(log_path=log_path, n_threads=threads) as server:
         print(f"• server up on {server.base_url} in {time.monotonic() - started:.1f} s", flush=True)
-        provider = _provider_class(response_format)(
+        provider = OpenAICompatibleProvider(
             base_url=server.base_url, model=modelserver.MODEL_ALIAS, api_key=server.api_key,
-            max_output_tokens=conf["MODEL_MAX_OUTPUT_TOKENS"], units_per_1k=conf["MODEL_UNITS_PER_1K_TOKENS"])
+            max_output_tokens=conf["MODEL_MAX_OUTPUT_TOKENS"], units_per_1k=conf["MODEL_UNITS_PER_1K_TOKENS"],
+            response_format=response_format)
         warm = provider.complete(render_prompt(request=inputs[0]["request"], device=inputs[0]["device"],
                                                evidence=inputs[0]["evidence"]), timeout=timeout,
                                  schema=output_schema_for([str(e["chunk_id"]) for e in inputs[0]["evidence"]]))
@@ -280,9 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=120, help="calls to send (default 120)")
     parser.add_argument("--seed", type=int, default=7, help="shuffles the reports (default 7)")
-    parser.add_argument("--response-format", choices=("provider", "json_object"), default="provider",
-                        help="provider: the product's request as it is (default); json_object: llama.cpp's own "
-                             "form of schema-constrained output, for comparison")
+    parser.add_argument("--response-format", choices=("json_object", "json_schema"), default="json_object",
+                        help="how the provider asks for the schema (FAULTDESK_MODEL_RESPONSE_FORMAT): json_object, "
+                             "the form llama-cpp-python's server applies as a grammar (default, what make up sets), "
+                             "or json_schema, OpenAI's, which this server refuses with a 500")
     parser.add_argument("--timeout", type=float, default=120.0, help="per call, in seconds (default 120)")
     parser.add_argument("--threads", type=int, default=None, help="server threads (default: every core)")
     parser.add_argument("--verbose", action="store_true", help="a line per call")

@@ -59,7 +59,8 @@ def gguf_path() -> Path:
     :class:`ModelNotBuilt` when the virtualenv or the model wheel is not installed."""
     found = sorted(VENV.glob(f"lib/python3*/site-packages/{GGUF_PACKAGE}/{GGUF_FILE}"))
     if not python().exists() or not found:
-        raise ModelNotBuilt(f"the local model server is not built ({VENV.relative_to(ROOT)} has no "
+        where = VENV.relative_to(ROOT) if VENV.is_relative_to(ROOT) else VENV
+        raise ModelNotBuilt(f"the local model server is not built ({where} has no "
                             f"{GGUF_PACKAGE}/{GGUF_FILE}): run `make model` first (about 5 minutes the first "
                             "time on 2 cores, then from pip's wheel cache)")
     return found[-1]
