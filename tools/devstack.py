@@ -6,7 +6,11 @@ Processes (DESIGN.md §2), run under supervisord with logs in ``var/log``:
 - ``worker-agent``, ``worker-tools``, ``worker-outbox``: one Celery worker per queue;
 - ``beat``: Celery beat (outbox tick, lease sweeper, reconciler, approval expiry);
 - ``refservice``: the reference ticket service on ``REFSERVICE_PORT`` (8765), storage in
-  ``var/refservice``.
+  ``var/refservice``;
+- ``model``: an OpenAI-compatible model server on ``MODEL_PORT`` (8767), chosen by
+  ``FAULTDESK_MODEL_SERVER``: ``scripted`` (the default, :mod:`tools.scripted_model_server`) or
+  ``llama`` (the real SmolLM2-135M-Instruct under llama.cpp, :mod:`tools.modelserver`; ``make
+  model`` builds it), which web and the workers then draft with.
 
 PostgreSQL and Redis are embedded unless ``DATABASE_URL`` / ``REDIS_URL`` are set.
 
@@ -27,7 +31,7 @@ import httpx
 
 from config import embedded
 from config.env import BASE_DIR, VAR_DIR
-from tools import demo_client
+from tools import demo_client, modelserver
 from tools.helpdesk_site import run as helpdesk_site
 
 BIN = Path(sys.executable).parent
@@ -56,6 +60,21 @@ def model_port() -> int:
 
 HELPDESK_VAR = VAR_DIR / "helpdesk"
 
+SCRIPTED, LLAMA = "scripted", "llama"
+#: per call, for the real 135M model on 2 CPU cores: a ticket draft takes 5–20 s alone (make
+#: bench-model), and the server answers one request at a time, so a call may wait for another
+#: (the agent also bounds it by the lease, 55 s, and the task's deadline)
+LLAMA_TIMEOUT_SECONDS = "50"
+
+
+def model_server() -> str:
+    """Which model server ``make up`` runs on ``MODEL_PORT``: ``FAULTDESK_MODEL_SERVER``, ``scripted``
+    (the default) or ``llama``. Exits with a message for any other value."""
+    kind = os.environ.get("FAULTDESK_MODEL_SERVER", SCRIPTED).strip().lower() or SCRIPTED
+    if kind not in (SCRIPTED, LLAMA):
+        raise SystemExit(f"FAULTDESK_MODEL_SERVER must be {SCRIPTED!r} or {LLAMA!r}, not {kind!r}")
+    return kind
+
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
@@ -68,8 +87,16 @@ def _env() -> dict[str, str]:
     env.setdefault("REFSERVICE_WEBHOOK_URL", f"http://127.0.0.1:{web_port()}/webhooks/reference/")
     env.setdefault("HELPDESK_URL", f"http://127.0.0.1:{helpdesk_port()}")
     env.setdefault("HELPDESK_API_TOKEN", "faultdeskhelpdeskdevtoken000000000000000")
-    # The scripted model server (make up runs it) for FAULTDESK_MODEL_PROVIDER=openai_compatible.
+    # The model server make up runs: the scripted one serves FAULTDESK_MODEL_PROVIDER=openai_compatible
+    # when asked for; the real one (FAULTDESK_MODEL_SERVER=llama) is what web and the workers draft with.
     env.setdefault("FAULTDESK_MODEL_BASE_URL", f"http://127.0.0.1:{model_port()}/v1")
+    if model_server() == LLAMA:
+        env.setdefault("FAULTDESK_MODEL_PROVIDER", "openai_compatible")
+        env.setdefault("FAULTDESK_MODEL_NAME", modelserver.MODEL_ALIAS)
+        env.setdefault("FAULTDESK_MODEL_TIMEOUT_SECONDS", LLAMA_TIMEOUT_SECONDS)
+        # llama-cpp-python's server takes structured output only as {"type": "json_object", "schema": …}
+        # (it answers OpenAI's json_schema form with a 500; docs/real-model.md): the provider's choice
+        env.setdefault("FAULTDESK_MODEL_RESPONSE_FORMAT", "json_object")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -86,11 +113,20 @@ def programs() -> dict[str, str]:
         "beat": f"{celery} beat --loglevel INFO -s {RUN / 'celerybeat-schedule'} --pidfile=",
         "refservice": f"{sys.executable} -m tools.refservice --host 127.0.0.1 --port {refservice_port()} "
                       f"--db {VAR_DIR / 'refservice' / 'tickets.sqlite3'}",
-        # the scripted OpenAI-compatible model server (there is no hosted model here)
-        "model": f"{sys.executable} -m tools.scripted_model_server --host 127.0.0.1 --port {model_port()}",
+        # the OpenAI-compatible model server: scripted, or the real local model (FAULTDESK_MODEL_SERVER)
+        "model": _model_command(),
         # django-helpdesk, the second ticket system: its own project, settings and SQLite file.
         "helpdesk": " ".join(helpdesk_site.gunicorn_command(helpdesk_port())),
     }
+
+
+def _model_command() -> str:
+    """The ``model`` program's command line for :func:`model_server`. The real server checks the
+    bearer key the product sends (``FAULTDESK_MODEL_API_KEY``, the development key by default)."""
+    if model_server() == LLAMA:
+        key = os.environ.get("FAULTDESK_MODEL_API_KEY", modelserver.DEV_API_KEY)
+        return " ".join(modelserver.command(port=model_port(), api_key=key))
+    return f"{sys.executable} -m tools.scripted_model_server --host 127.0.0.1 --port {model_port()}"
 
 
 def write_supervisor_conf() -> None:
@@ -99,6 +135,7 @@ def write_supervisor_conf() -> None:
             "REFSERVICE_WEBHOOK_SECRET", "REFSERVICE_WEBHOOK_URL",
             "PYTHONUNBUFFERED", "DATABASE_URL", "REDIS_URL", "PATH", "HOME", "DJANGO_SECRET_KEY",
             "FAULTDESK_MODEL_PROVIDER", "FAULTDESK_MODEL_BASE_URL", "FAULTDESK_MODEL_API_KEY", "FAULTDESK_MODEL_NAME",
+            "FAULTDESK_MODEL_TIMEOUT_SECONDS", "FAULTDESK_MODEL_MAX_OUTPUT_TOKENS", "FAULTDESK_MODEL_RESPONSE_FORMAT",
             "HELPDESK_URL", "HELPDESK_API_TOKEN")
     env_line = ",".join(f'{k}="{env[k]}"' for k in keep if k in env)
     # The helpdesk is another Django project: its own settings module and var directory.
@@ -151,7 +188,13 @@ def _manage(*args: str) -> None:
 
 
 def up() -> None:
-    """Start every service in the background; return when web and the ticket service answer."""
+    """Start every service in the background; return when web, the ticket services and the model
+    server answer. With ``FAULTDESK_MODEL_SERVER=llama`` and no ``make model`` yet, exits at once
+    saying so."""
+    if model_server() == LLAMA and not modelserver.available():
+        raise SystemExit("FAULTDESK_MODEL_SERVER=llama needs the local model server, which is not built "
+                         f"({modelserver.VENV} is missing or incomplete): run `make model` "
+                         "first (about 5 minutes the first time on 2 cores, then from pip's wheel cache)")
     for d in (RUN, LOGS, VAR_DIR / "refservice"):
         d.mkdir(parents=True, exist_ok=True)
     if "DATABASE_URL" not in os.environ:
@@ -172,15 +215,27 @@ def up() -> None:
     ok_web = wait_http(f"http://127.0.0.1:{web_port()}/healthz", 60)
     ok_ref = wait_http(f"http://127.0.0.1:{refservice_port()}/healthz", 30)
     ok_hd = wait_http(f"http://127.0.0.1:{helpdesk_port()}/helpdesk/login/", 30)
-    ok_model = wait_http(f"http://127.0.0.1:{model_port()}/healthz", 30)
+    if model_server() == LLAMA:  # the real server has no /healthz; it lists the model once it is loaded
+        ok_model = modelserver.wait_ready(_env()["FAULTDESK_MODEL_BASE_URL"], timeout=120,
+                                          api_key=_env().get("FAULTDESK_MODEL_API_KEY", modelserver.DEV_API_KEY))
+    else:
+        ok_model = wait_http(f"http://127.0.0.1:{model_port()}/healthz", 30)
     print(_supervisorctl("status").stdout, flush=True)
     if not (ok_web and ok_ref and ok_hd and ok_model):
         raise SystemExit(f"services did not come up (web={ok_web}, refservice={ok_ref}, helpdesk={ok_hd}, "
                          f"model={ok_model}); see var/log/")
     print(f"• web on http://127.0.0.1:{web_port()}/ · reference ticket service on "
           f"http://127.0.0.1:{refservice_port()}/ · django-helpdesk on http://127.0.0.1:{helpdesk_port()}/helpdesk/ "
-          f"· scripted model server on http://127.0.0.1:{model_port()}/v1 "
-          f"(used when FAULTDESK_MODEL_PROVIDER=openai_compatible) · logs in var/log/", flush=True)
+          f"· {_model_description()} · logs in var/log/", flush=True)
+
+
+def _model_description() -> str:
+    env = _env()
+    if model_server() == LLAMA:
+        return (f"the real model {modelserver.MODEL_ALIAS} (llama.cpp) on http://127.0.0.1:{model_port()}/v1, "
+                f"drafting with provider {env['FAULTDESK_MODEL_PROVIDER']}")
+    return (f"scripted model server on http://127.0.0.1:{model_port()}/v1 "
+            "(used when FAULTDESK_MODEL_PROVIDER=openai_compatible)")
 
 
 def down() -> None:
