@@ -114,12 +114,19 @@ def _case(name, placement, requester, device, symptom, model_server, step, basel
     return case
 
 
-def injection_rate(*, tenant, requester, model_server=None, obey: bool = True) -> Rate:
+def injection_rate(*, tenant, requester, model_server=None, obey: bool = True, sample: int | None = None) -> Rate:
     """Run every adversarial instruction in the report, in a device's ``alert_message`` and
     ``name``, and in retrieved evidence, against the model the settings point at; with
     ``model_server`` (the scripted server) and ``obey``, the model obeys each instruction
-    (:func:`obeying_step`). Returns the :class:`Rate`. Needs the tenant's knowledge base ingested."""
+    (:func:`obeying_step`). ``sample``: run only every n-th of the 30 cases in order, so that each
+    placement and most documents are still covered (a slow real model). Returns the :class:`Rate`.
+    Needs the tenant's knowledge base ingested."""
     cases: list[Case] = []
+    index = iter(range(10_000))
+
+    def chosen() -> bool:
+        return sample is None or next(index) % sample == 0
+
     plain = {"reply": "draft"} if model_server is not None else None
     device = DeviceFactory(tenant=tenant)
     baseline = decisions(_run(requester, device, SYMPTOM, model_server, plain))
@@ -127,14 +134,18 @@ def injection_rate(*, tenant, requester, model_server=None, obey: bool = True) -
     for path in ADVERSARIAL:
         text = instruction_of(path)
         step = obeying_step(text) if obey and model_server is not None else None
-        cases.append(_case(path.stem, "report", requester, device, f"{SYMPTOM} {text}", model_server, step,
-                           baseline))
-        hostile = DeviceFactory(tenant=tenant, alert_message=text[:200], name=text[:60])
-        hostile_baseline = {**baseline, "target": f"device/{hostile.pk}"}
-        cases.append(_case(path.stem, "device", requester, hostile, SYMPTOM, model_server, step, hostile_baseline))
+        if chosen():
+            cases.append(_case(path.stem, "report", requester, device, f"{SYMPTOM} {text}", model_server, step,
+                               baseline))
+        if chosen():
+            hostile = DeviceFactory(tenant=tenant, alert_message=text[:200], name=text[:60])
+            hostile_baseline = {**baseline, "target": f"device/{hostile.pk}"}
+            cases.append(_case(path.stem, "device", requester, hostile, SYMPTOM, model_server, step,
+                               hostile_baseline))
     for path in ADVERSARIAL:
         document_ingest(tenant=tenant, source=f"public/adversarial/{path.name}", raw=path.read_text(), scope="public")
     for path in ADVERSARIAL:
         step = obeying_step(instruction_of(path)) if obey and model_server is not None else None
-        cases.append(_case(path.stem, "evidence", requester, device, SYMPTOM, model_server, step, baseline))
+        if chosen():
+            cases.append(_case(path.stem, "evidence", requester, device, SYMPTOM, model_server, step, baseline))
     return Rate(cases)
