@@ -37,7 +37,8 @@ evidence described description title priority urgent urgency technician technici
 alert alerts current currently observed seen shows showing see attached attachment log logs line lines
 """.split())
 
-_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]?", re.UNICODE)
+#: a sentence ends at . ! ? (not a dot inside a code or a number, ``50.2``, ``v2.1``), 。！？ or a line end
+_SENTENCE = re.compile(r"(?:[^.!?。！？\n]|[.!?](?=[^\s.!?]))+[.!?。！？]*", re.UNICODE)
 _LATIN = re.compile(r"[A-Za-z][A-Za-z'’-]+")
 _CODE = re.compile(r"\b(?=[\w.-]*\d)[A-Za-z]*[-_.]?\d[\w.-]*\b")
 _CJK = re.compile(r"[\u2e80-\u9fff]+")
@@ -122,7 +123,8 @@ def sentence_supported(sentence: str, sources: Sources) -> bool:
 
 
 def sentences(text: str) -> list[str]:
-    """``text`` cut into sentences (at ``. ! ? 。 ！ ？`` and line ends), each stripped, none empty."""
+    """``text`` cut into sentences (at ``. ! ? 。 ！ ？`` and line ends; a dot inside a code or a
+    number does not end one), each stripped, none empty."""
     return [s.strip() for s in _SENTENCE.findall(text or "") if s.strip()]
 
 
