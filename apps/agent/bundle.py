@@ -10,13 +10,13 @@ from apps.actions.registry import TOOLS
 from apps.agent.controllers import CONTROLLERS as CONTROLLER_VERSIONS
 from apps.llm.drafter import PROMPT_TEMPLATES
 from apps.llm.parser import PARSER_VERSION
-from apps.llm.providers import OUTPUT_PARSER_VERSION
+from apps.llm.providers import OUTPUT_PARSERS as OUTPUT_PARSER_VERSIONS
 from apps.tasks import reducer
 
 #: the parser and controller versions this build carries
 PARSERS = (PARSER_VERSION,)
 CONTROLLERS = tuple(CONTROLLER_VERSIONS)
-OUTPUT_PARSERS = (OUTPUT_PARSER_VERSION,)
+OUTPUT_PARSERS = tuple(OUTPUT_PARSER_VERSIONS)
 
 #: the statuses in which a run still uses the bundle's prompt, parser, controller or tool schemas
 #: (before the write is committed; a committed write is settled whatever the build)

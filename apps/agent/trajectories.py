@@ -130,12 +130,12 @@ def _recorded(events: list, i: int) -> dict:
     return out
 
 
-def _model_output(events: list, i: int, since: int) -> tuple[dict | None, str | None]:
-    """The parsed reply of the last ``model.called`` with outcome ok in ``events[since:i]`` (and its
-    prompt template), or ``(None, None)``."""
+def _model_output(events: list, i: int, since: int, parser: str) -> tuple[dict | None, str | None]:
+    """The reply of the last ``model.called`` with outcome ok in ``events[since:i]``, parsed by the
+    candidate's output ``parser`` (and its prompt template), or ``(None, None)``."""
     for e in reversed(events[since:i]):
         if e.type == "model.called" and e.payload.get("outcome") == "ok" and e.payload.get("output"):
-            output, _ = model_output_parse(e.payload["output"])
+            output, _ = model_output_parse(e.payload["output"], parser)
             return output, e.payload.get("prompt_template")
     return None, None
 
@@ -222,7 +222,8 @@ def trajectory_replay(task: Task, overrides: dict, *, live: bool = False) -> Tas
                     state, since = reduce(state, event.type, event.payload), i + 1
                     continue
             else:
-                output, template = _model_output(events, i, since)
+                output, template = _model_output(events, i, since,
+                                                 bundle.get("output_parser", "model-output-parser/1"))
                 if pinned.get("model_provider", "local") != "local" and output is None:
                     note = "no recorded model reply: re-derived with the local drafter"
                 if output is not None and template and template != bundle.get("prompt_template", template):

@@ -41,8 +41,12 @@ LOCAL = "local"
 OPENAI_COMPATIBLE = "openai_compatible"
 PROVIDERS = (LOCAL, OPENAI_COMPATIBLE)
 
-#: version of :func:`model_output_parse`, pinned in the artifact bundle
-OUTPUT_PARSER_VERSION = "model-output-parser/1"
+#: the versions of :func:`model_output_parse` this build carries, each pinned in an artifact bundle:
+#: ``/1`` strict JSON; ``/2`` also takes raw control characters (a line break) inside a string, which
+#: small models under a grammar write and strict JSON refuses — nothing else is relaxed
+OUTPUT_PARSERS = {"model-output-parser/1": {"strict": True}, "model-output-parser/2": {"strict": False}}
+#: the output parser new tasks are pinned to
+OUTPUT_PARSER_VERSION = "model-output-parser/2"
 
 #: what the model must return (strict structured output)
 MODEL_OUTPUT_SCHEMA = {
@@ -78,9 +82,10 @@ _REQUEST_OVERHEAD_TOKENS = 32
 #: how a call asks for its JSON schema (``MODEL_RESPONSE_FORMAT``)
 RESPONSE_FORMATS = ("json_schema", "json_object")
 
-#: the longest string bound llama.cpp's grammar takes: its converter writes ``maxLength: n`` as n
-#: nested optional groups, and past about 1,000 the grammar is refused and the server process dies
-GRAMMAR_MAX_LENGTH = 1000
+#: the longest string bound sent to llama.cpp as a grammar: its converter writes ``maxLength: n`` as n
+#: nested optional groups (past about 1,000 the grammar is refused and the server process dies), and a
+#: small model fills what it is allowed — 400 keeps a whole reply within the output cap
+GRAMMAR_MAX_LENGTH = 400
 
 
 def grammar_schema(schema):
@@ -102,15 +107,17 @@ NOT_PROCESSED = ("rate_limited", "unavailable")
 TRANSIENT = ("rate_limited", "unavailable", "timeout")
 
 
-def model_output_parse(content: str | None) -> tuple[dict | None, list[str]]:
-    """Parse a reply's content: JSON, then :data:`MODEL_OUTPUT_SCHEMA`. Returns ``(output, [])`` or
-    ``(None, problems)`` with each problem as ``"path: message"``."""
+def model_output_parse(content: str | None, version: str = OUTPUT_PARSER_VERSION) -> tuple[dict | None, list[str]]:
+    """Parse a reply's content with output parser ``version`` (a key of :data:`OUTPUT_PARSERS`):
+    JSON, then :data:`MODEL_OUTPUT_SCHEMA`. Returns ``(output, [])`` or ``(None, problems)`` with each
+    problem as ``"path: message"``. Raises ``KeyError`` for a version this build does not carry."""
+    strict = OUTPUT_PARSERS[version]["strict"]
     if content is not None and not isinstance(content, str):
         return None, [f"(root): the reply's content is {type(content).__name__}, not text"]
     if content is None or not content.strip():
         return None, ["(root): the reply is empty"]
     try:
-        value = json.loads(content)
+        value = json.loads(content, strict=strict)
     except json.JSONDecodeError as exc:
         return None, [f"(root): not JSON ({exc.msg} at character {exc.pos})"]
     problems = [_short(f"{'/'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}")
@@ -150,7 +157,10 @@ class OpenAICompatibleProvider:
     name = OPENAI_COMPATIBLE
 
     def __init__(self, *, base_url: str, model: str, api_key: str, max_output_tokens: int, units_per_1k: float,
-                 response_format: str = "json_schema"):
+                 response_format: str = "json_schema", output_parser: str = OUTPUT_PARSER_VERSION):
+        if output_parser not in OUTPUT_PARSERS:
+            raise ValueError(f"output parser {output_parser!r} is not in this build")
+        self.output_parser = output_parser
         if response_format not in RESPONSE_FORMATS:
             raise ValueError(f"response_format must be one of {RESPONSE_FORMATS}, not {response_format!r}")
         self.response_format = response_format
@@ -259,7 +269,7 @@ class OpenAICompatibleProvider:
         elif "error" in box:
             result = _transport_failure(box["error"], latency)
         else:
-            result = _classify(box["response"], latency)
+            result = _classify(box["response"], latency, self.output_parser)
         return self._redacted(result)
 
     def _redacted(self, result: CallResult) -> CallResult:
@@ -289,7 +299,7 @@ def _transport_failure(exc: Exception, latency: int) -> CallResult:
     return CallResult(outcome="timeout", latency_ms=latency, error=f"transport error: {exc}"[:300])
 
 
-def _classify(response: httpx.Response, latency: int) -> CallResult:
+def _classify(response: httpx.Response, latency: int, parser: str = OUTPUT_PARSER_VERSION) -> CallResult:
     status = response.status_code
     retry_after = None
     if "retry-after" in response.headers:
@@ -332,7 +342,7 @@ def _classify(response: httpx.Response, latency: int) -> CallResult:
     if choice.get("finish_reason") == "length":
         return malformed("(root): the reply was cut off at max_tokens", usage=usage,
                          content=content if isinstance(content, str) else None)
-    output, problems = model_output_parse(content)
+    output, problems = model_output_parse(content, parser)
     return CallResult(outcome="ok" if output is not None else "malformed", http_status=status, latency_ms=latency,
                       usage=usage, content=content if isinstance(content, str) else None, output=output,
                       problems=problems)
@@ -369,6 +379,7 @@ def provider_for(bundle: dict, conf: dict) -> OpenAICompatibleProvider | None:
         max_output_tokens=bundle.get("max_output_tokens", conf["MODEL_MAX_OUTPUT_TOKENS"]),
         units_per_1k=bundle.get("units_per_1k_tokens", conf["MODEL_UNITS_PER_1K_TOKENS"]),
         response_format=bundle.get("response_format", "json_schema"),
+        output_parser=bundle.get("output_parser", "model-output-parser/1"),
     )
 
 

@@ -56,7 +56,7 @@ def test_the_main_job_runs_end_to_end_with_the_openai_compatible_provider(
                                    "output_parser")} == {
         "model_provider": "openai_compatible", "model": "scripted-model", "model_base_url": model_server.url,
         "prompt_template": "ticket-draft/3", "parser": "ticket-draft-parser/1",
-        "output_parser": "model-output-parser/1"}
+        "output_parser": "model-output-parser/2"}
     task = drive(task.pk)
     assert task.status == reducer.WAITING_APPROVAL
     _approve(approver, task)
@@ -258,8 +258,8 @@ def test_the_schema_is_asked_for_in_the_form_the_server_applies():
     llama = OpenAICompatibleProvider(**kwargs, response_format="json_object").request_body([], schema)
     grammar = llama["response_format"]["schema"]
     assert llama["response_format"]["type"] == "json_object" and grammar["required"] == schema["required"]
-    # llama.cpp cannot take the description's 8,000-character bound as a grammar: generation is bounded at 1,000
-    assert grammar["properties"]["description"]["maxLength"] == 1000 == grammar["properties"]["alert_summary"][
+    # llama.cpp cannot take the description's 8,000-character bound as a grammar: generation is bounded at 400
+    assert grammar["properties"]["description"]["maxLength"] == 400 == grammar["properties"]["alert_summary"][
         "maxLength"] and grammar["properties"]["title"] == schema["properties"]["title"]
     assert grammar["properties"]["evidence"] == schema["properties"]["evidence"]
     with pytest.raises(ValueError, match="response_format"):
@@ -272,3 +272,17 @@ def test_the_schema_is_asked_for_in_the_form_the_server_applies():
     assert provider_for(bundle, conf).response_format == "json_object"
     with pytest.raises(ValueError, match="FAULTDESK_MODEL_RESPONSE_FORMAT"):
         bundle_entries({**conf, "MODEL_RESPONSE_FORMAT": "xml"})
+
+
+def test_each_output_parser_version_parses_as_it_did():
+    """``model-output-parser/1`` is strict JSON; ``/2`` (new tasks) also takes a raw line break
+    inside a string, as small models under a grammar write it — and nothing else more."""
+    reply = {"title": "Fuser fault", "description": "Line one.\nLine two.", "priority": "P2",
+             "alert_summary": "", "evidence": ["1"], "missing_information": []}
+    raw = json.dumps(reply).replace("\\n", "\n")  # a literal line break inside the description string
+    assert model_output_parse(raw, "model-output-parser/2") == (reply, [])
+    output, problems = model_output_parse(raw, "model-output-parser/1")
+    assert output is None and "Invalid control character" in problems[0]
+    assert model_output_parse("{'title': 1}", "model-output-parser/2")[0] is None
+    with pytest.raises(KeyError):
+        model_output_parse(json.dumps(reply), "model-output-parser/9")
