@@ -250,7 +250,8 @@ def draft_from_output(*, state: dict, output: dict, model: str, tenant: str, req
     * the requester is asked only what :func:`~apps.llm.drafter.rules_questions` asks (the model's
       questions are suggestions; they are asked in its words when the rules would ask);
     * the title and description are screened (:mod:`apps.llm.screening`): unsupported sentences
-      are dropped (a title with an unsupported claim gives way to the rules' title), and
+      are dropped (a title with an unsupported claim gives way to the rules' title), a citation of a
+      chunk that was not retrieved is dropped too, and
       ``draft["screening"]`` = ``{"dropped": [{"field", "text"}], "flags": [{"source", "flags"}]}``.
 
     Under ``controller/1`` the reply is the draft, as it was."""
@@ -284,6 +285,9 @@ def draft_from_output(*, state: dict, output: dict, model: str, tenant: str, req
         if not all(sentence_supported(t, sources) for t in sentences(title)):
             dropped.append({"field": "title", "text": title})
             title = rules_title(request=request, device=device, answers=answers)
+        retrieved = {str(r["chunk_id"]) for r in state.get("evidence") or []}
+        dropped += [{"field": "evidence", "text": str(ref)} for ref in ticket["evidence"] if str(ref) not in retrieved]
+        ticket["evidence"] = [ref for ref in ticket["evidence"] if str(ref) in retrieved]
         ticket["title"], ticket["description"] = title, description
         draft["screening"] = {"dropped": dropped,
                               "flags": instruction_flags({"title": output["title"],

@@ -74,7 +74,7 @@ def output_schema_for(evidence_ids: list[str] | None) -> dict:
         return MODEL_OUTPUT_SCHEMA
     ids = sorted({str(i) for i in evidence_ids})
     evidence = {"type": "array", "items": {"enum": ids}, "minItems": 1, "maxItems": min(5, len(ids))} if ids \
-        else {"type": "array", "maxItems": 0}
+        else {"type": "array", "items": {"type": "string"}, "maxItems": 0}  # a grammar ignores maxItems: 0
     return {**MODEL_OUTPUT_SCHEMA, "properties": {**MODEL_OUTPUT_SCHEMA["properties"], "evidence": evidence}}
 _MESSAGE_OVERHEAD_TOKENS = 8
 _REQUEST_OVERHEAD_TOKENS = 32

@@ -92,3 +92,9 @@ def test_the_controller_is_looked_up_by_the_pinned_version():
     assert controller_for({}).version == "controller/1"
     with pytest.raises(KeyError):
         controller_for({"controller": "controller/99"})
+
+
+def test_a_citation_of_a_chunk_that_was_not_retrieved_is_dropped():
+    draft = _draft(evidence=["11", "99"])
+    assert draft["ticket"]["evidence"] == ["11"]
+    assert {"field": "evidence", "text": "99"} in draft["screening"]["dropped"]

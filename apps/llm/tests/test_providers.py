@@ -191,15 +191,16 @@ def test_instructions_injected_in_the_reply_change_nothing_the_controller_decide
     task = drive(_submit(requester, device).pk)
     calls = _calls(task)
     assert calls[0]["outcome"] == "malformed" and any("Additional properties" in pr for pr in calls[0]["problems"])
-    # the second reply parses, but cites evidence that was not retrieved: the business rules refuse it
+    # the second reply parses, but cites only evidence that was not retrieved: controller/2 drops the
+    # citation as unsupported, and the business rules refuse a draft that cites nothing retrieved
     assert calls[1]["outcome"] == "ok"
     invalid = TaskEvent.objects.get(task=task, type="draft.invalid")
-    assert "cites evidence that was not retrieved" in invalid.payload["problems"][0]
+    assert "cites no evidence, though relevant evidence was retrieved" in invalid.payload["problems"][0]
     assert task.status == reducer.WAITING_APPROVAL, "the policy still asks a person"
     approval = ApprovalRequest.objects.get(task=task)
     assert approval.params["tenant"] == "acme" and approval.params["device"] == device.asset_tag
     # the re-draft prompt carries the refusal as feedback
-    assert "cites evidence that was not retrieved" in model_server.requests[2]["messages"][-1]["content"]
+    assert "cites no evidence" in model_server.requests[2]["messages"][-1]["content"]
 
 
 def test_the_pinned_provider_is_used_even_after_the_setting_changes(requester, device, kb, refservice, model_server,
