@@ -162,6 +162,15 @@ def _error_text(result) -> str | None:
     return (f"HTTP {result.http_status}: " if result.http_status else "") + text[:160]
 
 
+def _problem_kind(call: dict) -> str:
+    """A failed call's first problem with what varies between replies taken out (positions, the
+    offending value), so that the same failure is counted once."""
+    problem = (call["problems"] or [call["error"] or call["outcome"]])[0]
+    problem = re.sub(r"^(evidence|missing_information)/\d+: .* is not of type", r"\1/N: <a value> is not of type",
+                     problem)
+    return re.sub(r"\d+", "N", problem)[:110]
+
+
 def _cited_known(output: dict | None, evidence: list[dict]) -> bool | None:
     """Whether an ok reply cites only chunk ids the prompt showed (None for no usable reply). The
     product's business rules refuse a draft citing anything else, so this is the share of ok replies
@@ -172,7 +181,9 @@ def _cited_known(output: dict | None, evidence: list[dict]) -> bool | None:
     return all(str(ref) in shown for ref in output.get("evidence") or [])
 
 
-def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: Path, elapsed: float) -> dict:
+def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: Path | None, elapsed: float) -> dict:
+    """Print the figures of ``calls`` and, unless ``out_dir`` is None, write them with every call to
+    ``out_dir/model-<UTC time>.json``."""
     from tools import modelserver
 
     n = len(calls)
@@ -186,7 +197,7 @@ def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: P
     prompt = [u["prompt_tokens"] for u in with_usage]
     completion = [u["completion_tokens"] for u in with_usage]
     gen_ms = sum(c["latency_ms"] for c in calls if c["usage"])
-    problems = Counter(p[:110] for c in calls if c["outcome"] != "ok" for p in (c["problems"] or [c["error"]]) if p)
+    problems = Counter(_problem_kind(c) for c in calls if c["outcome"] != "ok")
     ok_calls = [c for c in calls if c["outcome"] == "ok"]
     cited_known = sum(1 for c in ok_calls if c["cited_known"])
     figures = {
@@ -226,6 +237,8 @@ def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: P
         lines.append(f"  problem    {count:>4} × {problem}")
     lines.append(f"  elapsed    {elapsed:,.0f} s")
     print("\n".join(lines), flush=True)
+    if out_dir is None:
+        return figures
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"model-{stamp}.json"
@@ -246,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="per call, in seconds (default 120)")
     parser.add_argument("--threads", type=int, default=None, help="server threads (default: every core)")
     parser.add_argument("--verbose", action="store_true", help="a line per call")
+    parser.add_argument("--report", type=Path, metavar="JSON",
+                        help="print the figures of an earlier run's var/bench/model-*.json again (no server)")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     import django
@@ -254,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     from tools import modelserver
     from tools.bench.harness import BENCH_DIR
 
+    if args.report:
+        saved = json.loads(args.report.read_text(encoding="utf-8"))
+        figures = saved["figures"]
+        _report(saved["calls"], response_format=figures["response_format"], threads=figures["threads"], out_dir=None,
+                elapsed=figures["elapsed_s"])
+        return 0
     try:
         modelserver.gguf_path()
     except modelserver.ModelNotBuilt as exc:
