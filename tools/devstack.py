@@ -61,9 +61,9 @@ def model_port() -> int:
 HELPDESK_VAR = VAR_DIR / "helpdesk"
 
 SCRIPTED, LLAMA = "scripted", "llama"
-#: per call, for the real 135M model on 2 CPU cores: a ticket draft takes 5–20 s alone (make
-#: bench-model), and the server answers one request at a time, so a call may wait for another
-#: (the agent also bounds it by the lease, 55 s, and the task's deadline)
+#: per call, for the real 135M model on 2 CPU cores: a ticket draft alone takes p50 7 s, p95 37 s, at
+#: most 47 s (make bench-model, docs/real-model.md), and the server answers one request at a time, so a
+#: call may wait for another; the agent bounds it by the lease too (55 s) and the task's deadline
 LLAMA_TIMEOUT_SECONDS = "50"
 
 
