@@ -128,6 +128,7 @@ def run(*, n: int, seed: int, response_format: str, timeout: float, threads: int
             base_url=server.base_url, model=modelserver.MODEL_ALIAS, api_key=server.api_key,
             max_output_tokens=conf["MODEL_MAX_OUTPUT_TOKENS"], units_per_1k=conf["MODEL_UNITS_PER_1K_TOKENS"],
             response_format=response_format)
+        print(f"• output parser {provider.output_parser}", flush=True)
         warm = provider.complete(render_prompt(request=inputs[0]["request"], device=inputs[0]["device"],
                                                evidence=inputs[0]["evidence"]), timeout=timeout,
                                  schema=output_schema_for([str(e["chunk_id"]) for e in inputs[0]["evidence"]]))
@@ -149,7 +150,7 @@ def run(*, n: int, seed: int, response_format: str, timeout: float, threads: int
                 print(f"  {i:>4}/{n}  last {result.outcome:<9} {result.latency_ms:>6} ms · ok so far {ok}/{i}",
                       flush=True)
     return _report(calls, response_format=response_format, threads=threads, out_dir=out_dir,
-                   elapsed=time.monotonic() - started)
+                   elapsed=time.monotonic() - started, output_parser=provider.output_parser)
 
 
 def _error_text(result) -> str | None:
@@ -181,7 +182,8 @@ def _cited_known(output: dict | None, evidence: list[dict]) -> bool | None:
     return all(str(ref) in shown for ref in output.get("evidence") or [])
 
 
-def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: Path | None, elapsed: float) -> dict:
+def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: Path | None, elapsed: float,
+            output_parser: str | None = None) -> dict:
     """Print the figures of ``calls`` and, unless ``out_dir`` is None, write them with every call to
     ``out_dir/model-<UTC time>.json``."""
     from tools import modelserver
@@ -203,7 +205,8 @@ def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: P
     figures = {
         "model": modelserver.MODEL_ALIAS, "gguf": modelserver.gguf_path().name,
         "server": f"llama-cpp-python {modelserver.server_version()}", "threads": threads,
-        "response_format": response_format, "calls": n, "outcomes": dict(outcomes), "malformed_rate": bad / n,
+        "response_format": response_format, "output_parser": output_parser, "calls": n,
+        "outcomes": dict(outcomes), "malformed_rate": bad / n,
         "latency_ms": latency,
         "tokens": {"prompt_mean": round(statistics.fmean(prompt)) if prompt else None,
                    "prompt_max": max(prompt, default=None),
@@ -217,7 +220,7 @@ def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: P
     lines = ["", "model bench",
              f"  model      {figures['model']} ({figures['gguf']}), {figures['server']}, {threads} threads",
              f"  calls      {n} ticket drafts through OpenAICompatibleProvider.complete "
-             f"(response_format: {response_format})"]
+             f"(response_format: {response_format}, output parser: {output_parser or 'not recorded'})"]
     for key in ("all", "en", "zh", "ok"):
         s = latency[key]
         if s["n"]:
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(args.report.read_text(encoding="utf-8"))
         figures = saved["figures"]
         _report(saved["calls"], response_format=figures["response_format"], threads=figures["threads"], out_dir=None,
-                elapsed=figures["elapsed_s"])
+                elapsed=figures["elapsed_s"], output_parser=figures.get("output_parser"))
         return 0
     try:
         modelserver.gguf_path()
