@@ -58,6 +58,8 @@ def test_the_current_bundle_replays_the_recorded_decisions_without_divergence(re
     assert code == 0, out
     assert f"task {first.pk}: 1 decision point(s), same decisions" in out
     assert "replay_trajectories: tasks=2" in out and "diverged_points=0" in out
+    code, out = _run("--bundle", "pinned")
+    assert code == 0 and "candidate bundle: {}" in out and "diverged_points=0" in out
 
 
 def test_the_old_controller_shows_the_priority_and_rejection_divergences_and_fails(recorded):

@@ -14,11 +14,14 @@ from apps.tasks.services import artifact_bundle_current
 
 
 def parse_bundle(text: str) -> dict:
-    """The candidate bundle's overrides from ``--bundle``: ``current`` (this build's bundle for new
-    tasks, with the model settings in force), a JSON object, ``@file.json``, or ``key=value`` pairs
+    """The candidate bundle's overrides from ``--bundle``: ``pinned`` (none: each task's own bundle),
+    ``current`` (this build's bundle for new tasks, with the model settings in force), a JSON object,
+    ``@file.json``, or ``key=value`` pairs
     separated by commas (``prompt_template=ticket-draft/2,controller=controller/1``). Raises
     :class:`CommandError` for anything else."""
     text = (text or "").strip()
+    if text == "pinned":
+        return {}  # each task's own bundle: the recorded decisions must come out the same
     if text == "current":
         bundle = artifact_bundle_current()
         bundle.pop("reducer", None)  # a task is always replayed with the reducer it was pinned to
@@ -49,7 +52,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--bundle", required=True,
-                            help="the candidate: 'current', a JSON object, @file.json or key=value[,key=value] "
+                            help="the candidate: 'pinned', 'current', a JSON object, @file.json or key=value[,key=value] "
                                  "overriding each task's pinned bundle (e.g. prompt_template=ticket-draft/2)")
         parser.add_argument("--live", action="store_true",
                             help="ask the candidate's model again instead of using the recorded replies")
