@@ -52,8 +52,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--bundle", required=True,
-                            help="the candidate: 'pinned', 'current', a JSON object, @file.json or key=value[,key=value] "
-                                 "overriding each task's pinned bundle (e.g. prompt_template=ticket-draft/2)")
+                            help="the candidate: 'pinned', 'current', a JSON object, @file.json or "
+                                 "key=value[,key=value] overriding each task's pinned bundle "
+                                 "(e.g. prompt_template=ticket-draft/2)")
         parser.add_argument("--live", action="store_true",
                             help="ask the candidate's model again instead of using the recorded replies")
         parser.add_argument("--tenant", help="only this tenant's tasks (slug)")
