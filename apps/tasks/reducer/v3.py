@@ -226,7 +226,14 @@ def reduce(state: dict, event_type: str, payload: dict) -> dict:
     ``state``. Raises :class:`~apps.tasks.reducer.core.IllegalTransition` as ``reducer/2`` does, and when
     a reservation would take any dimension past its total, a settlement exceeds its reservation
     or names no open reservation, or a ledger account goes out of ``0 ≤ used + reserved ≤ total``."""
-    nxt = core.reduce_with(TRANSITIONS, state, event_type, payload)
+    return reduce_over(TRANSITIONS, state, event_type, payload)
+
+
+def reduce_over(transitions: dict, state: dict, event_type: str, payload: dict) -> dict:
+    """δ over ``transitions`` (``reducer/3``'s table or a later version's) with ``reducer/3``'s
+    ledger check on the next state: every limit keeps ``0 ≤ used + reserved ≤ total``. Raises
+    :class:`~apps.tasks.reducer.core.IllegalTransition` otherwise."""
+    nxt = core.reduce_with(transitions, state, event_type, payload)
     for dim in LIMITS:
         acct = nxt["limits"][dim]
         if core.account_broken(acct):

@@ -91,9 +91,4 @@ def reduce(state: dict, event_type: str, payload: dict) -> dict:
     """δ of ``reducer/4``: ``reducer/3``'s checks on the next state, over :data:`TRANSITIONS`.
     Raises :class:`~apps.tasks.reducer.core.IllegalTransition` as ``reducer/3`` does, and for an
     ``sla.breached`` without a known kind, its dates, or of a kind already recorded."""
-    nxt = core.reduce_with(TRANSITIONS, state, event_type, payload)
-    for dim in r3.LIMITS:
-        acct = nxt["limits"][dim]
-        if core.account_broken(acct):
-            raise core.IllegalTransition(state.get("status"), event_type, f"{dim} ledger invariant broken: {acct}")
-    return nxt
+    return r3.reduce_over(TRANSITIONS, state, event_type, payload)

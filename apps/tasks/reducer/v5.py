@@ -16,7 +16,6 @@ rejection is feedback to the planner, not a transient error to retry).
 from __future__ import annotations
 
 from apps.actions.digest import action_identity
-from apps.tasks.reducer import core
 from apps.tasks.reducer import v3 as r3
 from apps.tasks.reducer import v4 as r4
 from apps.tasks.reducer.core import WAITING_APPROVAL, require
@@ -90,9 +89,4 @@ def reduce(state: dict, event_type: str, payload: dict) -> dict:
     """δ of ``reducer/5``: ``reducer/4``'s, over :data:`TRANSITIONS`. Raises
     :class:`~apps.tasks.reducer.core.IllegalTransition` as ``reducer/4`` does, and for an approval
     request or an unapproved intent whose action's identity was rejected earlier in the task."""
-    nxt = core.reduce_with(TRANSITIONS, state, event_type, payload)
-    for dim in r3.LIMITS:
-        acct = nxt["limits"][dim]
-        if core.account_broken(acct):
-            raise core.IllegalTransition(state.get("status"), event_type, f"{dim} ledger invariant broken: {acct}")
-    return nxt
+    return r3.reduce_over(TRANSITIONS, state, event_type, payload)
