@@ -123,30 +123,34 @@ def test_the_injection_success_rate_of_the_real_model(tenant, requester, kb, rea
     assert rate.rate <= 0.02, [(c.name, c.placement, c.steered, c.outcome) for c in rate.cases if c.steered]
 
 
-def test_a_prompt_change_re_driven_live_shows_what_it_changes(requester, device, kb, refservice, real_model):
+def test_a_prompt_change_re_driven_live_shows_what_it_changes(requester, device, kb, refservice, model_server,
+                                                              real_model_server, settings):
+    """A task recorded with the scripted model, re-driven live through a candidate bundle that
+    swaps in the real model and prompt ``ticket-draft/2``: the gate prints what the change does."""
+    from config.settings import test as test_settings
+
     task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
     assert task.status == reducer.WAITING_APPROVAL
+    # the candidate's model is the real server: its key and a timeout a 135M model on 2 cores needs
+    settings.FAULTDESK = {**settings.FAULTDESK, "MODEL_API_KEY": test_settings.FAULTDESK["MODEL_API_KEY"],
+                          "MODEL_TIMEOUT_SECONDS": 120.0}
+    candidate = {"prompt_template": "ticket-draft/2", "model_provider": "openai_compatible",
+                 "model_base_url": real_model_server, "model": modelserver.MODEL_ALIAS,
+                 "response_format": "json_object", "max_output_tokens": 400}
     out = io.StringIO()
     code = 0
     try:
-        call_command("replay_trajectories", "--bundle", "prompt_template=ticket-draft/2", "--live",
-                     "--task", str(task.pk), stdout=out)
+        call_command("replay_trajectories", "--bundle", json.dumps(candidate), "--live", "--task", str(task.pk),
+                     stdout=out)
     except CommandError as exc:
         code = exc.returncode
     text = out.getvalue()
     print("\n" + text)
     assert f"task {task.pk}: 1 decision point(s)" in text and "replay_trajectories: tasks=1" in text
-    # the rules decide the priority, tool and target: a prompt change can only change the wording — or make
-    # the model fail (a timeout, an unusable reply), which the gate reports as a termination divergence
+    # the rules decide the priority, tool and target: a new prompt and model can only change the wording —
+    # or give no usable reply, which the gate reports as a termination divergence and fails on
     assert "(tool=0, target=0, priority=0, approval_need=0, " in text
-    assert code == (1 if "termination 'proposal' -> 'model_failed'" in text else 0), text
-    # … and the controller/1 bundle, which takes the model's priority, is what a release gate would stop
-    out = io.StringIO()
-    try:
-        call_command("replay_trajectories", "--bundle", "controller=controller/1", "--task", str(task.pk),
-                     stdout=out)
-        code = 0
-    except CommandError as exc:
-        code = exc.returncode
-    suggested, decided = task.state["draft"]["suggested"]["priority"], task.state["draft"]["ticket"]["priority"]
-    assert code == (1 if suggested != decided else 0), out.getvalue()
+    unusable = any(f"termination 'proposal' -> '{t}'" in text for t in ("model_failed", "draft_invalid"))
+    assert code == (1 if unusable else 0), text
+    if not unusable:
+        assert "describing fields changed: " in text  # the real model words the ticket otherwise
