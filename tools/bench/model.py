@@ -28,6 +28,7 @@ import json
 import os
 import random
 import re
+import signal
 import statistics
 import sys
 import time
@@ -104,8 +105,50 @@ def _stats(values: list[float]) -> dict:
 
 
 def run(*, n: int, seed: int, response_format: str, timeout: float, threads: int | None, out_dir: Path,
-        verbose: bool = False) -> dict:
-    """Start the model server, send ``n`` calls, print and return the figures."""
+        verbose: bool = False) -> dict | None:
+    """Start the model server, send ``n`` calls, print and return the figures (None when stopped
+    before the first call). Stopped early (Ctrl-C, SIGTERM, SIGHUP), it still reports and writes the
+    calls made so far, marked ``"complete": false``."""
+    from django.conf import settings
+
+    from tools import modelserver
+
+    conf = settings.FAULTDESK
+    inputs = cases(n, seed)
+    # a log of its own per run: two benches (or a bench and the model tests) may run side by side
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    log_path = out_dir / "logs" / f"model-server-{stamp}-{os.getpid()}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    threads = threads or modelserver.default_threads()
+    print(f"• model {modelserver.MODEL_ALIAS} ({modelserver.gguf_path().name}), llama-cpp-python "
+          f"{modelserver.server_version()}, {threads} threads, n_ctx {modelserver.N_CTX}; {n} calls, response_format "
+          f"{response_format}, max_tokens {conf['MODEL_MAX_OUTPUT_TOKENS']}, timeout {timeout:.0f} s; server log "
+          f"{log_path}", flush=True)
+    started = time.monotonic()
+    calls: list[dict] = []
+    used: dict = {}
+    complete = False
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stopped)
+    try:
+        _run_calls(inputs, calls, used, log_path=log_path, threads=threads, timeout=timeout, verbose=verbose,
+                   response_format=response_format, started=started)
+        complete = True
+    finally:  # a stopped run still reports what it measured, then stops
+        figures = _report(calls, response_format=response_format, threads=threads, out_dir=out_dir,
+                          elapsed=time.monotonic() - started, output_parser=used.get("output_parser"),
+                          complete=complete) if calls else None
+    return figures
+
+
+def _stopped(signum, _frame):
+    raise SystemExit(f"bench-model stopped by signal {signal.Signals(signum).name}")
+
+
+def _run_calls(inputs: list[dict], calls: list[dict], used: dict, *, log_path: Path, threads: int, timeout: float,
+               verbose: bool, response_format: str, started: float) -> None:
+    """Start the server, make the warm-up call, then one call per input, appending each to ``calls``
+    as it ends; ``used`` gets the provider's output parser."""
     from django.conf import settings
 
     from apps.llm.drafter import render_prompt
@@ -113,27 +156,19 @@ def run(*, n: int, seed: int, response_format: str, timeout: float, threads: int
     from tools import modelserver
 
     conf = settings.FAULTDESK
-    inputs = cases(n, seed)
-    log_path = out_dir / "logs" / "model-server.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("")
-    threads = threads or modelserver.default_threads()
-    print(f"• model {modelserver.MODEL_ALIAS} ({modelserver.gguf_path().name}), llama-cpp-python "
-          f"{modelserver.server_version()}, {threads} threads, n_ctx {modelserver.N_CTX}; {n} calls, response_format "
-          f"{response_format}, max_tokens {conf['MODEL_MAX_OUTPUT_TOKENS']}, timeout {timeout:.0f} s", flush=True)
-    started = time.monotonic()
+    n = len(inputs)
     with modelserver.ModelServer(log_path=log_path, n_threads=threads) as server:
         print(f"• server up on {server.base_url} in {time.monotonic() - started:.1f} s", flush=True)
         provider = OpenAICompatibleProvider(
             base_url=server.base_url, model=modelserver.MODEL_ALIAS, api_key=server.api_key,
             max_output_tokens=conf["MODEL_MAX_OUTPUT_TOKENS"], units_per_1k=conf["MODEL_UNITS_PER_1K_TOKENS"],
             response_format=response_format)
+        used["output_parser"] = provider.output_parser
         print(f"• output parser {provider.output_parser}", flush=True)
         warm = provider.complete(render_prompt(request=inputs[0]["request"], device=inputs[0]["device"],
                                                evidence=inputs[0]["evidence"]), timeout=timeout,
                                  schema=output_schema_for([str(e["chunk_id"]) for e in inputs[0]["evidence"]]))
         print(f"• warm-up call (not counted): {warm.outcome}, {warm.latency_ms} ms", flush=True)
-        calls = []
         for i, case in enumerate(inputs, 1):
             messages = render_prompt(request=case["request"], device=case["device"], evidence=case["evidence"])
             # as controller/2 calls it: the schema narrowed to the evidence ids the prompt shows
@@ -149,9 +184,6 @@ def run(*, n: int, seed: int, response_format: str, timeout: float, threads: int
                 ok = sum(c["outcome"] == "ok" for c in calls)
                 print(f"  {i:>4}/{n}  last {result.outcome:<9} {result.latency_ms:>6} ms · ok so far {ok}/{i}",
                       flush=True)
-    return _report(calls, response_format=response_format, threads=threads, out_dir=out_dir,
-                   elapsed=time.monotonic() - started, output_parser=provider.output_parser)
-
 
 def _error_text(result) -> str | None:
     """A failed call's error in one line: for an HTTP error, its status and the server's own
@@ -183,7 +215,7 @@ def _cited_known(output: dict | None, evidence: list[dict]) -> bool | None:
 
 
 def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: Path | None, elapsed: float,
-            output_parser: str | None = None) -> dict:
+            output_parser: str | None = None, complete: bool = True) -> dict:
     """Print the figures of ``calls`` and, unless ``out_dir`` is None, write them with every call to
     ``out_dir/model-<UTC time>.json``."""
     from tools import modelserver
@@ -205,7 +237,7 @@ def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: P
     figures = {
         "model": modelserver.MODEL_ALIAS, "gguf": modelserver.gguf_path().name,
         "server": f"llama-cpp-python {modelserver.server_version()}", "threads": threads,
-        "response_format": response_format, "output_parser": output_parser, "calls": n,
+        "response_format": response_format, "output_parser": output_parser, "calls": n, "complete": complete,
         "outcomes": dict(outcomes), "malformed_rate": bad / n,
         "latency_ms": latency,
         "tokens": {"prompt_mean": round(statistics.fmean(prompt)) if prompt else None,
@@ -217,7 +249,7 @@ def _report(calls: list[dict], *, response_format: str, threads: int, out_dir: P
         "ok_citing_only_shown_evidence": {"count": cited_known, "of_ok": len(ok_calls)},
         "problems": problems.most_common(8), "elapsed_s": round(elapsed, 1),
     }
-    lines = ["", "model bench",
+    lines = ["", "model bench" + ("" if complete else f" (stopped early: {n} calls made)"),
              f"  model      {figures['model']} ({figures['gguf']}), {figures['server']}, {threads} threads",
              f"  calls      {n} ticket drafts through OpenAICompatibleProvider.complete "
              f"(response_format: {response_format}, output parser: {output_parser or 'not recorded'})"]
@@ -276,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(args.report.read_text(encoding="utf-8"))
         figures = saved["figures"]
         _report(saved["calls"], response_format=figures["response_format"], threads=figures["threads"], out_dir=None,
-                elapsed=figures["elapsed_s"], output_parser=figures.get("output_parser"))
+                elapsed=figures["elapsed_s"], output_parser=figures.get("output_parser"),
+                complete=figures.get("complete", True))
         return 0
     try:
         modelserver.gguf_path()
