@@ -304,10 +304,14 @@ def demo(wait: bool, tenant: str = "acme") -> None:
     base_url, credentials = f"http://127.0.0.1:{web_port()}", VAR_DIR / "demo-credentials.json"
     # The Chinese run first (a Chinese report on a device with a Chinese procedure), where the tenant
     # has one; the English run's DEMO OK line is the last line either way.
+    # A real 135M model on 2 cores drafts a Chinese report in up to ~45 s, and a malformed reply is
+    # re-asked (each bounded by the model timeout): each wait gets room for that.
+    wait_s = 600.0 if model_server() == LLAMA else 180.0
     ok = demo_client.TENANTS[tenant].chinese_device is None or demo_client.run(
-        base_url=base_url, tenant=tenant, systems=systems, credentials_path=credentials, language="zh-hans")
+        base_url=base_url, tenant=tenant, systems=systems, credentials_path=credentials, language="zh-hans",
+        timeout=wait_s)
     ok = ok and demo_client.run(base_url=base_url, tenant=tenant, systems=systems, credentials_path=credentials,
-                                before_ok=lambda: _manage("replay", "--all", "--remote"))
+                                before_ok=lambda: _manage("replay", "--all", "--remote"), timeout=wait_s)
     if not ok:
         raise SystemExit(1)
     if not wait:
