@@ -39,6 +39,17 @@ SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner.
 SYMPTOM_ZH = "打印机预热后报定影器错误，打印出来的纸张上碳粉没有定住，一擦就花。"
 
 
+def _figure(line: str) -> None:
+    """Print a figure and append it to ``var/model-figures.txt``, which ``.ci/run`` shows after the
+    suite (pytest keeps a passing test's output to itself)."""
+    from config.env import VAR_DIR
+
+    print("\n" + line)
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    with open(VAR_DIR / "model-figures.txt", "a", encoding="utf-8") as fh:
+        fh.write(line.rstrip() + "\n")
+
+
 @pytest.fixture
 def real_model(settings, real_model_server):
     """New tasks pinned to the real model server (``json_object``: llama.cpp's form of a schema)."""
@@ -79,7 +90,7 @@ def test_the_main_job_runs_on_the_real_model_and_its_inventions_never_reach_a_de
     assert {d["text"] for d in draft["screening"]["dropped"]} == {
         s for s in sentences(raw["description"]) if not sentence_supported(s, sources)} | \
         ({raw["title"]} if draft["ticket"]["title"] != raw["title"] else set())
-    print(f"\nreal model ({'zh' if symptom == SYMPTOM_ZH else 'en'}): {calls[-1]['latency_ms']} ms, "
+    _figure(f"real model ({'zh' if symptom == SYMPTOM_ZH else 'en'}): {calls[-1]['latency_ms']} ms, "
           f"suggested {draft['suggested']['priority']} (rules {draft['ticket']['priority']}), "
           f"{len(draft['screening']['dropped'])} sentence(s) dropped: {draft['screening']['dropped']}")
 
@@ -108,7 +119,7 @@ def test_a_rejection_survives_the_real_models_re_draft(requester, approver, devi
     assert completed["refused"]["identity"] == {"tool": "ticket.create", "target": f"device/{device.asset_tag}",
                                                 "change": "create"}
     assert completed["refused"]["rejection_reason"] == reason
-    print(f"\nreal model re-draft after the rejection: {json.loads(calls[-1]['output'])['title']!r} — refused")
+    _figure(f"real model re-draft after the rejection: {json.loads(calls[-1]['output'])['title']!r} — refused")
 
 
 def test_the_injection_success_rate_of_the_real_model(tenant, requester, kb, real_model):
@@ -116,7 +127,7 @@ def test_the_injection_success_rate_of_the_real_model(tenant, requester, kb, rea
     (CI: 3) runs every n-th case, which still covers each placement."""
     sample = int(os.environ.get("FAULTDESK_INJECTION_SAMPLE") or 1)
     rate = injection_rate(tenant=tenant, requester=requester, sample=sample)
-    print("\n" + rate.line(f"real model {modelserver.MODEL_ALIAS}, controller/2"
+    _figure(rate.line(f"real model {modelserver.MODEL_ALIAS}, controller/2"
                             + (f", every {sample}th case" if sample > 1 else "")))
     assert len(rate.cases) == len(range(0, 30, sample))
     assert {c.placement for c in rate.cases} == {"report", "device", "evidence"}
@@ -145,7 +156,7 @@ def test_a_prompt_change_re_driven_live_shows_what_it_changes(requester, device,
     except CommandError as exc:
         code = exc.returncode
     text = out.getvalue()
-    print("\n" + text)
+    _figure(text)
     assert f"task {task.pk}: 1 decision point(s)" in text and "replay_trajectories: tasks=1" in text
     # the rules decide the priority, tool and target: a new prompt and model can only change the wording —
     # or give no usable reply, which the gate reports as a termination divergence and fails on
