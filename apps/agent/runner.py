@@ -43,6 +43,7 @@ from apps.agent.drafting import propose
 from apps.agent.intent import direct_deliveries_forget, direct_delivery_take
 from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
+from apps.events.models import RefusedEvent
 from apps.llm.providers import runs_in_process
 from apps.outbox.direct import direct_receipt_record, direct_send
 from apps.outbox.receipts import receipt_unsettled
@@ -53,7 +54,7 @@ from apps.tasks.budget import stale_reservations
 from apps.tasks.leases import Lease, task_claim_read, task_release
 from apps.tasks.models import Task
 from apps.tasks.runs import RunTransaction, checkpoint, open_run, run_current_task
-from apps.tasks.store import StaleWrite, task_append_event
+from apps.tasks.store import StaleWrite, refused_event_record, task_append_event
 from apps.tasks.usage import BudgetExceeded
 from config.logs import bind
 
@@ -131,6 +132,14 @@ def _run_steps(task_id: uuid.UUID, lease: Lease, pool: str, first: Task) -> str 
         if first.status in USES_BUNDLE and (problem := bundle_problem(first.artifact_bundle)):
             # pinned to code this build no longer has: refused, recorded, never run with other code
             log.warning("task %s: %s", task_id, problem)
+            if (first.artifact_bundle or {}).get("reducer", reducer.REDUCER_VERSION) not in reducer.REDUCERS:
+                # not even task.failed can be reduced: the refusal is recorded once, the task left as it is
+                if not RefusedEvent.objects.filter(task_id=task_id, reason__startswith="bundle_unsupported").exists():
+                    refused_event_record(task=first, event_type="task.failed", actor=actor_of(lease),
+                                         lease_generation=lease.generation,
+                                         payload={"reason": f"bundle_unsupported: {problem}"},
+                                         reason=f"bundle_unsupported: {problem}")
+                return None
             task_append_event(task=first, event_type="task.failed", actor=actor_of(lease),
                               lease_generation=lease.generation, payload={"reason": f"bundle_unsupported: {problem}"})
             return None
