@@ -46,10 +46,12 @@ def bundle_problem(bundle: dict | None) -> str | None:
     for part, carried in checks:
         if part in bundle and (not isinstance(bundle[part], str) or bundle[part] not in carried):
             return f"{part} {bundle[part]!r} is not in this build (it has {', '.join(carried)})"
-    for part in ("max_output_tokens", "units_per_1k_tokens"):
-        value = bundle.get(part)
-        if part in bundle and (type(value) is not int or value < 1):
-            return f"{part} {value!r} is not a positive whole number"
+    value = bundle.get("max_output_tokens")
+    if "max_output_tokens" in bundle and (type(value) is not int or value < 1):
+        return f"max_output_tokens {value!r} is not a positive whole number"
+    value = bundle.get("units_per_1k_tokens")
+    if "units_per_1k_tokens" in bundle and (type(value) not in (int, float) or not 0 <= value < float("inf")):
+        return f"units_per_1k_tokens {value!r} is not a price (a number, 0 or more)"
     if bundle.get("model_provider") == OPENAI_COMPATIBLE:
         for part in ("model", "model_base_url"):
             if not isinstance(bundle.get(part), str) or not bundle[part]:

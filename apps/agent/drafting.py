@@ -31,7 +31,7 @@ from apps.llm.drafter import (
     rules_questions,
     rules_title,
 )
-from apps.llm.providers import TRANSIENT, CallResult, output_schema_for, provider_for
+from apps.llm.providers import TRANSIENT, CallResult, output_schema_for, provider_for, recordable_text
 from apps.llm.screening import description_screen, instruction_flags, sentence_supported, sentences, state_sources
 from apps.tasks import reducer
 from apps.tasks.answer import answer_compose
@@ -194,13 +194,17 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
             log.exception("model call for %s failed inside the provider", task.pk)
             result = CallResult(outcome="error", error=f"provider failed: {type(exc).__name__}: {exc}"[:300])
         failpoint("model_call")
+    if result.error:  # a server's error text may hold U+0000, which PostgreSQL cannot store
+        result.error = recordable_text(result.error)
     used, overrun = provider.cost(result, res.amounts)
     task = budget_settle(
         task_id=task.pk, reservation_id=res.id, used={**used, "retries": amounts["retries"]}, actor=actor,
         lease_generation=gen, event_type="model.called",
         extra={**call, "outcome": result.outcome, "http_status": result.http_status, "usage": result.usage,
                "overrun": overrun, "latency_ms": result.latency_ms, "problems": result.problems,
-               "error": result.error, "output": (result.content or "")[:8000] if result.content else None,
+               # the whole reply, as received (bounded by FAULTDESK_MODEL_MAX_REPLY_BYTES): replay
+               # re-parses it, so a cut copy would hide what a candidate parser or controller does
+               "error": result.error, "output": recordable_text(result.content) if result.content else None,
                "request_digest": sha256_json(messages)},
     )
     if result.outcome == "ok":

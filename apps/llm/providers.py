@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -122,12 +123,45 @@ def model_output_parse(content: str | None, version: str = OUTPUT_PARSER_VERSION
         return None, [f"(root): not JSON ({exc.msg} at character {exc.pos})"]
     problems = [_short(f"{'/'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}")
                 for err in jsonschema.Draft202012Validator(MODEL_OUTPUT_SCHEMA).iter_errors(value)]
+    problems += _unstorable(value, "")
     return (value, []) if not problems else (None, problems[:10])
+
+
+def _storable(text: str) -> bool:
+    return "\x00" not in text and not _SURROGATE.search(text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unstorable(value, path: str) -> list[str]:
+    """``"path: …"`` for each string (key or value) of a parsed reply that PostgreSQL cannot store
+    or canonical JSON cannot digest: U+0000, or a surrogate code point JSON's ``\\ud800`` escapes
+    let through unpaired. Such a reply is malformed, re-asked like any other."""
+    if isinstance(value, str):
+        return [] if _storable(value) else [f"{path or '(root)'}: contains U+0000 or an unpaired surrogate"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items()
+                for p in (_unstorable(k, path) or _unstorable(v, f"{path}/{k}".lstrip("/")))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _unstorable(v, f"{path}/{i}".lstrip("/"))]
+    return []
+
+
+def recordable_text(text: str) -> str:
+    """``text`` as it can be recorded in a jsonb event payload: each U+0000 and unpaired surrogate
+    written as its JSON escape (``\\u0000``, ``\\ud800``), so that a recorded malformed reply
+    parses back to the same refusal when it is replayed. Every other character is kept."""
+    if _storable(text):
+        return text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text.replace("\x00", "\\u0000"))
 
 
 def _short(text: str, limit: int = 300) -> str:
     """A problem as recorded and shown back to the model: at most ``limit`` characters (a schema
-    error quotes the offending value, which may be the whole reply)."""
+    error quotes the offending value, which may be the whole reply), recordable
+    (:func:`recordable_text`)."""
+    text = recordable_text(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

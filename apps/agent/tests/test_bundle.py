@@ -42,7 +42,8 @@ def test_the_current_bundle_is_carried_whole():
     ("response_format", ["json_object"], "response_format ['json_object'] is not in this build"),
     ("max_output_tokens", "abc", "max_output_tokens 'abc' is not a positive whole number"),
     ("max_output_tokens", 0, "max_output_tokens 0 is not a positive whole number"),
-    ("units_per_1k_tokens", True, "units_per_1k_tokens True is not a positive whole number"),
+    ("units_per_1k_tokens", True, "units_per_1k_tokens True is not a price"),
+    ("units_per_1k_tokens", "x", "units_per_1k_tokens 'x' is not a price"),
     ("embedding_model", "word2vec", "embedding_model 'word2vec' is not in this build"),
 ])
 def test_each_part_the_build_does_not_carry_is_named(part, value, words):

@@ -287,3 +287,32 @@ def test_each_output_parser_version_parses_as_it_did():
     assert model_output_parse("{'title': 1}", "model-output-parser/2")[0] is None
     with pytest.raises(KeyError):
         model_output_parse(json.dumps(reply), "model-output-parser/9")
+
+
+@pytest.mark.parametrize(("field", "text"), [
+    ("description", "Pages come out smeared with unfused toner after warm-up.\u0000"),
+    ("title", "Fuser error after warm-up \ud800 printer"),
+])
+def test_a_reply_postgresql_cannot_store_is_malformed_and_recorded_as_received(
+        requester, device, kb, refservice, model_server, field, text):
+    """U+0000 and an unpaired surrogate are legal in JSON text but not in a jsonb payload (nor in
+    canonical JSON): the reply is refused as malformed and re-asked, never a crash that loses the
+    call's record; the recorded copy parses back to the same refusal."""
+    model_server.set_script([{"reply": "draft", "overrides": {field: text}}] * 3)
+    task = drive(_submit(requester, device).pk)
+    assert task.status == reducer.FAILED
+    assert task.termination_reason.startswith("model_output_invalid: no usable reply after 2 re-asks")
+    calls = _calls(task)
+    assert [c["outcome"] for c in calls] == ["malformed"] * 3
+    assert calls[0]["problems"] == [f"{field}: contains U+0000 or an unpaired surrogate"]
+    assert model_output_parse(calls[0]["output"])[1] == calls[0]["problems"]
+    _ledger_closed(task)
+
+
+def test_a_raw_nul_outside_the_json_escapes_is_recorded_and_refused(requester, device, kb, refservice, model_server):
+    content = '{"title": "Fuser\x00 error"}'
+    model_server.set_script([{"content": content}] * 3)
+    task = drive(_submit(requester, device).pk)
+    assert task.status == reducer.FAILED
+    call = _calls(task)[0]
+    assert call["outcome"] == "malformed" and call["output"] == '{"title": "Fuser\\u0000 error"}'
