@@ -40,3 +40,24 @@ def test_the_queue_and_the_trace_show_the_steering_in_both_languages(
     trace = client.get(reverse("task-trace", args=[task.pk])).content.decode()
     assert f"model suggested priority P1, outside the rules: {decided} decided" in trace
     assert "2 unsupported sentences dropped" in trace
+
+
+def test_a_comment_on_the_open_ticket_shows_the_priority_the_rules_did_not_take(
+        client, requester, approver, device, kb, refservice, model_server):
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.approvals.services import approval_decide
+
+    model_server.set_script([{"reply": "draft"}])
+    first = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
+    approval = ApprovalRequest.objects.get(task=first, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    drive(first.pk)
+    model_server.set_script([{"reply": "draft", "overrides": {"priority": "P4"}}])
+    second = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM + " Again today.",
+                               urgency="high").task.pk)
+    assert second.state["proposal"]["tool"] == "ticket.comment"
+    decided = second.state["draft"]["ticket"]["priority"]
+    assert second.state["draft"]["outside_rules"] == [{"field": "priority", "suggested": "P4", "decided": decided}]
+    client.force_login(approver)
+    page = client.get(reverse("approval-queue")).content.decode()
+    assert f"the model suggested P4, outside the rules' range: the rules decide {decided}" in page

@@ -52,8 +52,10 @@ def _attachments(task: Task) -> list[dict]:
     return ((task.state or {}).get("request") or {}).get("attachments") or []
 
 
-#: device fields a person can type into (names, messages): checked for instructions like a report
-_DEVICE_TEXT_FIELDS = ("name", "alert_message", "site", "model")
+#: device fields a person or a device's own feed can write (names, tags, codes, messages): checked
+#: for instructions like a report — each may reach the prompt or the rules' ticket title
+_DEVICE_TEXT_FIELDS = ("name", "asset_tag", "kind", "alert_code", "alert_message", "site", "model", "state",
+                       "criticality")
 
 
 def input_flags(*, report: str, answers: list[str], reading: dict | None,

@@ -23,6 +23,7 @@ from apps.agent.common import (
 from apps.agent.controllers import Controller, controller_for
 from apps.core.digests import sha256_json
 from apps.core.failpoints import failpoint
+from apps.evidence.guard import injection_flags
 from apps.llm.drafter import (
     PROMPT_TEMPLATE_VERSION,
     local_draft,
@@ -276,6 +277,11 @@ def draft_from_output(*, state: dict, output: dict, model: str, tenant: str, req
                               if output["priority"] != decided else [])
     ticket["priority"] = decided
     draft["missing_information"] = (list(output["missing_information"]) or questions) if questions else []
+    if controller.screens and questions:
+        # the model's questions reach the requester: one that reads as an instruction ("reply with
+        # your password") is not asked, and if none is left the rules' questions are
+        asked = [q for q in draft["missing_information"] if not injection_flags(q)]
+        draft["missing_information"] = asked or questions
     if controller.screens:
         sources = state_sources(state)
         dropped = []
@@ -293,9 +299,14 @@ def draft_from_output(*, state: dict, output: dict, model: str, tenant: str, req
         dropped += [{"field": "evidence", "text": str(ref)} for ref in ticket["evidence"] if str(ref) not in retrieved]
         ticket["evidence"] = [ref for ref in ticket["evidence"] if str(ref) in retrieved]
         ticket["title"], ticket["description"] = title, description
-        draft["screening"] = {"dropped": dropped,
-                              "flags": instruction_flags({"title": output["title"],
-                                                          "description": output["description"]})}
+        dropped += [{"field": "question", "text": q} for q in output["missing_information"]
+                    if questions and q not in draft["missing_information"]]
+        flags = instruction_flags({"title": output["title"], "description": output["description"],
+                                   **{f"question {i + 1}": q for i, q in enumerate(output["missing_information"])}})
+        if title != output["title"] and (final := injection_flags(title)):
+            # the rules' title is built from the report and the device's fields: flagged where it goes out
+            flags.append({"source": "ticket title", "flags": final})
+        draft["screening"] = {"dropped": dropped, "flags": flags}
     return draft
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 
 #: (name, pattern) of instruction-like text addressed to an agent or a model, in English and Chinese.
 #: A phrase may run over a line break ("ignore previous\ninstructions").
@@ -24,10 +25,12 @@ PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.IG
                  r"[^.]{0,20}\b(instructions?|rules?|prompts?|guidelines?|guidance|directions?|orders?)\b|"
                  r"(忽略|无视|忘记|忘掉|不要理会|不用管)[^。！!]{0,12}(指令|指示|规则|提示词|设定)"),
     ("role_play", r"\byou are (now )?(an?|the) (ai|assistant|agent|model|approval system)\b|\bsystem prompt\b|"
+                  r"\bnote to (the )?(ai|assistant|agent|model|bot|llm)\b|"
                   r"你现在是|系统提示|你的角色是"),
     ("approval", r"\bauto[- ]?approve|\bapprove (this|all|every|the) (ticket|request|action|change)s?\b|"
                  r"\bmark (it|this|the ticket|the request) (as )?approved\b|\bskip (the )?(approval|review)\b|"
                  r"\bno approval (is )?(needed|required)\b|\bpre-?approved\b|"
+                 r"\b(approver|manager|admin)s? (has |have )?already (signed off|approved)\b|"
                  r"\b(approve|create|file|send|submit|process)\b[^.]{0,40}\bwithout (a |any )?(review|approval)\b|"
                  r"直接批准|自动批准|无需审批|不需要审批|不用审批|跳过审批|跳过审核|标记为已批准|已预先批准|已经批准过"),
     ("cross_tenant", r"\b(send|file|route|move|post|use)\b[^.]{0,30}\b(another|other|different) tenant\b|"
@@ -47,9 +50,9 @@ PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx, re.IG
 #: IGNORECASE folds it (:data:`_FOLD`, then ``lower()``).
 TRIGGERS: dict[str, tuple[str, ...]] = {
     "override": ("ignore", "disregard", "forget", "override", "忽略", "无视", "忘记", "忘掉", "不要理会", "不用管"),
-    "role_play": ("you are", "system prompt", "你现在是", "系统提示", "你的角色是"),
-    "approval": ("approv", "skip", "without", "直接批准", "自动批准", "无需审批", "不需要审批", "不用审批", "跳过审批",
-                 "跳过审核", "标记为已批准", "已预先批准", "已经批准过"),
+    "role_play": ("you are", "system prompt", "note to", "你现在是", "系统提示", "你的角色是"),
+    "approval": ("approv", "skip", "without", "already", "直接批准", "自动批准", "无需审批", "不需要审批", "不用审批",
+                 "跳过审批", "跳过审核", "标记为已批准", "已预先批准", "已经批准过"),
     "cross_tenant": ("tenant", "租户"),
     "tool_change": ("tool", "ticket", "工单"),
     "exfiltration": ("credential", "password", "api", "密码", "凭据", "凭证", "密钥"),
@@ -59,9 +62,30 @@ TRIGGERS: dict[str, tuple[str, ...]] = {
 _FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
 
 
+#: Letters of other scripts drawn like Latin ones (Cyrillic and Greek), folded to the Latin letter
+#: so that "Іgnore previous іnstructions" with Cyrillic і reads as what it shows.
+_CONFUSABLES = str.maketrans(
+    "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅΑΒΕΖΗΙΚΜΝΟΡΤΥΧαοιρνκτυ",
+    "aeopcyxijsdhlqwABEKMHOPCTXIJSABEZHIKMNOPTYXaoipvkty",
+)
+
+
+def readable_text(text: str) -> str:
+    """``text`` as a reader sees it, for matching only (never shown or stored): NFKC (full-width
+    and circled letters and digits become plain ones), invisible format characters (zero-width
+    spaces and joiners, soft hyphens, direction marks: Unicode category Cf) removed, and Cyrillic
+    and Greek letters drawn like Latin ones folded to those."""
+    text = unicodedata.normalize("NFKC", text or "")
+    if not text.isascii():
+        text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf").translate(_CONFUSABLES)
+    return text
+
+
 def injection_flags(text: str) -> list[str]:
-    """Names of the instruction-like patterns found in ``text`` (empty for ordinary text)."""
-    text = text or ""
+    """Names of the instruction-like patterns found in ``text`` (empty for ordinary text), read as
+    :func:`readable_text` shows it, so full-width, zero-width-split or look-alike letters hide
+    nothing."""
+    text = readable_text(text)
     folded = text.translate(_FOLD).lower()
     return [name for name, rx in PATTERNS if any(t in folded for t in TRIGGERS[name]) and rx.search(text)]
 
@@ -69,7 +93,7 @@ def injection_flags(text: str) -> list[str]:
 def injection_flags_unfiltered(text: str) -> list[str]:
     """:func:`injection_flags` without the trigger words: every pattern run over ``text`` (for the
     tests that check the two agree)."""
-    return [name for name, rx in PATTERNS if rx.search(text or "")]
+    return [name for name, rx in PATTERNS if rx.search(readable_text(text))]
 
 
 def refs_flags(refs: list[dict]) -> list[dict]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from apps.evidence.guard import injection_flags
+from apps.evidence.guard import injection_flags, readable_text
 
 #: words that describe a report or a ticket rather than claim anything about the fault
 FRAME_WORDS = frozenset("""
@@ -40,7 +40,17 @@ alert alerts current currently observed seen shows showing see attached attachme
 #: a sentence ends at . ! ? (not a dot inside a code or a number, ``50.2``, ``v2.1``), 。！？ or a line end
 _SENTENCE = re.compile(r"(?:[^.!?。！？\n]|[.!?](?=[^\s.!?]))+[.!?。！？]*", re.UNICODE)
 _LATIN = re.compile(r"[A-Za-z][A-Za-z'’-]+")
-_CODE = re.compile(r"\b(?=[\w.-]*\d)[A-Za-z]*[-_.]?\d[\w.-]*\b")
+_LATIN_WORDS = re.compile(r"[A-Za-z][A-Za-z'’]*")
+#: a code or number: ASCII letters and digits with ``- _ .`` inside, holding a digit. Bounded by
+#: anything but an ASCII letter or digit — Chinese text around it included ("代码E999，"), which
+#: ``\b`` would count as part of the word.
+_CODE = re.compile(r"(?<![A-Za-z0-9])(?=[A-Za-z0-9._-]*\d)[A-Za-z]*[-_.]?\d[A-Za-z0-9._-]*(?![A-Za-z0-9])")
+#: words that turn a statement around; each must be found in the inputs together with the word
+#: it governs ("do not open" is not supported by "open tray 2")
+_NEGATIONS = frozenset({"not", "no", "never", "don't", "dont", "doesn't", "cannot", "can't", "without", "nor",
+                        "neither", "none", "nothing", "won't", "isn't", "aren't", "shouldn't", "mustn't",
+                        "avoid", "stop"})
+_CJK_NEGATIONS = "不没無无勿别未非禁"
 _CJK = re.compile(r"[\u2e80-\u9fff]+")
 _SUFFIXES = ("ations", "ation", "ings", "ing", "edly", "ed", "es", "ly", "er", "s")
 
@@ -55,6 +65,27 @@ def _stem(word: str) -> str:
 
 def _codes(text: str) -> set[str]:
     return {c.lower().strip(".-_") for c in _CODE.findall(text)}
+
+
+def _negated(text: str) -> set[str]:
+    """Each negation with the content word it governs: ``"not open"`` for "Do not open tray 2"
+    (Latin: the next word of three letters or more, stemmed), and each Chinese two-character word
+    that starts with a negation (``不要``, ``未定``)."""
+    out = set()
+    words = [w.lower().replace("’", "'") for w in _LATIN_WORDS.findall(text)]
+    for i, w in enumerate(words):
+        if w in _NEGATIONS:
+            nxt = next((x for x in words[i + 1:i + 4] if len(x) > 2 and x not in FRAME_WORDS), None)
+            out.add(f"{w} {_stem(nxt) if nxt else ''}".strip())
+    for run in _CJK.findall(text):
+        out.update(run[i:i + 2] for i in range(len(run)) if run[i] in _CJK_NEGATIONS)
+    return out
+
+
+def _readable(text: str) -> str:
+    """NFKC (full-width, circled and superscript digits become plain ones), invisible format
+    characters removed — the form both a sentence and its sources are compared in."""
+    return readable_text(text)
 
 
 def _bigrams(text: str) -> set[str]:
@@ -74,14 +105,16 @@ class Sources:
     stems: frozenset[str] = field(default_factory=frozenset)
     codes: frozenset[str] = field(default_factory=frozenset)
     bigrams: frozenset[str] = field(default_factory=frozenset)
+    negated: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
     def of(cls, texts) -> Sources:
         """Index ``texts`` (strings; None and non-strings are skipped)."""
-        joined = "\n".join(t for t in texts if isinstance(t, str) and t)
+        joined = _readable("\n".join(t for t in texts if isinstance(t, str) and t))
         return cls(text=" ".join(joined.lower().split()),
                    stems=frozenset(_stem(w) for w in _LATIN.findall(joined)),
-                   codes=frozenset(_codes(joined)), bigrams=frozenset(_bigrams(joined)))
+                   codes=frozenset(_codes(joined)), bigrams=frozenset(_bigrams(joined)),
+                   negated=frozenset(_negated(joined)))
 
 
 def state_sources(state: dict) -> Sources:
@@ -93,7 +126,10 @@ def state_sources(state: dict) -> Sources:
     texts = [request.get("symptom"), request.get("urgency"), *(state.get("answers") or [])]
     for a in request.get("attachments") or []:
         texts += [a.get("name"), a.get("text")]
-    texts += [str(v) for v in device.values() if v is not None and not isinstance(v, dict | list)]
+    # the reading's fields, but not its bookkeeping: the object version and the row id are not
+    # facts about the fault ("for 17 days" must not pass because the device is at version 17)
+    texts += [str(v) for k, v in device.items()
+              if k not in ("version", "device_id") and v is not None and not isinstance(v, dict | list)]
     for e in state.get("evidence") or []:
         texts += [e.get("document_title"), e.get("section"), e.get("excerpt"), e.get("source")]
     if state.get("ticket"):
@@ -103,12 +139,14 @@ def state_sources(state: dict) -> Sources:
 
 def sentence_supported(sentence: str, sources: Sources) -> bool:
     """Is ``sentence`` supported by ``sources``? A span of them is; otherwise every number and code
-    in it must be found verbatim, at most one content word (and at most a third of them) may be
-    missing, and — for Chinese — at least two thirds of its two-character words must be found."""
+    in it must be found verbatim, so must each negation with the word it governs, at most one content
+    word (and at most a third of them) may be missing, and — for Chinese — at least two thirds of
+    its two-character words must be found. Both sides are compared as :func:`_readable` shows them."""
+    sentence = _readable(sentence)
     norm = " ".join(sentence.lower().split()).strip(" .!?。！？")
     if not norm or norm in sources.text:
         return True
-    if _codes(sentence) - sources.codes:
+    if _codes(sentence) - sources.codes or _negated(sentence) - sources.negated:
         return False
     words = [w for w in (_stem(x) for x in _LATIN.findall(sentence)) if w not in FRAME_WORDS and len(w) > 2]
     missing = [w for w in words if w not in sources.stems and w not in {_stem(f) for f in FRAME_WORDS}]
