@@ -1,23 +1,49 @@
 """Trajectory replay as a release gate (spec §16.11 "轨迹回放", "发布固定整个制品包"): re-drive the
 recorded inputs of finished and running tasks through a *candidate* artifact bundle — another
-controller, prompt template or model — and report where its decisions would diverge from what the
-task recorded, before the bundle is released.
+controller, prompt template, output parser, reducer or model — and report where its decisions would
+diverge from what the task recorded, before the bundle is released.
 
 Replay of the record (apps/tasks/replay.py) re-runs the reducer over the events and proves the state
-follows from them. This module asks the other question: *would the new bundle decide the same?* At
-every decision point of a task — each ``draft.proposed``, and each re-draft refused as a rejected
-action (``task.completed`` ``proposal_rejected`` with ``refused``) — it rebuilds the state just
-before it with the task's pinned reducer, takes the model's recorded reply there (the last
-``model.called`` with outcome ``ok``; the local drafter is re-run, it is deterministic) or, with
-``live``, asks the candidate's model again with the candidate's prompt, and runs the candidate's
-controller over it: the draft (:func:`apps.agent.drafting.draft_from_output`), the business rules
-(:func:`apps.llm.parser.draft_validate`), the rejection constraint, the plan
+follows from them. This module asks the other question: *would the new bundle decide the same?*
+
+Decision points of a task:
+
+* each ``draft.proposed``, and each re-draft refused as a rejected action (``task.completed``
+  ``proposal_rejected`` with ``refused``);
+* each model reply recorded as malformed (``model.called`` with outcome ``malformed``): the pinned
+  run re-asked (or gave up, ``model_output_invalid``) there, and a candidate whose output parser
+  reads the reply would have drafted instead. With ``live``, only a malformed reply after which the
+  task got no usable reply at all is a point (the live model is asked there).
+
+At each point the state just before it is rebuilt with the candidate's reducer (the task's pinned
+one unless the candidate names another; a reducer that refuses a recorded event makes the task not
+replayable from there). The model's input is then:
+
+* the local drafter (deterministic) when the candidate drafts locally — its ``model_provider`` is
+  ``local``, or its reducer keeps no ledger (``reducer/1``, ``/2`` draft locally whatever the
+  provider);
+* with ``live``, a new call to the candidate's model with the candidate's prompt;
+* otherwise the recorded reply (the last ``model.called`` with outcome ``ok`` before the draft, or the
+  malformed reply itself) parsed by the candidate's output parser. A reply the candidate's parser
+  refuses is the termination ``malformed_reply``, a divergence — never a silent fallback to the
+  local drafter. A point whose reply was not recorded, or recorded cut (``output_truncated``, or
+  exactly :data:`LEGACY_OUTPUT_CAP` characters from builds that cut it there), is *not replayable*.
+
+Then the candidate's controller runs over it: the draft (:func:`apps.agent.drafting.draft_from_output`),
+the business rules (:func:`apps.llm.parser.draft_validate`), the rejection constraint, the plan
 (:func:`apps.agent.drafting.plan`) and the tenant's approval policy.
 
 Decision fields (a divergence in any fails the gate): ``tool``, ``target``, ``priority``,
 ``approval_need``, ``termination`` (``proposal``, ``input_requested``, ``draft_invalid``,
-``proposal_rejected``, ``model_failed``). Describing fields (``title``, ``description``,
-``evidence``) are reported as changes, never as failures: the model may word things differently.
+``proposal_rejected``, ``malformed_reply``: a reply the output parser refuses, ``model_failed``: a
+live call that gave no usable reply where the record has a draft). Describing fields (``title``,
+``description``, ``evidence``) are reported as changes, never as failures: the model may word
+things differently.
+
+What the recorded replies cannot judge is refused before any task is replayed
+(:func:`candidate_judgeable`): a candidate that changes the model (:data:`MODEL_PARTS`) needs
+``live`` — except a switch to the local drafter, which is run — and a new ``embedding_model`` is
+never exercised (replay re-uses the recorded retrieval).
 """
 
 from __future__ import annotations
@@ -36,16 +62,33 @@ from apps.approvals.policy import policy_decide
 from apps.events.models import TaskEvent
 from apps.llm.drafter import PROMPT_TEMPLATE_VERSION, local_draft, render_prompt
 from apps.llm.parser import draft_validate
-from apps.llm.providers import model_output_parse, output_schema_for, provider_for
+from apps.llm.providers import LOCAL, model_output_parse, output_schema_for, provider_for
 from apps.tasks import reducer
 from apps.tasks.models import Task
 
 DECISION_FIELDS = ("tool", "target", "priority", "approval_need", "termination")
 DESCRIBING_FIELDS = ("title", "description", "evidence")
 
+#: the parts a candidate may set: those of a new task's bundle (apps.tasks.services.artifact_bundle_current)
+BUNDLE_PARTS = ("model_provider", "model", "model_base_url", "max_output_tokens", "units_per_1k_tokens",
+                "response_format", "output_parser", "prompt_template", "tool_schemas", "controller", "parser",
+                "reducer", "embedding_model")
+
+#: parts that change which replies the model gives: recorded replies cannot judge a change to them
+MODEL_PARTS = ("model_provider", "model", "model_base_url", "response_format", "max_output_tokens")
+
+#: the output parser of a bundle that pins none (tasks from before output parsers were versioned)
+DEFAULT_OUTPUT_PARSER = "model-output-parser/1"
+
+#: builds before the whole reply was recorded cut ``model.called``'s ``output`` at this many characters
+LEGACY_OUTPUT_CAP = 8000
+
 #: the event after a draft that shows what the controller decided, and the termination it means
 _OUTCOMES = {"draft.invalid": "draft_invalid", "input.requested": "input_requested",
              "approval.requested": "proposal", "intent.committed": "proposal"}
+
+#: what the record says when the model's reply was refused as malformed (re-asked, or the task gave up)
+MALFORMED = "malformed_reply"
 
 
 #: events after a draft that end its decision point before the controller's outcome: what follows
@@ -59,17 +102,24 @@ class BundleInvalid(ValueError):
     """A candidate bundle this build cannot run (a part it does not carry), or a malformed one."""
 
 
+class NotJudgeable(ValueError):
+    """A candidate whose change the recorded inputs cannot exercise (a new model without ``live``,
+    a new embedding model): the message says what and how to judge it instead."""
+
+
 @dataclass
 class Point:
     """One decision point of a task: the ``seq`` of its event, what was ``recorded`` and what the
     candidate decides (``candidate``), each ``{field: value}`` over :data:`DECISION_FIELDS` and
     :data:`DESCRIBING_FIELDS` (None where the record does not say); ``note`` explains a point
-    whose model input had to be stood in for."""
+    whose model input had to be stood in for; ``unreplayable`` says why the point could not be
+    re-driven (then ``candidate`` is empty and the point neither passes nor diverges)."""
 
     seq: int
     recorded: dict
     candidate: dict
     note: str = ""
+    unreplayable: str = ""
 
     @property
     def divergences(self) -> list[tuple[str, object, object]]:
@@ -87,11 +137,37 @@ class Point:
 
 @dataclass
 class TaskReplay:
-    """A task's decision points under the candidate bundle; ``skipped`` says why none were re-driven."""
+    """A task's decision points under the candidate bundle. ``unreplayable`` says why the task (or
+    its rest, after the points listed) could not be re-driven — a gate that could not check it has
+    not passed it; ``skipped`` says why it has no decision point at all (it ended, or stands, before
+    any model reply or draft)."""
 
     task_id: str
     points: list[Point] = field(default_factory=list)
     skipped: str = ""
+    unreplayable: str = ""
+
+    @property
+    def unreplayable_points(self) -> list[Point]:
+        """The points that could not be re-driven."""
+        return [p for p in self.points if p.unreplayable]
+
+
+def candidate_check(overrides) -> None:
+    """Check a candidate's ``overrides`` on their own, before any task: a JSON object of
+    :data:`BUNDLE_PARTS` that this build carries (:func:`apps.agent.bundle.bundle_problem`).
+    Raises :class:`BundleInvalid` naming the part and what it may be."""
+    if not isinstance(overrides, dict):
+        raise BundleInvalid(f"the candidate must be a JSON object of bundle parts, not {type(overrides).__name__}")
+    unknown = sorted(str(k) for k in overrides if k not in BUNDLE_PARTS)
+    if unknown:
+        raise BundleInvalid(f"unknown bundle part(s) {', '.join(map(repr, unknown))} "
+                            f"(the parts are {', '.join(BUNDLE_PARTS)})")
+    for part in ("model", "model_base_url", "embedding_model"):
+        if part in overrides and (not isinstance(overrides[part], str) or not overrides[part]):
+            raise BundleInvalid(f"{part} {overrides[part]!r} must be non-empty text")
+    if problem := bundle_problem(overrides):
+        raise BundleInvalid(problem)
 
 
 def candidate_bundle(base: dict, overrides: dict) -> dict:
@@ -105,8 +181,72 @@ def candidate_bundle(base: dict, overrides: dict) -> dict:
     return bundle
 
 
+def _model_part(bundle: dict, part: str):
+    """A bundle's model ``part`` as the provider would use it (apps.llm.providers.provider_for's defaults)."""
+    defaults = {"model_provider": LOCAL, "response_format": "json_schema",
+                "max_output_tokens": settings.FAULTDESK["MODEL_MAX_OUTPUT_TOKENS"]}
+    return bundle.get(part, defaults.get(part))
+
+
+def drafts_locally(bundle: dict) -> bool:
+    """Does a run under ``bundle`` draft with the local drafter (provider ``local``, or a reducer
+    without the ledger, whose runs never call a model; apps/agent/drafting.py ``propose``)?"""
+    return _model_part(bundle, "model_provider") == LOCAL or not reducer.supports(bundle.get("reducer"), "ledger")
+
+
+def model_changes(pinned: dict, bundle: dict) -> list[tuple[str, object, object]]:
+    """``(part, pinned, candidate)`` for each of :data:`MODEL_PARTS` the candidate ``bundle``
+    changes, when the candidate calls a model (a switch to the local drafter changes nothing the
+    recorded replies are needed for: the drafter is run)."""
+    if drafts_locally(bundle):
+        return []
+    return [(part, _model_part(pinned, part), _model_part(bundle, part)) for part in MODEL_PARTS
+            if _model_part(pinned, part) != _model_part(bundle, part)]
+
+
+def _own_problem(pinned: dict, overrides: dict) -> str | None:
+    """Why the candidate cannot run on a task because of the task's own bundle: the problem of the
+    pinned bundle with ``overrides`` applied, when the pinned bundle has one too (a part this build
+    no longer carries that the candidate does not replace). None when the combined bundle runs, or
+    when only the candidate makes it fail (then :func:`candidate_bundle` raises)."""
+    problem = bundle_problem({**pinned, **overrides})
+    return problem if problem and bundle_problem(pinned) else None
+
+
+def candidate_judgeable(tasks, overrides: dict, *, live: bool = False) -> None:
+    """Before any task is replayed: can the recorded inputs of ``tasks`` judge the candidate?
+    Raises :class:`BundleInvalid` when the candidate cannot run on one of them (e.g. an
+    OpenAI-compatible provider over a task that pins no base URL), :class:`NotJudgeable` when it
+    changes the model without ``live`` (:func:`model_changes`) or the embedding model (replay uses
+    the recorded retrieval; not even ``live`` re-retrieves). A task whose own bundle cannot run is
+    left to :func:`trajectory_replay`, which reports it as not replayable."""
+    changed: dict[str, set] = {}
+    embedding = set()
+    for task in tasks:
+        pinned = task.artifact_bundle or {}
+        if _own_problem(pinned, overrides):
+            continue
+        bundle = candidate_bundle(pinned, overrides)
+        if not live:
+            for part, old, new in model_changes(pinned, bundle):
+                changed.setdefault(part, set()).add(f"{old!r} -> {new!r}")
+        if "embedding_model" in overrides and pinned.get("embedding_model") != overrides["embedding_model"]:
+            embedding.add(f"{pinned.get('embedding_model')!r} -> {overrides['embedding_model']!r}")
+    if embedding:
+        raise NotJudgeable(f"the candidate changes embedding_model ({', '.join(sorted(embedding))}): replay re-uses "
+                           "each task's recorded retrieval, so a new embedding model is never exercised, not even "
+                           "with --live; judge it with manage.py eval_retrieval")
+    if changed:
+        parts = "; ".join(f"{part} {', '.join(sorted(v))}" for part, v in sorted(changed.items()))
+        raise NotJudgeable(f"the candidate changes the model ({parts}): the recorded replies came from the pinned "
+                           "model, so only asking the candidate's model can judge it; run again with --live "
+                           "(or model_provider=local to re-derive with the local drafter)")
+
+
 def _recorded(events: list, i: int) -> dict:
     etype, payload = events[i].type, events[i].payload
+    if etype == "model.called":  # a reply refused as malformed: the run re-asked, or gave up
+        return {"termination": MALFORMED}
     if etype == "task.completed":  # a re-draft refused as a rejected action
         identity = (payload.get("refused") or {}).get("identity") or {}
         return {"termination": "proposal_rejected", "tool": identity.get("tool"), "target": identity.get("target"),
@@ -130,14 +270,37 @@ def _recorded(events: list, i: int) -> dict:
     return out
 
 
-def _model_output(events: list, i: int, since: int, parser: str) -> tuple[dict | None, str | None]:
-    """The reply of the last ``model.called`` with outcome ok in ``events[since:i]``, parsed by the
-    candidate's output ``parser`` (and its prompt template), or ``(None, None)``."""
+def _cut(payload: dict) -> str:
+    """Why a recorded reply is not the whole reply ('' when it is): marked ``output_truncated``, or
+    exactly :data:`LEGACY_OUTPUT_CAP` characters with no marker (older builds cut it there)."""
+    output = payload.get("output") or ""
+    if payload.get("output_truncated"):
+        return f"the recorded reply was cut at {len(output)} characters"
+    if "output_truncated" not in payload and len(output) == LEGACY_OUTPUT_CAP:
+        return (f"the recorded reply is {LEGACY_OUTPUT_CAP} characters, the cap older builds cut replies at: "
+                "it may be cut")
+    return ""
+
+
+def _last_reply(events: list, i: int, since: int):
+    """The last ``model.called`` with outcome ok in ``events[since:i]``, or None."""
     for e in reversed(events[since:i]):
-        if e.type == "model.called" and e.payload.get("outcome") == "ok" and e.payload.get("output"):
-            output, _ = model_output_parse(e.payload["output"], parser)
-            return output, e.payload.get("prompt_template")
-    return None, None
+        if e.type == "model.called" and e.payload.get("outcome") == "ok":
+            return e
+    return None
+
+
+def _gave_up_after(events: list, i: int) -> bool:
+    """Is the malformed reply at ``i`` the task's last reply before it gave up (it failed, was
+    cancelled, or stands without a usable reply)? Under ``live`` that is where the model is asked
+    again; where a later reply or draft follows, the live model is asked there instead."""
+    for later in events[i + 1:]:
+        if later.type in ("draft.proposed", "task.completed") or (
+                later.type == "model.called" and later.payload.get("outcome") in ("ok", "malformed")):
+            return False
+        if later.type in ("task.failed", "task.cancelled"):
+            return True
+    return True
 
 
 def _decide(task: Task, state: dict, bundle: dict, output: dict | None, recorded_draft: dict | None) -> dict:
@@ -180,69 +343,125 @@ def _decide(task: Task, state: dict, bundle: dict, output: dict | None, recorded
     return {**out, "termination": "proposal", "approval_need": decision.requires_approval}
 
 
-def _live_output(state: dict, bundle: dict) -> tuple[dict | None, str]:
-    """Ask the candidate's model at ``state`` with the candidate's prompt: ``(output, outcome)``."""
+def _live_output(state: dict, bundle: dict):
+    """Ask the candidate's model at ``state`` with the candidate's prompt: the provider's
+    :class:`~apps.llm.providers.CallResult` (its ``output`` parsed by the candidate's output parser)."""
     provider = provider_for(bundle, settings.FAULTDESK)
-    if provider is None:
-        return None, "local"
     messages = render_prompt(request=state["request"], device=state["device"], evidence=state["evidence"] or [],
                              answers=state.get("answers") or [],
                              feedback=((state.get("model") or {}).get("feedback") or ()),
                              template=bundle.get("prompt_template", PROMPT_TEMPLATE_VERSION))
     schema = output_schema_for([str(r["chunk_id"]) for r in state["evidence"] or []]) \
         if controller_for(bundle).rules_decide else None
-    result = provider.complete(messages, timeout=settings.FAULTDESK["MODEL_TIMEOUT_SECONDS"], schema=schema)
-    return (result.output if result.outcome == "ok" else None), result.outcome
+    return provider.complete(messages, timeout=settings.FAULTDESK["MODEL_TIMEOUT_SECONDS"], schema=schema)
+
+
+def _point(task: Task, events: list, i: int, since: int, state: dict, pinned: dict, bundle: dict,
+           live: bool) -> Point:
+    """The decision point at ``events[i]`` (a draft, a refused re-draft or a malformed reply)
+    re-driven through ``bundle`` at ``state``."""
+    event = events[i]
+    recorded = _recorded(events, i)
+    recorded_draft = event.payload.get("draft") if event.type == "draft.proposed" else None
+    if drafts_locally(bundle):
+        return Point(event.seq, recorded, _decide(task, state, bundle, None, recorded_draft))
+    if live:
+        result = _live_output(state, bundle)
+        if result.outcome == "ok":
+            return Point(event.seq, recorded, _decide(task, state, bundle, result.output, recorded_draft))
+        detail = "; ".join(result.problems[:2]) or result.error or ""
+        # where the record has a malformed reply, another malformed one is the same decision
+        term = MALFORMED if result.outcome == "malformed" and event.type == "model.called" else "model_failed"
+        return Point(event.seq, recorded, {"termination": term},
+                     note=f"live model call: {result.outcome}" + (f" ({detail[:200]})" if detail else ""))
+    reply = event if event.type == "model.called" else _last_reply(events, i, since)
+    if reply is None or (event.type != "model.called" and not reply.payload.get("output")):
+        return Point(event.seq, recorded, {}, unreplayable="no model reply recorded for this draft (use --live)")
+    if cut := _cut(reply.payload):
+        return Point(event.seq, recorded, {}, unreplayable=f"{cut} at seq {reply.seq}; it cannot be re-parsed "
+                                                           "faithfully (use --live)")
+    parser = bundle.get("output_parser", DEFAULT_OUTPUT_PARSER)
+    text = reply.payload.get("output")
+    if event.type == "model.called":
+        # refused for a reason of its own (the model refused, was cut off at max_tokens, the body was no
+        # chat completion) when the pinned parser reads it: no output parser would have drafted from it
+        pinned_read, _ = model_output_parse(text, pinned.get("output_parser", DEFAULT_OUTPUT_PARSER))
+        if text is None or pinned_read is not None:
+            return Point(event.seq, recorded, {"termination": MALFORMED})
+    output, problems = model_output_parse(text, parser)
+    if output is None:
+        return Point(event.seq, recorded, {"termination": MALFORMED},
+                     note=f"{parser} refuses the reply recorded at seq {reply.seq}: {'; '.join(problems[:2])}"[:300])
+    note = ""
+    template = reply.payload.get("prompt_template")
+    if template and template != bundle.get("prompt_template", template):
+        note = (f"model reply recorded under {template}; the candidate renders "
+                f"{bundle['prompt_template']} (use --live to ask the model again)")
+    return Point(event.seq, recorded, _decide(task, state, bundle, output, recorded_draft), note=note)
+
+
+def _no_point_reason(task: Task, events: list) -> str:
+    """Why a task has no decision point: how it ended (or stands) before any model reply or draft."""
+    last = events[-1] if events else None
+    if last is not None and last.type in ("task.failed", "task.completed", "task.cancelled"):
+        reason = (last.payload or {}).get("reason") or last.type
+        return f"no decision point: it ended ({last.type}: {str(reason)[:160]}) before any draft or model reply"
+    return f"no decision point yet: {task.status}, no draft or model reply recorded"
 
 
 def trajectory_replay(task: Task, overrides: dict, *, live: bool = False) -> TaskReplay:
     """Re-drive ``task``'s decision points through its pinned bundle with ``overrides`` applied
     (:func:`candidate_bundle`; raises :class:`BundleInvalid`). ``live``: ask the candidate's model
-    again (one call per decision point) instead of using the recorded replies."""
+    again (one call per decision point) instead of using the recorded replies.
+
+    A task its own bundle cannot run in this build (a part the candidate does not replace), whose
+    reducer refuses one of its events, or whose model change only ``live`` can judge, is returned
+    with ``unreplayable`` set (and the points before, if any); one without any decision point with
+    ``skipped`` set."""
     pinned = task.artifact_bundle or {}
-    bundle = candidate_bundle(pinned, overrides)
-    events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("seq").only("seq", "type", "payload"))
     result = TaskReplay(task_id=str(task.pk))
-    try:
-        reduce = reducer.reducer_for(pinned.get("reducer"))
-    except reducer.UnknownReducer as exc:
-        result.skipped = str(exc)
+    if problem := _own_problem(pinned, overrides):
+        result.unreplayable = f"its pinned bundle cannot run in this build: {problem}"
         return result
+    bundle = candidate_bundle(pinned, overrides)
+    if not live and (changed := model_changes(pinned, bundle)):
+        result.unreplayable = ("the candidate changes the model (" + ", ".join(p for p, _, _ in changed)
+                               + "): recorded replies cannot judge it (use --live)")
+        return result
+    version = bundle.get("reducer") or reducer.REDUCER_VERSION
+    try:
+        reduce = reducer.reducer_for(version)
+    except reducer.UnknownReducer as exc:
+        result.unreplayable = str(exc)
+        return result
+    events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("seq").only("seq", "type", "payload"))
     state, since = reducer.initial_state(), 0
     for i, event in enumerate(events):
+        malformed = (event.type == "model.called" and event.payload.get("outcome") == "malformed"
+                     and (not live or _gave_up_after(events, i)))
         refused = event.type == "task.completed" and event.payload.get("reason") == "proposal_rejected" \
             and event.payload.get("refused")
-        if event.type == "draft.proposed" or refused:
-            note = ""
-            if live:
-                output, outcome = _live_output(state, bundle)
-                if output is None and outcome != "local":
-                    result.points.append(Point(event.seq, _recorded(events, i), {"termination": "model_failed"},
-                                               note=f"live model call: {outcome}"))
-                    state, since = reduce(state, event.type, event.payload), i + 1
-                    continue
-            else:
-                output, template = _model_output(events, i, since,
-                                                 bundle.get("output_parser", "model-output-parser/1"))
-                if pinned.get("model_provider", "local") != "local" and output is None:
-                    note = "no recorded model reply: re-derived with the local drafter"
-                if output is not None and template and template != bundle.get("prompt_template", template):
-                    note = (f"model reply recorded under {template}; the candidate renders "
-                            f"{bundle['prompt_template']} (use --live to ask the model again)")
-            recorded_draft = event.payload.get("draft") if event.type == "draft.proposed" else None
-            candidate = _decide(task, state, bundle, output, recorded_draft)
-            result.points.append(Point(event.seq, _recorded(events, i), candidate, note=note))
-            since = i + 1
-        state = reduce(state, event.type, event.payload)
+        if malformed or event.type == "draft.proposed" or refused:
+            result.points.append(_point(task, events, i, since, state, pinned, bundle, live))
+            if not malformed:
+                since = i + 1
+        try:
+            state = reduce(state, event.type, event.payload)
+        except reducer.IllegalTransition as exc:
+            result.unreplayable = (f"{version} refuses the recorded event seq {event.seq} ({event.type}): "
+                                   f"{exc.reason}")
+            return result
     if not result.points:
-        result.skipped = "no decision point (no draft was made)"
+        result.skipped = _no_point_reason(task, events)
     return result
 
 
 @dataclass
 class Totals:
     """Totals over a run: tasks, decision points, tasks and points with a decision divergence,
-    divergences per field, describing changes per field, and live model calls' latencies (ms)."""
+    divergences per field, describing changes per field, tasks and points that could not be
+    re-driven (``unreplayable_*``; the gate fails on them), tasks without a decision point
+    (``no_point_tasks``), and the run's wall time."""
 
     tasks: int = 0
     points: int = 0
@@ -250,12 +469,22 @@ class Totals:
     diverged_points: int = 0
     by_field: Counter = field(default_factory=Counter)
     changes: Counter = field(default_factory=Counter)
+    unreplayable_tasks: int = 0
+    unreplayable_points: int = 0
+    no_point_tasks: int = 0
     seconds: float = 0.0
 
 
 def trajectories_replay(tasks, overrides: dict, *, live: bool = False, out=None) -> Totals:
     """Re-drive every task of ``tasks`` (an iterable of :class:`Task`) and write a per-task report
-    to ``out`` (a text stream; None: nothing written). Returns the :class:`Totals`."""
+    to ``out`` (a text stream; None: nothing written). Returns the :class:`Totals`.
+
+    The candidate is checked first, before any task is replayed: :func:`candidate_check` (raises
+    :class:`BundleInvalid`) and :func:`candidate_judgeable` (raises :class:`BundleInvalid` or
+    :class:`NotJudgeable`)."""
+    candidate_check(overrides)
+    tasks = list(tasks)
+    candidate_judgeable(tasks, overrides, live=live)
     totals, started = Totals(), time.monotonic()
 
     def say(line: str) -> None:
@@ -266,22 +495,33 @@ def trajectories_replay(tasks, overrides: dict, *, live: bool = False, out=None)
         replay = trajectory_replay(task, overrides, live=live)
         totals.tasks += 1
         if replay.skipped:
-            say(f"task {replay.task_id}: skipped — {replay.skipped}")
+            totals.no_point_tasks += 1
+            say(f"task {replay.task_id}: {replay.skipped}")
             continue
         diverged = [p for p in replay.points if p.divergences]
+        lost = replay.unreplayable_points
         totals.points += len(replay.points)
         totals.diverged_points += len(diverged)
         totals.diverged_tasks += bool(diverged)
+        totals.unreplayable_points += len(lost)
+        totals.unreplayable_tasks += bool(lost or replay.unreplayable)
         for p in replay.points:
             totals.by_field.update(f for f, _, _ in p.divergences)
             totals.changes.update(p.changes)
-        status = "DIVERGES" if diverged else "same decisions"
+        status = "DIVERGES" if diverged else "NOT REPLAYABLE" if (lost or replay.unreplayable) else "same decisions"
+        if diverged and (lost or replay.unreplayable):
+            status += ", NOT REPLAYABLE in part"
         say(f"task {replay.task_id}: {len(replay.points)} decision point(s), {status}")
         for p in replay.points:
+            if p.unreplayable:
+                say(f"  seq {p.seq}: not replayable: {p.unreplayable}")
+                continue
             parts = [f"{f} {a!r} -> {b!r}" for f, a, b in p.divergences]
             if p.changes:
                 parts.append("describing fields changed: " + ", ".join(p.changes))
             if parts or p.note:
                 say(f"  seq {p.seq}: " + ("; ".join(parts) or "no change") + (f"  ({p.note})" if p.note else ""))
+        if replay.unreplayable:
+            say(f"  not replayable: {replay.unreplayable}")
     totals.seconds = time.monotonic() - started
     return totals
