@@ -311,13 +311,17 @@ def _trajectories_same(tasks) -> None:
     change a tenant's policy between a task's decisions on purpose.)"""
     from apps.agent.trajectories import trajectory_replay
 
-    diverged = {}
+    diverged, unreplayable = {}, {}
     for task in tasks:
-        for point in trajectory_replay(task, {}).points:
+        replay = trajectory_replay(task, {})
+        if replay.unreplayable or replay.unreplayable_points:
+            unreplayable[str(task.pk)] = replay.unreplayable or [p.unreplayable for p in replay.unreplayable_points]
+        for point in replay.points:
             fields = [d for d in point.divergences if d[0] != "approval_need"]
             if fields:
                 diverged.setdefault(str(task.pk), []).append((point.seq, fields))
     assert not diverged, f"re-driven through their own bundle, tasks decide otherwise: {diverged}"
+    assert not unreplayable, f"tasks the release gate could not re-drive through their own bundle: {unreplayable}"
 
 
 @pytest.fixture

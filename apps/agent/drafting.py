@@ -206,6 +206,7 @@ def _model_draft(task: Task, lease: Lease) -> tuple[Task, dict | None, bool]:
                # the whole reply, as received (bounded by FAULTDESK_MODEL_MAX_REPLY_BYTES): replay
                # re-parses it, so a cut copy would hide what a candidate parser or controller does
                "error": result.error, "output": recordable_text(result.content) if result.content else None,
+               "output_truncated": False,
                "request_digest": sha256_json(messages)},
     )
     if result.outcome == "ok":
