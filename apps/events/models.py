@@ -25,6 +25,11 @@ class TaskEvent(models.Model):
     causation_id = models.UUIDField(null=True, blank=True)
     actor = models.CharField(max_length=120)
     lease_generation = models.PositiveIntegerField(null=True, blank=True)
+    # Retention (apps.events.retention): "" while the payload is whole; "excerpts" once evidence
+    # excerpts were removed from it, "payload" once the whole payload was; type, seq and
+    # payload_digest (the digest of the payload as written) always stay.
+    purged = models.CharField(max_length=16, blank=True, default="")
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedManager()
 
@@ -50,6 +55,7 @@ class RefusedEvent(models.Model):
     actor = models.CharField(max_length=120)
     lease_generation = models.PositiveIntegerField(null=True, blank=True)
     recorded_at = models.DateTimeField(auto_now_add=True)
+    purged = models.CharField(max_length=16, blank=True, default="")
 
     objects = TenantScopedManager()
 

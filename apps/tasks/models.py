@@ -102,6 +102,10 @@ class Task(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Retention (apps.tasks.retention): "" while whole, "excerpts" or "payload" once purged to that
+    # level, and when. A purged task replays as "purged" (its event skeleton is checked).
+    purged = models.CharField(max_length=16, blank=True, default="")
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedManager()
 
@@ -124,6 +128,9 @@ class Task(models.Model):
         indexes = [
             models.Index(fields=["tenant", "status"], name="task_tenant_status_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="task_status_lease_idx"),
+            # the purge's scan: finished tasks of a tenant not yet purged to the last level, oldest first
+            models.Index(fields=["tenant", "updated_at"], name="task_purge_scan_idx",
+                         condition=models.Q(status__in=sorted(reducer.TERMINAL)) & ~models.Q(purged="payload")),
         ]
         ordering = ["-created_at"]
 
