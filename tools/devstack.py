@@ -3,7 +3,7 @@
 Processes (DESIGN.md §2), run under supervisord with logs in ``var/log``:
 
 - ``web``: gunicorn serving Django on ``FAULTDESK_WEB_PORT`` (8000);
-- ``worker-agent``, ``worker-tools``, ``worker-outbox``: one Celery worker per queue;
+- ``worker-agent``, ``worker-tools``, ``worker-outbox``, ``worker-maintenance``: one Celery worker per queue;
 - ``beat``: Celery beat (outbox tick, lease sweeper, reconciler, approval expiry);
 - ``refservice``: the reference ticket service on ``REFSERVICE_PORT`` (8765), storage in
   ``var/refservice``;
@@ -110,6 +110,8 @@ def programs() -> dict[str, str]:
         "worker-agent": f"{celery} worker -Q agent -n agent@%%h -c 2 --loglevel INFO",
         "worker-tools": f"{celery} worker -Q tools -n tools@%%h -c 2 --loglevel INFO",
         "worker-outbox": f"{celery} worker -Q outbox -n outbox@%%h -c 2 --loglevel INFO",
+        # the retention purge: one slot of its own, so a purge never waits behind or holds up the hot path
+        "worker-maintenance": f"{celery} worker -Q maintenance -n maintenance@%%h -c 1 --loglevel INFO",
         "beat": f"{celery} beat --loglevel INFO -s {RUN / 'celerybeat-schedule'} --pidfile=",
         "refservice": f"{sys.executable} -m tools.refservice --host 127.0.0.1 --port {refservice_port()} "
                       f"--db {VAR_DIR / 'refservice' / 'tickets.sqlite3'}",

@@ -420,6 +420,10 @@ def trajectory_replay(task: Task, overrides: dict, *, live: bool = False) -> Tas
     ``skipped`` set."""
     pinned = task.artifact_bundle or {}
     result = TaskReplay(task_id=str(task.pk))
+    if getattr(task, "purged", ""):
+        # retention took the recorded inputs (apps.tasks.retention): nothing is left to re-drive
+        result.skipped = f"purged by retention ({task.purged}): its recorded inputs are gone"
+        return result
     if problem := _own_problem(pinned, overrides):
         result.unreplayable = f"its pinned bundle cannot run in this build: {problem}"
         return result

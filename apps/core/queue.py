@@ -37,6 +37,8 @@ REFRESH_TERM_STATISTICS = "refresh_term_statistics"
 #: build the approvers' due digests and send the due notifications (queue ``outbox``; kicked on
 #: commit, and beat's tick, which also takes back rows whose sender's lease expired): no arguments
 NOTIFY_SEND = "send_notifications"
+#: the retention purge (queue ``maintenance``, beat): no arguments
+PURGE_EXPIRED = "purge_expired"
 
 
 def send_now(name: str, *args) -> None:

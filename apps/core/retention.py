@@ -67,12 +67,14 @@ def strip_keys(value, keys: frozenset[str]):
 
 
 def column_sizes(table: str, column: str, ids: list) -> dict:
-    """``{id: pg_column_size(column)}`` for the rows ``ids`` of ``table`` (bytes as stored, after
-    compression). ``table`` and ``column`` are code constants, never input."""
+    """``{id: bytes}`` for the rows ``ids`` of ``table``: ``pg_column_size`` of each of ``column``'s
+    comma-separated columns, summed (bytes as stored, after compression). ``table`` and
+    ``column`` are code constants, never input."""
     if not ids:
         return {}
     with connection.cursor() as cur:
-        cur.execute(f"SELECT id, pg_column_size({column}) FROM {table} WHERE id = ANY(%s)", [ids])  # noqa: S608 - names are constants
+        size = " + ".join(f"coalesce(pg_column_size({c.strip()}), 0)" for c in column.split(","))
+        cur.execute(f"SELECT id, {size} FROM {table} WHERE id = ANY(%s)", [ids])  # noqa: S608 - names are constants
         return dict(cur.fetchall())
 
 

@@ -28,7 +28,7 @@ class TaskEvent(models.Model):
     # Retention (apps.events.retention): "" while the payload is whole; "excerpts" once evidence
     # excerpts were removed from it, "payload" once the whole payload was; type, seq and
     # payload_digest (the digest of the payload as written) always stay.
-    purged = models.CharField(max_length=16, blank=True, default="")
+    purged = models.CharField(max_length=16, blank=True, default="", db_default="")
     purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedManager()
@@ -55,7 +55,7 @@ class RefusedEvent(models.Model):
     actor = models.CharField(max_length=120)
     lease_generation = models.PositiveIntegerField(null=True, blank=True)
     recorded_at = models.DateTimeField(auto_now_add=True)
-    purged = models.CharField(max_length=16, blank=True, default="")
+    purged = models.CharField(max_length=16, blank=True, default="", db_default="")
 
     objects = TenantScopedManager()
 

@@ -104,7 +104,7 @@ class Task(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # Retention (apps.tasks.retention): "" while whole, "excerpts" or "payload" once purged to that
     # level, and when. A purged task replays as "purged" (its event skeleton is checked).
-    purged = models.CharField(max_length=16, blank=True, default="")
+    purged = models.CharField(max_length=16, blank=True, default="", db_default="")
     purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedManager()

@@ -82,7 +82,7 @@ def purge_task_batch(tenant_id: int, level: str, *, before: datetime, keys_befor
         if not ids:
             return 0, PurgeCounts()
         counts = event_retention.purge_task_events(ids, level, at)
-        table, size = Task._meta.db_table, "pg_column_size(state) + pg_column_size(symptom)"
+        table, size = Task._meta.db_table, "state, symptom"
         before_sizes = column_sizes(table, size, ids)
         for task in Task.objects.filter(id__in=ids).only("id", "state", "symptom"):
             symptom = "" if level == PAYLOAD else task.symptom

@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "apps.agent",
     "apps.traces",
     "apps.notifications",
+    "apps.retention",
     "config.apps.FaultdeskConfig",
 ]
 
@@ -289,6 +290,8 @@ CELERY_TASK_ROUTES = {
     "refresh_term_statistics": {"queue": "tools"},
     "deliver_attachments": {"queue": "outbox"},
     "send_notifications": {"queue": "outbox"},
+    # the retention purge has a worker of its own: its batches never take a slot of the hot path
+    "purge_expired": {"queue": "maintenance"},
 }
 CELERY_BEAT_SCHEDULE = {
     "outbox-tick": {"task": "dispatch_pending", "schedule": timedelta(seconds=2)},
@@ -306,6 +309,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "send_notifications",
         "schedule": timedelta(seconds=env.float("FAULTDESK_NOTIFY_TICK_SECONDS", default=10.0)),
     },
+}
+CELERY_BEAT_SCHEDULE["retention-purge"] = {
+    "task": "purge_expired",
+    "schedule": timedelta(seconds=env.float("FAULTDESK_PURGE_EVERY_SECONDS", default=300.0)),
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "run" / "celerybeat-schedule")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -439,6 +446,19 @@ FAULTDESK = {
     "IDEMPOTENCY_KEY_RETENTION_DAYS": env.int("FAULTDESK_IDEMPOTENCY_KEY_RETENTION_DAYS", default=35),
     "RECONCILE_WINDOW_DAYS": env.int("FAULTDESK_RECONCILE_WINDOW_DAYS", default=3),
     "RESTORE_WINDOW_DAYS": env.int("FAULTDESK_RESTORE_WINDOW_DAYS", default=30),
+    # Retention (apps.retention): each tenant's policy falls back to these days; the purge runs in
+    # batches of PURGE_BATCH rows, gives up a lock after PURGE_LOCK_TIMEOUT_MS and a run after
+    # PURGE_TIME_BUDGET_SECONDS (the next run goes on). docs/operations.md "Retention".
+    "RETENTION": {
+        "excerpts_days": env.int("FAULTDESK_RETENTION_EXCERPTS_DAYS", default=30),
+        "payloads_days": env.int("FAULTDESK_RETENTION_PAYLOADS_DAYS", default=180),
+        "webhooks_days": env.int("FAULTDESK_RETENTION_WEBHOOKS_DAYS", default=30),
+        "attempts_days": env.int("FAULTDESK_RETENTION_ATTEMPTS_DAYS", default=90),
+        "outbox_days": env.int("FAULTDESK_RETENTION_OUTBOX_DAYS", default=7),
+    },
+    "PURGE_BATCH": env.int("FAULTDESK_PURGE_BATCH", default=200),
+    "PURGE_LOCK_TIMEOUT_MS": env.int("FAULTDESK_PURGE_LOCK_TIMEOUT_MS", default=500),
+    "PURGE_TIME_BUDGET_SECONDS": env.float("FAULTDESK_PURGE_TIME_BUDGET_SECONDS", default=60.0),
     "PUBLIC_BASE_URL": env("FAULTDESK_PUBLIC_BASE_URL", default="http://127.0.0.1:8000"),
     # /metrics (Prometheus): when set, scrapers must send "Authorization: Bearer <token>".
     "METRICS_TOKEN": env("FAULTDESK_METRICS_TOKEN", default=""),

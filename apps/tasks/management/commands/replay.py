@@ -36,11 +36,15 @@ class Command(BaseCommand):
         qs = Task.objects.all().order_by("created_at") if all else Task.objects.filter(pk=task_id)
         if not all and not qs.exists():
             raise CommandError(f"no task {task_id}")
-        bad = bad_actions = count = 0
+        bad = bad_actions = count = purged = 0
         for task in qs.iterator():
             count += 1
             r = task_replay(task, use_snapshot=not no_snapshot)
-            if r.ok:
+            if r.ok and r.purged:
+                purged += 1
+                if not all:
+                    self.stdout.write(f"PURGED {r.task_id}: {r.detail} ({r.events} events)")
+            elif r.ok:
                 if not all:
                     self.stdout.write(f"OK {r.task_id}: {r.events} events replayed"
                                       + (f" after snapshot {r.from_snapshot}" if r.from_snapshot else ""))
@@ -55,7 +59,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"ACTIONS {task.pk}: {problem}")
             bad_actions += bool(problems)
         if all:
-            self.stdout.write(f"{count - bad} of {count} tasks replay to their materialized state")
+            self.stdout.write(f"{count - bad - purged} of {count} tasks replay to their materialized state"
+                              + (f"; {purged} purged by retention (event skeleton checked)" if purged else ""))
             where = "their state and the ticket system" if remote else "their state"
             self.stdout.write(f"{count - bad_actions} of {count} tasks have action records that agree with {where}")
         if bad or bad_actions:

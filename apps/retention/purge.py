@@ -1,0 +1,185 @@
+"""The purge: each tenant's retention policy enforced in short batches (DESIGN.md §13 "Retention";
+spec agent-execution-system.md §16.2 and §16.12: keep references, versions and digests; keep
+sensitive originals only as long as needed).
+
+One run, started by beat (``purge_expired``) or ``manage.py purge``:
+
+1. takes a PostgreSQL advisory lock, so two runs never overlap (a second one returns at once);
+2. for each tenant, and for rows that belong to no tenant, works through the steps below in
+   batches of ``PURGE_BATCH`` rows, each its own short transaction that locks only rows no one else
+   holds (``FOR UPDATE SKIP LOCKED``) and gives up on any other lock after ``PURGE_LOCK_TIMEOUT_MS``:
+   - ``excerpts``: evidence excerpts out of finished tasks' state, events and snapshots;
+   - ``payload``: finished tasks' event payloads, snapshots and report text (the event skeleton —
+     type, seq, digest — stays; :func:`apps.tasks.replay.task_replay` reports such a task as purged);
+   - ``attempts``, ``outbox``, ``webhooks``: rows deleted;
+3. stops when nothing is left or its time budget (``PURGE_TIME_BUDGET_SECONDS``) is spent (the next
+   run goes on), and records a :class:`~apps.retention.models.PurgeRun` with the rows and bytes per
+   table.
+
+The floors no policy can lower: nothing of an open task, or of a task with an unreconciled action,
+is touched; a task's payloads, its actions' attempts and outbox rows, and the deduplication record
+of a verified webhook are kept for the idempotency window (``IDEMPOTENCY_KEY_RETENTION_DAYS``, never
+less than the task deadline + reconciliation window + restore window of ``apps.actions.checks``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from apps.accounts.models import Tenant
+from apps.actions import retention as attempts
+from apps.actions.checks import key_retention_needed_days
+from apps.core.retention import PurgeCounts, Purged
+from apps.events.retention import EXCERPTS, PAYLOAD
+from apps.outbox import retention as outbox
+from apps.retention.models import DAY_FIELDS, PurgeRun, RetentionPolicy
+from apps.tasks import retention as tasks
+from apps.tickets import retention as webhooks
+
+log = logging.getLogger(__name__)
+
+#: the advisory lock key of the purge (any constant; pg_try_advisory_lock takes a bigint)
+LOCK_KEY = 0x6661756C7470  # "faultp"
+#: purge runs are kept this long
+RUNS_KEPT_DAYS = 90
+
+
+@dataclass(frozen=True)
+class Cutoffs:
+    """For one tenant at one moment: before when each kind of row may go, and ``keys`` — the
+    idempotency window's start, before which an action's rows may go."""
+
+    excerpts: datetime
+    payloads: datetime
+    webhooks: datetime
+    attempts: datetime
+    outbox: datetime
+    keys: datetime
+
+
+def policy_days(policy: RetentionPolicy | None) -> dict[str, int]:
+    """The days of each field of ``policy`` (None: no policy row), the installation's default
+    (``FAULTDESK["RETENTION"]``) where it is empty."""
+    defaults = settings.FAULTDESK["RETENTION"]
+    return {f: (getattr(policy, f, None) or defaults[f]) for f in DAY_FIELDS}
+
+
+def key_window_days() -> float:
+    """The idempotency window in days: the configured key retention, and never less than what
+    ``apps.actions.checks`` says a key can still be used for."""
+    conf = settings.FAULTDESK
+    return max(conf["IDEMPOTENCY_KEY_RETENTION_DAYS"], key_retention_needed_days(conf))
+
+
+def cutoffs_for(policy: RetentionPolicy | None, now: datetime) -> Cutoffs:
+    """The :class:`Cutoffs` of a tenant with ``policy`` at ``now``."""
+    days = policy_days(policy)
+    return Cutoffs(**{f.removesuffix("_days"): now - timedelta(days=d) for f, d in days.items()},
+                   keys=now - timedelta(days=key_window_days()))
+
+
+@dataclass
+class _Run:
+    deadline: float
+    batch: int
+    counts: PurgeCounts = field(default_factory=PurgeCounts)
+    tasks: dict[str, int] = field(default_factory=lambda: {EXCERPTS: 0, PAYLOAD: 0})
+    skipped: dict[str, int] = field(default_factory=dict)
+    complete: bool = True
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+
+def _batched(run: _Run, step: str, table: str | None, batch_fn: Callable[[], tuple[int, PurgeCounts | Purged]]):
+    """Call ``batch_fn`` until it purges nothing or the run is out of time. Each call runs in its
+    own transaction with a lock timeout; a batch that meets a lock is counted in ``skipped`` and the
+    step moves on (the next run tries again)."""
+    lock_ms = int(settings.FAULTDESK["PURGE_LOCK_TIMEOUT_MS"])
+    while True:
+        if run.out_of_time():
+            run.complete = False
+            return
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    cur.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_ms}ms"])
+                n, done = batch_fn()
+        except DatabaseError as exc:  # a lock timeout (or a statement cancelled): leave it for the next run
+            log.warning("purge step %s gave up a batch: %s", step, exc)
+            run.skipped[step] = run.skipped.get(step, 0) + 1
+            run.complete = False
+            return
+        if isinstance(done, PurgeCounts):
+            run.counts.merge(done)
+        elif table is not None and done.rows:
+            run.counts.add(table, done)
+        if n == 0:
+            return
+        if step in run.tasks:
+            run.tasks[step] += n
+        if n < run.batch:
+            return
+
+
+def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) -> None:
+    from apps.actions.models import ActionAttempt
+    from apps.outbox.models import OutboxMessage
+    from apps.tickets.models import InboundWebhook
+
+    b = run.batch
+    if tenant_id is not None:
+        # the payload level first: it takes the excerpts with it, so a task past both is rewritten once
+        for level, before in ((PAYLOAD, cut.payloads), (EXCERPTS, cut.excerpts)):
+            keys_before = cut.keys if level == PAYLOAD else None
+            _batched(run, level, None, lambda level=level, before=before, keys_before=keys_before:
+                     tasks.purge_task_batch(tenant_id, level, before=before, keys_before=keys_before, limit=b, at=at))
+        _batched(run, "attempts", ActionAttempt._meta.db_table, lambda: _rows(attempts.purge_attempts_batch(
+            tenant_id, before=cut.attempts, keys_before=cut.keys, limit=b)))
+        _batched(run, "outbox", OutboxMessage._meta.db_table, lambda: _rows(outbox.purge_messages_batch(
+            tenant_id, before=cut.outbox, keys_before=cut.keys, limit=b)))
+    _batched(run, "webhooks", InboundWebhook._meta.db_table, lambda: _rows(webhooks.purge_webhooks_batch(
+        tenant_id, before=cut.webhooks, keys_before=cut.keys, limit=b)))
+
+
+def _rows(purged: Purged) -> tuple[int, Purged]:
+    return purged.rows, purged
+
+
+def purge_run(*, now: datetime | None = None, time_budget_seconds: float | None = None,
+              batch_size: int | None = None, tenant_ids: list[int] | None = None) -> PurgeRun | None:
+    """Run the purge once (see the module docstring). ``now`` moves the clock (tests, the bench);
+    ``tenant_ids`` narrows it to those tenants (and leaves rows with no tenant alone). Returns the
+    recorded :class:`PurgeRun`, or None when another run holds the lock."""
+    conf = settings.FAULTDESK
+    now = now or timezone.now()
+    budget = conf["PURGE_TIME_BUDGET_SECONDS"] if time_budget_seconds is None else time_budget_seconds
+    run = _Run(deadline=time.monotonic() + budget, batch=batch_size or conf["PURGE_BATCH"])
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY])
+        if not cur.fetchone()[0]:
+            return None
+    started = timezone.now()
+    try:
+        policies = {p.tenant_id: p for p in RetentionPolicy.objects.all()}
+        ids = tenant_ids if tenant_ids is not None else list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
+        for tenant_id in ids:
+            _tenant_steps(run, tenant_id, cutoffs_for(policies.get(tenant_id), now), now)
+        if tenant_ids is None:
+            _tenant_steps(run, None, cutoffs_for(None, now), now)
+        PurgeRun.objects.filter(started_at__lt=now - timedelta(days=RUNS_KEPT_DAYS)).delete()
+        record = PurgeRun.objects.create(started_at=started, finished_at=timezone.now(), complete=run.complete,
+                                         tasks=run.tasks, tables=run.counts.as_dict(), skipped=run.skipped)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
+    log.info("purge run: %s tasks, %s", run.tasks, record.tables)
+    return record
