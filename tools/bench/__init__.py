@@ -15,7 +15,9 @@ Phases, each printing one line per figure (``python -m tools.bench [--only PHASE
    latency and recall@10 against exact search (:mod:`tools.bench.retrieval`).
 6. ``pages``    — the approval queue with 10,000 pending approvals and a trace of 2,000 events,
    p95 over 100 requests (:mod:`tools.bench.pages`).
-7. ``memory``   — the peak RSS of a worker process and of a web process seen during the run.
+7. ``retention`` — the retention purge over a 100,000-task history: table sizes before and after,
+   rows and bytes purged per run (:mod:`tools.bench.retention`).
+8. ``memory``   — the peak RSS of a worker process and of a web process seen during the run.
 
 Everything runs in its own database (``faultdesk_bench`` on the embedded PostgreSQL, recreated each
 run) and Redis database 9; logs go to ``var/bench/logs/``; figures to stdout and to

@@ -12,7 +12,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-PHASES = ("ceiling", "floor", "e2e", "outbox", "retrieval", "pages")
+PHASES = ("ceiling", "floor", "e2e", "outbox", "retrieval", "pages", "retention")
 
 
 def _machine() -> dict:
@@ -69,6 +69,8 @@ def main(argv=None) -> int:
                              "(what a ticket system without a batch endpoint gets)")
     parser.add_argument("--chunks", type=_positives, default=[10000, 100000],
                         help="retrieval corpus sizes, comma-separated, growing (default 10000,100000)")
+    parser.add_argument("--history", type=_positive, default=100_000,
+                        help="tasks in the history the retention purge works through (default 100000)")
     parser.add_argument("--profile", action="store_true",
                         help="py-spy samples the workers in the first end-to-end run and the outbox drain")
     parser.add_argument("--profile-wall", action="store_true",
@@ -148,6 +150,10 @@ def _run_phases(bench, phases, args) -> None:
         from tools.bench import pages
 
         pages.run(bench, requests=100)
+    if "retention" in phases:
+        from tools.bench import retention
+
+        retention.run(bench, history=3_000 if args.quick else args.history)
 
 
 def _finish(bench, *, machine: dict, args, stamp: str, started: float, complete: bool) -> None:
