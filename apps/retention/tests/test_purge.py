@@ -80,8 +80,13 @@ def test_a_finished_task_past_its_payload_retention_keeps_only_its_skeleton(
     assert tables["tasks_task"]["rows"] == 1 and tables["tasks_task"]["bytes"] > 0
     # the pages of a purged task still answer
     client.force_login(admin_user)
-    assert client.get(reverse("task-trace", args=[task.pk])).status_code == 200
-    assert client.get(reverse("task-detail", args=[task.pk])).status_code == 200
+    trace = client.get(reverse("task-trace", args=[task.pk]))
+    assert trace.status_code == 200 and 'data-purged="payload"' in trace.content.decode()
+    client.force_login(requester)
+    page = client.get(reverse("task-detail", args=[task.pk])).content.decode()
+    assert "were purged on" in page and "under the retention policy" in page
+    zh = client.get(reverse("task-detail", args=[task.pk]), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "保留策略" in zh
     # nothing left to do: a second run purges nothing
     again = purge_run()
     assert again.tasks == {"excerpts": 0, "payload": 0} and again.tables == {}
