@@ -31,6 +31,8 @@ TENANT_ADMIN_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "accounts.membership": ("view", "add", "change", "delete"),
     "accounts.languagepreference": ("view",),
     "tickets.slapolicy": ("view", "add", "change"),
+    "retention.retentionpolicy": ("view", "add", "change"),
+    "retention.purgerun": ("view",),
     "auth.user": ("view", "add", "change", "delete"),
     "devices.device": ("view", "add", "change"),
     "approvals.approvalpolicy": ("view", "add"),

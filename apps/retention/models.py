@@ -46,9 +46,12 @@ class RetentionPolicy(models.Model):
 
 
 class PurgeRun(models.Model):
-    """One run of the purge: when, whether it reached the end of what was eligible (``complete``)
-    or stopped at its time budget, and per table the rows and bytes it purged."""
+    """What one run of the purge did for one tenant (``tenant`` empty: rows that belong to no
+    tenant): when, whether the run reached the end of what was eligible (``complete``) or stopped
+    at its time budget, and per table the rows and bytes it purged. Recorded only for a tenant the
+    run purged something of, or when the run stopped early."""
 
+    tenant = models.ForeignKey("accounts.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     complete = models.BooleanField(default=False)
@@ -57,6 +60,8 @@ class PurgeRun(models.Model):
     tables = models.JSONField(default=dict, help_text="table -> {rows, bytes}")
     skipped = models.JSONField(default=dict, help_text="batches given up (a lock timeout) per step")
 
+    objects = TenantScopedManager()
+
     class Meta:
         verbose_name = _("purge run")
         verbose_name_plural = _("purge runs")
@@ -64,3 +69,4 @@ class PurgeRun(models.Model):
 
     def __str__(self) -> str:
         return f"purge run {self.started_at:%Y-%m-%d %H:%M:%S}"
+

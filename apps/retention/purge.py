@@ -4,7 +4,8 @@ sensitive originals only as long as needed).
 
 One run, started by beat (``purge_expired``) or ``manage.py purge``:
 
-1. takes a PostgreSQL advisory lock, so two runs never overlap (a second one returns at once);
+1. takes the purge lease (:class:`~apps.retention.models.PurgeLease`, for its time budget and a
+   minute), so two runs never overlap (a second one returns at once);
 2. for each tenant, and for rows that belong to no tenant, works through the steps below in
    batches of ``PURGE_BATCH`` rows, each its own short transaction that locks only rows no one else
    holds (``FOR UPDATE SKIP LOCKED``) and gives up on any other lock after ``PURGE_LOCK_TIMEOUT_MS``:
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -46,8 +48,8 @@ from apps.tickets import retention as webhooks
 
 log = logging.getLogger(__name__)
 
-#: the advisory lock key of the purge (any constant; pg_try_advisory_lock takes a bigint)
-LOCK_KEY = 0x6661756C7470  # "faultp"
+#: how long past its time budget a run's lease lasts (a batch in flight, the records written)
+LEASE_MARGIN_SECONDS = 60
 #: purge runs are kept this long
 RUNS_KEPT_DAYS = 90
 
@@ -87,19 +89,40 @@ def cutoffs_for(policy: RetentionPolicy | None, now: datetime) -> Cutoffs:
 
 
 @dataclass
-class _Run:
-    deadline: float
-    batch: int
+class _Tally:
     counts: PurgeCounts = field(default_factory=PurgeCounts)
     tasks: dict[str, int] = field(default_factory=lambda: {EXCERPTS: 0, PAYLOAD: 0})
     skipped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Run:
+    deadline: float
+    batch: int
+    tallies: dict[int | None, _Tally] = field(default_factory=dict)
     complete: bool = True
 
     def out_of_time(self) -> bool:
         return time.monotonic() >= self.deadline
 
 
-def _batched(run: _Run, step: str, table: str | None, batch_fn: Callable[[], tuple[int, PurgeCounts | Purged]]):
+@dataclass
+class PurgeSummary:
+    """What :func:`purge_run` did, over every tenant: ``tasks`` purged per level, ``tables``
+    (table -> ``{"rows", "bytes"}``), ``skipped`` batches per step, ``complete`` (it reached the
+    end of what was eligible), and the :class:`PurgeRun` rows it recorded."""
+
+    started_at: datetime
+    finished_at: datetime
+    complete: bool
+    tasks: dict[str, int]
+    tables: dict[str, dict[str, int]]
+    skipped: dict[str, int]
+    records: list[PurgeRun]
+
+
+def _batched(run: _Run, tally: _Tally, step: str, table: str | None,
+             batch_fn: Callable[[], tuple[int, PurgeCounts | Purged]]):
     """Call ``batch_fn`` until it purges nothing or the run is out of time. Each call runs in its
     own transaction with a lock timeout; a batch that meets a lock is counted in ``skipped`` and the
     step moves on (the next run tries again)."""
@@ -115,17 +138,17 @@ def _batched(run: _Run, step: str, table: str | None, batch_fn: Callable[[], tup
                 n, done = batch_fn()
         except DatabaseError as exc:  # a lock timeout (or a statement cancelled): leave it for the next run
             log.warning("purge step %s gave up a batch: %s", step, exc)
-            run.skipped[step] = run.skipped.get(step, 0) + 1
+            tally.skipped[step] = tally.skipped.get(step, 0) + 1
             run.complete = False
             return
         if isinstance(done, PurgeCounts):
-            run.counts.merge(done)
+            tally.counts.merge(done)
         elif table is not None and done.rows:
-            run.counts.add(table, done)
+            tally.counts.add(table, done)
         if n == 0:
             return
-        if step in run.tasks:
-            run.tasks[step] += n
+        if step in tally.tasks:
+            tally.tasks[step] += n
         if n < run.batch:
             return
 
@@ -136,17 +159,18 @@ def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) 
     from apps.tickets.models import InboundWebhook
 
     b = run.batch
+    tally = run.tallies.setdefault(tenant_id, _Tally())
     if tenant_id is not None:
         # the payload level first: it takes the excerpts with it, so a task past both is rewritten once
         for level, before in ((PAYLOAD, cut.payloads), (EXCERPTS, cut.excerpts)):
             keys_before = cut.keys if level == PAYLOAD else None
-            _batched(run, level, None, lambda level=level, before=before, keys_before=keys_before:
+            _batched(run, tally, level, None, lambda level=level, before=before, keys_before=keys_before:
                      tasks.purge_task_batch(tenant_id, level, before=before, keys_before=keys_before, limit=b, at=at))
-        _batched(run, "attempts", ActionAttempt._meta.db_table, lambda: _rows(attempts.purge_attempts_batch(
+        _batched(run, tally, "attempts", ActionAttempt._meta.db_table, lambda: _rows(attempts.purge_attempts_batch(
             tenant_id, before=cut.attempts, keys_before=cut.keys, limit=b)))
-        _batched(run, "outbox", OutboxMessage._meta.db_table, lambda: _rows(outbox.purge_messages_batch(
+        _batched(run, tally, "outbox", OutboxMessage._meta.db_table, lambda: _rows(outbox.purge_messages_batch(
             tenant_id, before=cut.outbox, keys_before=cut.keys, limit=b)))
-    _batched(run, "webhooks", InboundWebhook._meta.db_table, lambda: _rows(webhooks.purge_webhooks_batch(
+    _batched(run, tally, "webhooks", InboundWebhook._meta.db_table, lambda: _rows(webhooks.purge_webhooks_batch(
         tenant_id, before=cut.webhooks, keys_before=cut.keys, limit=b)))
 
 
@@ -154,19 +178,39 @@ def _rows(purged: Purged) -> tuple[int, Purged]:
     return purged.rows, purged
 
 
+#: the one row that says which run holds the purge until when (created by the app's migration 0002,
+#: a table without a model: it belongs to no tenant, and nothing but this module reads it). A row,
+#: not a PostgreSQL advisory lock: a session lock would outlive its run on a pooled connection.
+LEASE_TABLE = "retention_purge_lease"
+
+
+def _lease_take(holder: str, until: datetime) -> bool:
+    table = LEASE_TABLE
+    with connection.cursor() as cur:
+        cur.execute(f"INSERT INTO {table} (id, holder, expires_at) VALUES (1, %s, %s) "  # noqa: S608 - our table
+                    f"ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at "
+                    f"WHERE {table}.expires_at < clock_timestamp() RETURNING holder", [holder, until])
+        return cur.fetchone() is not None
+
+
+def _lease_give_back(holder: str) -> None:
+    with connection.cursor() as cur:
+        cur.execute(f"UPDATE {LEASE_TABLE} SET expires_at = '-infinity' WHERE id = 1 AND holder = %s",  # noqa: S608
+                    [holder])
+
+
 def purge_run(*, now: datetime | None = None, time_budget_seconds: float | None = None,
-              batch_size: int | None = None, tenant_ids: list[int] | None = None) -> PurgeRun | None:
+              batch_size: int | None = None, tenant_ids: list[int] | None = None) -> PurgeSummary | None:
     """Run the purge once (see the module docstring). ``now`` moves the clock (tests, the bench);
-    ``tenant_ids`` narrows it to those tenants (and leaves rows with no tenant alone). Returns the
-    recorded :class:`PurgeRun`, or None when another run holds the lock."""
+    ``tenant_ids`` narrows it to those tenants (and leaves rows with no tenant alone). Returns a
+    :class:`PurgeSummary`, or None when another run holds the purge lease."""
     conf = settings.FAULTDESK
     now = now or timezone.now()
     budget = conf["PURGE_TIME_BUDGET_SECONDS"] if time_budget_seconds is None else time_budget_seconds
+    holder = uuid.uuid4().hex
+    if not _lease_take(holder, timezone.now() + timedelta(seconds=budget + LEASE_MARGIN_SECONDS)):
+        return None
     run = _Run(deadline=time.monotonic() + budget, batch=batch_size or conf["PURGE_BATCH"])
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_KEY])
-        if not cur.fetchone()[0]:
-            return None
     started = timezone.now()
     try:
         policies = {p.tenant_id: p for p in RetentionPolicy.objects.all()}
@@ -175,11 +219,22 @@ def purge_run(*, now: datetime | None = None, time_budget_seconds: float | None 
             _tenant_steps(run, tenant_id, cutoffs_for(policies.get(tenant_id), now), now)
         if tenant_ids is None:
             _tenant_steps(run, None, cutoffs_for(None, now), now)
+        finished = timezone.now()
         PurgeRun.objects.filter(started_at__lt=now - timedelta(days=RUNS_KEPT_DAYS)).delete()
-        record = PurgeRun.objects.create(started_at=started, finished_at=timezone.now(), complete=run.complete,
-                                         tasks=run.tasks, tables=run.counts.as_dict(), skipped=run.skipped)
+        records = [PurgeRun.objects.create(tenant_id=tenant_id, started_at=started, finished_at=finished,
+                                           complete=run.complete, tasks=t.tasks, tables=t.counts.as_dict(),
+                                           skipped=t.skipped)
+                   for tenant_id, t in run.tallies.items()
+                   if t.counts.tables or t.skipped or any(t.tasks.values()) or not run.complete]
     finally:
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
-    log.info("purge run: %s tasks, %s", run.tasks, record.tables)
-    return record
+        _lease_give_back(holder)
+    total, tasks, skipped = PurgeCounts(), {EXCERPTS: 0, PAYLOAD: 0}, {}
+    for t in run.tallies.values():
+        total.merge(t.counts)
+        for k, v in t.tasks.items():
+            tasks[k] += v
+        for k, v in t.skipped.items():
+            skipped[k] = skipped.get(k, 0) + v
+    summary = PurgeSummary(started, finished, run.complete, tasks, total.as_dict(), skipped, records)
+    log.info("purge run: %s tasks, %s", tasks, summary.tables)
+    return summary

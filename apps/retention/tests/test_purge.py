@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from apps.actions.audit import task_actions_audit
 from apps.actions.models import Action, ActionAttempt, ActionStatus
@@ -58,6 +58,8 @@ def test_a_finished_task_past_its_payload_retention_keeps_only_its_skeleton(
     _age(task, 200)
     run = purge_run()
     assert run.complete and run.tasks == {"excerpts": 0, "payload": 1}
+    record = PurgeRun.objects.get()
+    assert (record.tenant_id, record.tasks, record.tables) == (task.tenant_id, run.tasks, run.tables)
     task = Task.objects.get(pk=task.pk)
     assert (task.purged, task.symptom) == ("payload", "")
     events = list(TaskEvent.objects.filter(task=task).order_by("seq"))
@@ -85,7 +87,8 @@ def test_a_finished_task_past_its_payload_retention_keeps_only_its_skeleton(
     client.force_login(requester)
     page = client.get(reverse("task-detail", args=[task.pk])).content.decode()
     assert "were purged on" in page and "under the retention policy" in page
-    zh = client.get(reverse("task-detail", args=[task.pk]), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    with translation.override("en"):  # the request activates Chinese in this thread; put English back after
+        zh = client.get(reverse("task-detail", args=[task.pk]), HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
     assert "保留策略" in zh
     # nothing left to do: a second run purges nothing
     again = purge_run()
@@ -183,19 +186,19 @@ def test_a_task_someone_holds_is_skipped_not_waited_for(requester, approver, dev
     assert Task.objects.get(pk=first.pk).purged == "payload"
 
 
-def test_two_runs_never_overlap(transactional_db):
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cur:
-            from apps.retention.purge import LOCK_KEY
-
-            cur.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
-            assert purge_run() is None
-            cur.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
-    finally:
-        other.close()
-    assert purge_run() is not None
-    assert PurgeRun.objects.count() == 1
+def test_two_runs_never_overlap_and_a_dead_runs_lease_expires(tenant):
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO retention_purge_lease (id, holder, expires_at) VALUES (1, 'other', now() + "
+                    "interval '1 minute')")
+    assert purge_run() is None
+    with connection.cursor() as cur:  # the other run died: its lease runs out
+        cur.execute("UPDATE retention_purge_lease SET expires_at = now() - interval '1 second'")
+    summary = purge_run(time_budget_seconds=0)
+    assert summary is not None and not summary.complete
+    assert [r.tenant_id for r in summary.records] == [tenant.pk, None]  # stopped early: recorded
+    with connection.cursor() as cur:  # given back at the end
+        cur.execute("SELECT expires_at < clock_timestamp() FROM retention_purge_lease")
+        assert cur.fetchone()[0] is True
 
 
 def test_a_run_stops_at_its_time_budget_and_the_next_goes_on(requester, approver, device, kb, refservice):
