@@ -70,16 +70,18 @@ def _rewrite(text: str, pairs: list[tuple[str, str]]) -> str:
     return text
 
 
-def clone_history(templates: list[Task], copies: int, ages_days, *, now: datetime) -> list[uuid.UUID]:
+def clone_history(templates: list[Task], copies: int, ages_days, *, now: datetime, first: int = 0) -> list[uuid.UUID]:
     """``copies`` copies of each template, the k-th copy of every template ``ages_days[k]`` days
-    old (a sequence of floats, one per copy). One transaction. Returns the new task ids."""
+    old (a sequence of floats, one per copy), numbered from ``first`` (a copy's number is in its
+    idempotency keys: a history built in several calls numbers each call's copies after the last
+    one's). One transaction. Returns the new task ids."""
     reads = [_Template(t) for t in templates]
     new_ids: list[uuid.UUID] = []
     buffers: dict[type, list[tuple]] = {m: [] for m in _TIMES}
     for k in range(copies):
         shift = timedelta(days=float(ages_days[k]))
         for tpl in reads:
-            new_ids.append(_clone_one(tpl, k, shift, now, buffers))
+            new_ids.append(_clone_one(tpl, first + k, shift, now, buffers))
     with transaction.atomic():
         for model, rows in buffers.items():
             _copy_in(model, rows)

@@ -108,7 +108,7 @@ def run(bench: Bench, *, history: int = 100_000, budget: float = 60.0) -> None:
     step = 5_000
     while done < copies:  # in slices, so that memory stays flat
         n = min(step, copies - done)
-        clone_history(templates, n, ages[done:done + n], now=timezone.now())
+        clone_history(templates, n, ages[done:done + n], now=timezone.now(), first=done)
         done += n
     tasks = Task.objects.count()
     bench.figure("retention.history_tasks", tasks, "tasks")
