@@ -6,11 +6,9 @@ a bad candidate is a clear error before any task is replayed."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
-from django.core.management import CommandError, call_command
 
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import approval_decide
@@ -20,6 +18,7 @@ from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
 from tests.conftest import drive, p
+from tests.test_trajectory_replay import _run
 from tools.scripted_model_server import draft_from_prompt
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,15 +26,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
 
-def _run(*args) -> tuple[int, str]:
-    """``replay_trajectories`` with ``args``: ``(exit status, what it printed)``. Anything but a
-    CommandError (a traceback) propagates and fails the test."""
-    out = io.StringIO()
-    try:
-        call_command("replay_trajectories", *args, stdout=out)
-    except CommandError as exc:
-        return exc.returncode, out.getvalue() + str(exc)
-    return 0, out.getvalue()
 
 
 def _raw_line_break_replies(model_server) -> None:
