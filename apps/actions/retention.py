@@ -16,15 +16,19 @@ from apps.core.retention import Purged, delete_batch
 UNRECONCILED = (ActionStatus.INTENDED, ActionStatus.UNKNOWN)
 
 
-def purgeable_attempts(tenant_id: int, *, before: datetime, keys_before: datetime):
+def purgeable_attempts(tenant_id: int, *, before: datetime, keys_before: datetime, task_statuses):
     """Attempts of ``tenant_id`` that may be deleted: finished before ``before``, of an action that
-    is reconciled and was created before ``keys_before`` (a queryset)."""
+    is reconciled and was created before ``keys_before``, of a task in one of ``task_statuses``
+    (the finished ones: an open task — a compensation waiting for a person — keeps its record)."""
     return (ActionAttempt.objects.for_tenant(tenant_id)
-            .filter(finished_at__lt=before, action__created_at__lt=keys_before)
+            .filter(finished_at__lt=before, action__created_at__lt=keys_before,
+                    action__task__status__in=list(task_statuses))
             .exclude(action__status__in=UNRECONCILED))
 
 
-def purge_attempts_batch(tenant_id: int, *, before: datetime, keys_before: datetime, limit: int) -> Purged:
+def purge_attempts_batch(tenant_id: int, *, before: datetime, keys_before: datetime, task_statuses,
+                         limit: int) -> Purged:
     """Delete up to ``limit`` of :func:`purgeable_attempts` that nothing holds. Returns
     :class:`~apps.core.retention.Purged`."""
-    return delete_batch(purgeable_attempts(tenant_id, before=before, keys_before=keys_before), limit)
+    return delete_batch(purgeable_attempts(tenant_id, before=before, keys_before=keys_before,
+                                           task_statuses=task_statuses), limit)

@@ -43,6 +43,7 @@ from apps.core.retention import PurgeCounts, Purged
 from apps.events.retention import EXCERPTS, PAYLOAD
 from apps.outbox import retention as outbox
 from apps.retention.models import DAY_FIELDS, PurgeRun, RetentionPolicy
+from apps.tasks import reducer
 from apps.tasks import retention as tasks
 from apps.tickets import retention as webhooks
 
@@ -166,10 +167,11 @@ def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) 
             keys_before = cut.keys if level == PAYLOAD else None
             _batched(run, tally, level, None, lambda level=level, before=before, keys_before=keys_before:
                      tasks.purge_task_batch(tenant_id, level, before=before, keys_before=keys_before, limit=b, at=at))
+        finished = sorted(reducer.TERMINAL)
         _batched(run, tally, "attempts", ActionAttempt._meta.db_table, lambda: _rows(attempts.purge_attempts_batch(
-            tenant_id, before=cut.attempts, keys_before=cut.keys, limit=b)))
+            tenant_id, before=cut.attempts, keys_before=cut.keys, task_statuses=finished, limit=b)))
         _batched(run, tally, "outbox", OutboxMessage._meta.db_table, lambda: _rows(outbox.purge_messages_batch(
-            tenant_id, before=cut.outbox, keys_before=cut.keys, limit=b)))
+            tenant_id, before=cut.outbox, keys_before=cut.keys, task_statuses=finished, limit=b)))
     _batched(run, tally, "webhooks", InboundWebhook._meta.db_table, lambda: _rows(webhooks.purge_webhooks_batch(
         tenant_id, before=cut.webhooks, keys_before=cut.keys, limit=b)))
 
@@ -199,6 +201,18 @@ def _lease_give_back(holder: str) -> None:
                     [holder])
 
 
+def _record(run: _Run, started: datetime, now: datetime, *, failed: bool = False) -> list[PurgeRun]:
+    """One :class:`PurgeRun` per tenant the run purged something of (or all it touched, when it
+    stopped early); ``failed`` marks a run that raised (``skipped["error"]``)."""
+    finished = timezone.now()
+    PurgeRun.objects.filter(started_at__lt=now - timedelta(days=RUNS_KEPT_DAYS)).delete()
+    return [PurgeRun.objects.create(tenant_id=tenant_id, started_at=started, finished_at=finished,
+                                    complete=run.complete, tasks=t.tasks, tables=t.counts.as_dict(),
+                                    skipped={**t.skipped, **({"error": 1} if failed else {})})
+            for tenant_id, t in run.tallies.items()
+            if t.counts.tables or t.skipped or any(t.tasks.values()) or not run.complete]
+
+
 def purge_run(*, now: datetime | None = None, time_budget_seconds: float | None = None,
               batch_size: int | None = None, tenant_ids: list[int] | None = None) -> PurgeSummary | None:
     """Run the purge once (see the module docstring). ``now`` moves the clock (tests, the bench);
@@ -212,6 +226,7 @@ def purge_run(*, now: datetime | None = None, time_budget_seconds: float | None 
         return None
     run = _Run(deadline=time.monotonic() + budget, batch=batch_size or conf["PURGE_BATCH"])
     started = timezone.now()
+    records: list[PurgeRun] = []
     try:
         policies = {p.tenant_id: p for p in RetentionPolicy.objects.all()}
         ids = tenant_ids if tenant_ids is not None else list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
@@ -219,15 +234,16 @@ def purge_run(*, now: datetime | None = None, time_budget_seconds: float | None 
             _tenant_steps(run, tenant_id, cutoffs_for(policies.get(tenant_id), now), now)
         if tenant_ids is None:
             _tenant_steps(run, None, cutoffs_for(None, now), now)
-        finished = timezone.now()
-        PurgeRun.objects.filter(started_at__lt=now - timedelta(days=RUNS_KEPT_DAYS)).delete()
-        records = [PurgeRun.objects.create(tenant_id=tenant_id, started_at=started, finished_at=finished,
-                                           complete=run.complete, tasks=t.tasks, tables=t.counts.as_dict(),
-                                           skipped=t.skipped)
-                   for tenant_id, t in run.tallies.items()
-                   if t.counts.tables or t.skipped or any(t.tasks.values()) or not run.complete]
+    except Exception:
+        # what the batches before the failure purged is committed: record it, then let it raise
+        run.complete = False
+        _record(run, started, now, failed=True)
+        raise
+    else:
+        records = _record(run, started, now)
     finally:
         _lease_give_back(holder)
+    finished = records[0].finished_at if records else timezone.now()
     total, tasks, skipped = PurgeCounts(), {EXCERPTS: 0, PAYLOAD: 0}, {}
     for t in run.tallies.values():
         total.merge(t.counts)

@@ -28,11 +28,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 
 from apps.actions.models import Action, ActionStatus
 from apps.core.retention import PurgeCounts, Purged, column_sizes, emptied, strip_keys
 from apps.events import retention as event_retention
+from apps.events.models import TaskEvent
 from apps.events.retention import EXCERPT_KEYS, EXCERPTS, PAYLOAD
 from apps.tasks import reducer
 from apps.tasks.models import Task
@@ -63,8 +64,12 @@ def eligible_tasks(tenant_id: int, level: str, *, before: datetime, keys_before:
     oldest first, as a queryset (not locked)."""
     lower = [lv for lv in event_retention.LEVELS if event_retention.level_rank(lv) < event_retention.level_rank(level)]
     unreconciled = Action.objects.filter(task_id=OuterRef("pk"), status__in=UNRECONCILED)
+    # a task already at ``level`` that took events since (a late receipt, an SLA breach, a
+    # compensation) is purged again, so what they wrote goes too
+    later = TaskEvent.objects.filter(task_id=OuterRef("pk"), recorded_at__gt=OuterRef("purged_at"))
     qs = (Task.objects.for_tenant(tenant_id)
-          .filter(status__in=sorted(reducer.TERMINAL), purged__in=lower, updated_at__lt=before)
+          .filter(Q(purged__in=lower) | (Q(purged=level) & Exists(later)),
+                  status__in=sorted(reducer.TERMINAL), updated_at__lt=before)
           .exclude(Exists(unreconciled)))
     if keys_before is not None:
         qs = qs.exclude(Exists(Action.objects.filter(task_id=OuterRef("pk"), created_at__gte=keys_before)))
@@ -86,8 +91,11 @@ def purge_task_batch(tenant_id: int, level: str, *, before: datetime, keys_befor
         before_sizes = column_sizes(table, size, ids)
         for task in Task.objects.filter(id__in=ids).only("id", "state", "symptom"):
             symptom = "" if level == PAYLOAD else task.symptom
+            # the new fencing token makes a lease holder that read the task before the purge lose its
+            # write (a writer without the lease loses on ``purged``, apps/tasks/store.py)
             Task.objects.filter(id=task.id).update(state=purged_state(task.state, level), symptom=symptom,
-                                                   purged=level, purged_at=at)
+                                                   purged=level, purged_at=at,
+                                                   lease_generation=F("lease_generation") + 1)
         after_sizes = column_sizes(table, size, ids)
         counts.add(table, Purged(len(ids), sum(before_sizes.values()) - sum(after_sizes.values())))
         return len(ids), counts

@@ -343,7 +343,7 @@ WITH cas AS (
     UPDATE {task} SET version = %(seq)s, updated_at = %(now)s, status = %(status)s, state = %(state)s::jsonb,
         termination_reason = %(reason)s, budget_total = %(total)s, budget_used = %(used)s,
         budget_reserved = %(reserved)s
-    WHERE id = %(task_id)s AND version = %(expected)s {fence}
+    WHERE id = %(task_id)s AND version = %(expected)s AND purged = %(purged)s {fence}
     RETURNING id)
 INSERT INTO {event} (id, task_id, tenant_id, seq, type, payload, payload_digest, occurred_at, recorded_at,
                      causation_id, actor, lease_generation)
@@ -367,6 +367,9 @@ def _cas_and_insert(task: Task, columns: dict, *, expected: int, lease_generatio
     with connection.cursor() as cursor:
         cursor.execute(statement, {
             **params, "expected": expected, "fence": lease_generation, "seq": expected + 1,
+            # retention rewrites a finished task's state without an event (apps/tasks/retention.py): a
+            # writer that read the task before the purge loses here, re-reads and writes on the purged state
+            "purged": task.purged,
             "status": str(columns["status"]), "state": json.dumps(columns["state"]),
             "reason": columns["termination_reason"], "total": columns["budget_total"],
             "used": columns["budget_used"], "reserved": columns["budget_reserved"],

@@ -220,3 +220,76 @@ def test_a_policy_of_zero_days_is_refused(tenant, field):
 
     with pytest.raises(ValidationError):
         RetentionPolicy(tenant=tenant, **{field: 0}).full_clean()
+
+
+def _breach(task):
+    from apps.tasks.store import task_append_event
+
+    now = timezone.now().isoformat()
+    return task_append_event(task=task, event_type="sla.breached", actor="system:sla",
+                             payload={"kind": "resolve", "due": now, "observed_at": now, "priority": "P2"})
+
+
+def test_a_writer_that_read_the_task_before_the_purge_cannot_write_the_old_state_back(
+        requester, approver, device, kb, refservice):
+    from apps.tasks.store import StaleWrite
+
+    task = _completed(requester, approver, device)
+    _age(task, 200)
+    stale = Task.objects.get(pk=task.pk)  # e.g. the SLA beat read it
+    assert stale.state["evidence"]
+    assert purge_run().tasks["payload"] == 1
+    with pytest.raises(StaleWrite):
+        _breach(stale)
+    fresh = Task.objects.get(pk=task.pk)
+    assert fresh.state["evidence"] == [] and fresh.version == stale.version
+    appended = _breach(fresh)  # read again, the same event goes on the purged state
+    assert appended.purged == "payload" and appended.state["evidence"] == [] and "sla" in appended.state
+
+
+def test_events_a_purged_task_takes_later_are_purged_too(requester, approver, device, kb, refservice):
+    task = _completed(requester, approver, device)
+    _age(task, 200)
+    purge_run()
+    task = _breach(Task.objects.get(pk=task.pk))
+    late = TaskEvent.objects.get(task=task, seq=task.version)
+    assert late.purged == "" and late.payload["kind"] == "resolve"
+    assert purge_run().tasks["payload"] == 0  # its clock restarted with the event
+    Task.objects.filter(pk=task.pk).update(updated_at=timezone.now() - timedelta(days=200))
+    assert purge_run().tasks["payload"] == 1
+    late.refresh_from_db()
+    assert (late.purged, late.payload) == ("payload", {})
+    assert task_replay(Task.objects.get(pk=task.pk)).ok
+    assert purge_run().tasks["payload"] == 0  # and not again
+
+
+def test_an_open_tasks_attempts_and_outbox_rows_stay_however_old(requester, approver, device, kb, refservice):
+    task = _completed(requester, approver, device)
+    _age(task, 400)
+    Task.objects.filter(pk=task.pk).update(status=reducer.WAITING_COMPENSATION)  # waiting for a person, no deadline
+    purge_run()
+    assert ActionAttempt.objects.filter(action__task=task).exists()
+    assert OutboxMessage.objects.filter(action__task=task).exists()
+    Task.objects.filter(pk=task.pk).update(status=reducer.COMPLETED)
+
+
+def test_a_run_that_fails_part_way_records_what_it_purged(requester, approver, device, kb, refservice, monkeypatch):
+    from apps.tasks import retention as task_retention
+
+    tasks = [_completed(requester, approver, device) for _ in range(2)]
+    for t in tasks:
+        _age(t, 200)
+    real, calls = task_retention.purged_state, []
+
+    def failing(state, level):
+        calls.append(level)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire")
+        return real(state, level)
+
+    monkeypatch.setattr(task_retention, "purged_state", failing)
+    with pytest.raises(RuntimeError):
+        purge_run(batch_size=1)
+    record = PurgeRun.objects.get()
+    assert (record.complete, record.tasks["payload"], record.skipped) == (False, 1, {"error": 1})
+    assert sorted(Task.objects.values_list("purged", flat=True)) == ["", "payload"]
