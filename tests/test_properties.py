@@ -20,6 +20,7 @@ from tests.conftest import p
 pytestmark = pytest.mark.property
 
 
+@pytest.mark.no_trajectory_check  # fuzzed logs: their evidence refs are stubs no drafter could draft from
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(events=st.lists(st.sampled_from(EVENTS_FOR_FUZZ), max_size=14))
 def test_committed_event_logs_keep_invariants_1_3_4_7(requester, device, events):

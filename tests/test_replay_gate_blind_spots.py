@@ -271,3 +271,16 @@ def test_a_bad_candidate_or_argument_is_a_clear_error_before_any_task_is_replaye
     assert got == code, out
     assert message in out
     assert f"task {proposed.pk}" not in out and "Traceback" not in out
+
+
+@pytest.mark.allow_divergence  # the recorded evidence is cut down on purpose
+def test_a_recorded_state_the_code_cannot_read_is_not_replayable_never_a_traceback(requester, device, kb):
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, urgency="high",
+                             symptom="Fuser error after warm-up, pages come out smeared with unfused toner.").task.pk)
+    assert task.artifact_bundle["model_provider"] == "local" and task.status == reducer.WAITING_APPROVAL
+    retrieved = TaskEvent.objects.get(task=task, type="evidence.retrieved")
+    refs = [{k: v for k, v in r.items() if k != "document_id"} for r in retrieved.payload["refs"]]
+    TaskEvent.objects.filter(pk=retrieved.pk).update(payload={**retrieved.payload, "refs": refs})
+    code, out = _run("--bundle", "pinned", "--task", str(task.pk))
+    assert code == 1, out
+    assert "not replayable: the recorded state cannot be re-driven: KeyError: 'document_id'" in out

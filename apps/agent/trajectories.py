@@ -446,7 +446,13 @@ def trajectory_replay(task: Task, overrides: dict, *, live: bool = False) -> Tas
         refused = event.type == "task.completed" and event.payload.get("reason") == "proposal_rejected" \
             and event.payload.get("refused")
         if malformed or event.type == "draft.proposed" or refused:
-            result.points.append(_point(task, events, i, since, state, pinned, bundle, live))
+            try:
+                point = _point(task, events, i, since, state, pinned, bundle, live)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+                # a recorded state the candidate's code cannot read: not replayable, never a traceback
+                point = Point(event.seq, {}, {}, unreplayable=f"the recorded state cannot be re-driven: "
+                                                              f"{type(exc).__name__}: {exc}"[:300])
+            result.points.append(point)
             if not malformed:
                 since = i + 1
         try:
