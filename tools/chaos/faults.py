@@ -131,8 +131,9 @@ def held_leases(url: str, owners: list[str]) -> dict[str, tuple]:
     return held
 
 
-def _still_held(url: str, held: dict[str, tuple]) -> set[str]:
-    """The entries of ``held`` that have not moved on since."""
+def still_held(url: str, held: dict[str, tuple]) -> set[str]:
+    """The keys of ``held`` (as :func:`held_leases` returns) whose row has not moved on since: same
+    version and status for a task, same fencing token and status for an outbox row."""
     tasks = [k.split(":", 1)[1] for k in held if k.startswith("task:")]
     rows = [int(k.split(":", 1)[1]) for k in held if k.startswith("outbox:")]
     now: dict[str, tuple] = {}
@@ -190,7 +191,7 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
     while time.monotonic() - stopped < seconds and not stop_event.is_set():
         if held and moved is None:
             try:
-                if not _still_held(url, held):
+                if not still_held(url, held):
                     moved = time.monotonic() - stopped
             except Exception:  # noqa: BLE001, S110 - look again
                 pass
@@ -203,7 +204,7 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
     if not held:
         record.note = record.note or "it held no lease at the SIGSTOP"
     elif moved is None:
-        after = wait_until(lambda: not _still_held(url, held), limit)
+        after = wait_until(lambda: not still_held(url, held), limit)
         if after is None:
             record.note = f"what it held had not moved on {limit:.0f} s after the SIGCONT"
         else:
