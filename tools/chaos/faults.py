@@ -166,25 +166,32 @@ def wait_until(predicate, limit: float, step: float = 0.5) -> float | None:
 
 
 def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: str, stop_event,
-          limit: float = 120.0) -> FaultRecord | None:
+          limit: float = 120.0, tries: int = 40) -> FaultRecord | None:
     """SIGSTOP the process group of ``proc`` for ``seconds`` (or until ``stop_event`` is set), then
-    SIGCONT it; measure the takeover of what it held. Returns the record (``recovery_seconds``
+    SIGCONT it; measure the takeover of what it held. It is paused at a moment it holds a lease when
+    one comes within ``tries`` half-second looks (``extra["looks"]``). Returns the record (``recovery_seconds``
     counted from the SIGSTOP), None when ``stop_event`` was already set."""
     if stop_event.is_set():
         return None
-    record = FaultRecord("pause", name, time.time(), extra={"lease": lease})
     host = os.uname().nodename
-    pids = process_group_pids(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGSTOP)
-    except ProcessLookupError:
-        record.note = "the process was gone"
-        record.ended = time.time()
-        return record
-    try:
-        held = held_leases(url, [f"{host}:{pid}" for pid in pids])
-    except Exception as exc:  # noqa: BLE001 - the database being restarted at that moment
-        held, record.note = {}, f"could not read its leases: {exc!r}"
+    # Pause it while it holds a lease when it can: stop it, look, and if it holds nothing let it go on
+    # for half a second and try again, for up to ``tries`` looks; then the pause goes on regardless.
+    for attempt in range(tries):
+        record = FaultRecord("pause", name, time.time(), extra={"lease": lease, "looks": attempt + 1})
+        try:
+            os.killpg(proc.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            record.note = "the process was gone"
+            record.ended = time.time()
+            return record
+        try:
+            held = held_leases(url, [f"{host}:{pid}" for pid in process_group_pids(proc.pid)])
+        except Exception as exc:  # noqa: BLE001 - the database being restarted at that moment
+            held, record.note = {}, f"could not read its leases: {exc!r}"
+        if held or attempt == tries - 1 or stop_event.is_set():
+            break
+        os.killpg(proc.pid, signal.SIGCONT)
+        time.sleep(0.5)
     record.held = len(held)
     stopped = time.monotonic()
     moved = None
@@ -202,7 +209,7 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
         pass
     record.ended = time.time()
     if not held:
-        record.note = record.note or "it held no lease at the SIGSTOP"
+        record.note = record.note or f"it held no lease at any of {record.extra['looks']} looks"
     elif moved is None:
         after = wait_until(lambda: not still_held(url, held), limit)
         if after is None:
