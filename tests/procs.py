@@ -62,6 +62,25 @@ def flush_broker(url: str, db: int = BROKER_DB) -> None:
         redis.Redis.from_url(url).flushdb()
 
 
+_AMQP: dict[str, str] = {}
+
+
+def _amqp_broker() -> str:
+    """The RabbitMQ broker URL of this test process: a virtual host of its own, made on first use
+    (``rabbitmqctl`` takes seconds a call) and dropped when the process exits; each stack starts and
+    ends with its queues purged."""
+    import atexit
+
+    from tools import rabbitmq
+
+    if "url" not in _AMQP:
+        _AMQP["url"] = rabbitmq.fresh_vhost(f"faultdesk_test_{os.getpid()}")
+        atexit.register(rabbitmq.drop_vhost, _AMQP["url"])
+    else:
+        rabbitmq.purge(_AMQP["url"])
+    return _AMQP["url"]
+
+
 def default_broker() -> str:
     """The broker kind of stacks that do not name one: ``FAULTDESK_TEST_BROKER`` (``redis`` or
     ``amqp``), ``redis`` when unset. Raises ``ValueError`` for another value."""
@@ -73,11 +92,10 @@ def default_broker() -> str:
 
 class Stack:
     """Named child processes sharing one environment; logs in ``log_dir``. ``broker`` is ``redis``
-    (Redis database 9) or ``amqp`` (a RabbitMQ virtual host of this stack's own, dropped at
-    :meth:`stop_all`; Redis then holds only the coordination hints); None: :func:`default_broker`."""
+    (Redis database 9) or ``amqp`` (the test process's RabbitMQ virtual host, purged at the start and
+    at :meth:`stop_all`; Redis then holds only the coordination hints); None: :func:`default_broker`."""
 
     def __init__(self, log_dir: Path, broker: str | None = None, **env_extra: str):
-        from tools import rabbitmq
 
         self.log_dir = log_dir
         self.web_port, self.ref_port = free_port(), free_port()
@@ -85,8 +103,7 @@ class Stack:
         self.broker_kind = broker or default_broker()
         self.redis = broker_url()
         flush_broker(self.redis)
-        self.broker = (rabbitmq.fresh_vhost(f"faultdesk_test_{self.web_port}") if self.broker_kind == "amqp"
-                       else self.redis)
+        self.broker = _amqp_broker() if self.broker_kind == "amqp" else self.redis
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings.local",
@@ -215,7 +232,7 @@ class Stack:
         if self.broker_kind == "amqp":
             from tools import rabbitmq
 
-            rabbitmq.drop_vhost(self.broker)
+            rabbitmq.purge(self.broker)
 
 
 @contextmanager
