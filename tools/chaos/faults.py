@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psycopg
 
 #: task statuses that still move (as in tools.chaos.RUNNING)
 MOVING = ("ACCEPTED", "RETRIEVING", "PROPOSING", "VALIDATING", "DISPATCHING", "COMPENSATING")
@@ -93,8 +94,6 @@ def _round(value: float | None) -> float | None:
 def query(url: str, sql: str, params: tuple = ()) -> list[tuple]:
     """Rows of ``sql`` on a fresh connection to ``url``; raises psycopg's error when the server is
     not there."""
-    import psycopg
-
     with psycopg.connect(url.replace("postgres://", "postgresql://", 1), connect_timeout=3, autocommit=True) as conn:
         cur = conn.execute(sql, params)
         return cur.fetchall() if cur.description is not None else []
@@ -135,7 +134,7 @@ def still_held(url: str, held: dict[str, tuple]) -> set[str]:
     """The keys of ``held`` (as :func:`held_leases` returns) whose row has not moved on since: same
     version and status for a task, same fencing token and status for an outbox row."""
     tasks = [k.split(":", 1)[1] for k in held if k.startswith("task:")]
-    rows = [int(k.split(":", 1)[1]) for k in held if k.startswith("outbox:")]
+    rows = [k.split(":", 1)[1] for k in held if k.startswith("outbox:")]
     now: dict[str, tuple] = {}
     if tasks:
         for pk, version, status in query(url, "SELECT id, version, status FROM tasks_task WHERE id::text = ANY(%s)",
@@ -143,20 +142,21 @@ def still_held(url: str, held: dict[str, tuple]) -> set[str]:
             now[f"task:{pk}"] = (version, status)
     if rows:
         for pk, generation, status in query(
-                url, "SELECT id, lease_generation, status FROM outbox_outboxmessage WHERE id = ANY(%s)", (rows,)):
+                url, "SELECT id, lease_generation, status FROM outbox_outboxmessage WHERE id::text = ANY(%s)",
+                (rows,)):
             now[f"outbox:{pk}"] = (generation, status)
     return {k for k, before in held.items() if now.get(k) == before}
 
 
 def wait_until(predicate, limit: float, step: float = 0.5) -> float | None:
-    """Seconds until ``predicate()`` is true (database errors count as false), or None after
-    ``limit`` seconds."""
+    """Seconds until ``predicate()`` is true, or None after ``limit`` seconds. A server that does
+    not answer (PostgreSQL restarting, web not up) counts as false; any other error is raised."""
     started = time.monotonic()
     while time.monotonic() - started < limit:
         try:
             if predicate():
                 return time.monotonic() - started
-        except Exception:  # noqa: BLE001, S110 - a database being restarted: look again
+        except (psycopg.OperationalError, httpx.HTTPError):
             pass
         time.sleep(step)
     return None
@@ -186,7 +186,7 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
             return record
         try:
             held = held_leases(url, [f"{host}:{pid}" for pid in process_group_pids(proc.pid)])
-        except Exception as exc:  # noqa: BLE001 - the database being restarted at that moment
+        except psycopg.OperationalError as exc:  # the database being restarted at that moment
             held, record.note = {}, f"could not read its leases: {exc!r}"
         if held or attempt == tries - 1 or stop_event.is_set():
             break
@@ -200,8 +200,8 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
             try:
                 if not still_held(url, held):
                     moved = time.monotonic() - stopped
-            except Exception:  # noqa: BLE001, S110 - look again
-                pass
+            except psycopg.OperationalError:
+                pass  # PostgreSQL not answering: look again
         time.sleep(0.5)
     try:
         os.killpg(proc.pid, signal.SIGCONT)

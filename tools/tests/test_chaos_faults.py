@@ -66,3 +66,28 @@ def test_the_leases_a_process_holds_are_found_and_seen_to_move_on(requester, dev
     # an expired lease is not held
     Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert faults.held_leases(url, [owner]) == {}
+
+
+@pytest.mark.allow_divergence  # the outbox row is moved by hand, as a dispatcher would move it
+@pytest.mark.django_db(transaction=True)
+def test_an_outbox_row_a_dispatcher_holds_is_found_and_seen_to_move_on(requester, approver, device, kb, refservice):
+    from apps.approvals.models import ApprovalRequest
+    from apps.approvals.services import approval_decide
+    from apps.outbox.models import OutboxMessage
+    from tests.conftest import drive
+
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom="Fuser error after warm-up.").task
+    drive(task.pk)
+    approval_decide(principal=p(approver), approval_id=ApprovalRequest.objects.get(task=task).pk,
+                    decision="approve", reason="ok")
+    drive(task.pk)
+    row = OutboxMessage.objects.get(action__task_id=task.pk)
+    owner = f"{os.uname().nodename}:515151"
+    OutboxMessage.objects.filter(pk=row.pk).update(status="IN_FLIGHT", lease_owner=owner, lease_generation=3,
+                                                   lease_expires_at=timezone.now() + timedelta(seconds=30))
+    url = database_url()
+    held = faults.held_leases(url, [owner])
+    assert held == {f"outbox:{row.pk}": (3, "IN_FLIGHT")}
+    assert faults.still_held(url, held) == {f"outbox:{row.pk}"}
+    OutboxMessage.objects.filter(pk=row.pk).update(lease_generation=4, lease_owner="another:1")  # taken over
+    assert faults.still_held(url, held) == set()
