@@ -67,6 +67,8 @@ class FaultRecord:
             got = (f"{self.held} lease{'s' if self.held != 1 else ''} it held moved on "
                    f"{self.recovery_seconds:.1f} s after the SIGSTOP" if self.recovery_seconds is not None
                    else self.note)
+            if "finished_meanwhile" in self.extra:
+                got += f"; the others finished {self.extra['finished_meanwhile']} tasks meanwhile"
         elif self.kind == "partition":
             what = f"partition {self.target} for {self.seconds:.1f} s ({self.swallowed} requests swallowed)"
             got = (f"its next receipt {self.recovery_seconds:.1f} s after the heal"
@@ -81,7 +83,7 @@ class FaultRecord:
     def as_dict(self) -> dict:
         return {"kind": self.kind, "target": self.target, "seconds": round(self.seconds, 2), "held": self.held,
                 "swallowed": self.swallowed, "recovery_seconds": _round(self.recovery_seconds),
-                "healthz_seconds": _round(self.healthz_seconds), "note": self.note}
+                "healthz_seconds": _round(self.healthz_seconds), "note": self.note, **self.extra}
 
 
 def _round(value: float | None) -> float | None:
@@ -148,6 +150,15 @@ def still_held(url: str, held: dict[str, tuple]) -> set[str]:
     return {k for k, before in held.items() if now.get(k) == before}
 
 
+def _finished(url: str) -> int | None:
+    """How many tasks have finished (``task.completed`` recorded) so far; None when PostgreSQL does
+    not answer."""
+    try:
+        return query(url, "SELECT count(*) FROM events_taskevent WHERE type = 'task.completed'")[0][0]
+    except psycopg.OperationalError:
+        return None
+
+
 def wait_until(predicate, limit: float, step: float = 0.5) -> float | None:
     """Seconds until ``predicate()`` is true, or None after ``limit`` seconds. A server that does
     not answer (PostgreSQL restarting, web not up) counts as false; any other error is raised."""
@@ -193,6 +204,7 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
         os.killpg(proc.pid, signal.SIGCONT)
         time.sleep(0.5)
     record.held = len(held)
+    finished_before = _finished(url)
     stopped = time.monotonic()
     moved = None
     while time.monotonic() - stopped < seconds and not stop_event.is_set():
@@ -208,6 +220,9 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
     except ProcessLookupError:
         pass
     record.ended = time.time()
+    finished_after = _finished(url)
+    if finished_before is not None and finished_after is not None:
+        record.extra["finished_meanwhile"] = finished_after - finished_before
     if not held:
         record.note = record.note or f"it held no lease at any of {record.extra['looks']} looks"
     elif moved is None:

@@ -29,12 +29,13 @@ SYMPTOMS = [
     "Paper jams at the fuser exit on every duplex job from tray 2.",
     "Toner smears on every page and the fuser temperature alert keeps coming back.",
 ]
-KILLABLE = ["worker-agent-1", "worker-agent-2", "worker-tools", "worker-outbox-1", "worker-outbox-2", "beat"]
+KILLABLE = ["worker-agent-1", "worker-agent-2", "worker-tools-1", "worker-tools-2", "worker-outbox-1",
+            "worker-outbox-2", "beat"]
 #: the leases of the chaos run (seconds): short, so that a run fits in minutes
 LEASE_SECONDS = 15
 OUTBOX_LEASE_SECONDS = 8
 #: the long faults every run takes at least once each, in a shuffled order
-LONG_FAULTS = [("pause", "worker-agent-1"), ("pause", "worker-tools"), ("pause", "worker-outbox-1"),
+LONG_FAULTS = [("pause", "worker-agent-1"), ("pause", "worker-tools-1"), ("pause", "worker-outbox-1"),
                ("partition", "reference"), ("partition", "helpdesk"), ("postgres_restart", "postgresql")]
 
 
@@ -131,7 +132,8 @@ class Chaos:
         return {
             "worker-agent-1": worker("agent", "agent1"),
             "worker-agent-2": worker("agent", "agent2"),
-            "worker-tools": worker("tools", "tools"),
+            "worker-tools-1": worker("tools", "tools1"),
+            "worker-tools-2": worker("tools", "tools2"),
             "worker-outbox-1": worker("outbox", "outbox1"),
             "worker-outbox-2": worker("outbox", "outbox2"),
             "beat": [*celery, "beat", "-s", str(CHAOS_DIR / "beat-schedule"), "--loglevel", "INFO"],
