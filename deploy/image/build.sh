@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The image's build steps, one subcommand each: the Dockerfile's RUN steps call them, and CI runs the
+# same script on the host into a temporary prefix (.ci/run), so every step the image takes is proven
+# on each CI run without a docker daemon.
+#
+#   build.sh venv   PREFIX   the virtualenv PREFIX/venv: the project installed (not editable) with
+#                            the exact pins of constraints.txt, by uv; its bytecode compiled
+#                            (FAULTDESK_BUILD_COMPILE=0 skips that: CI, to stay within its time)
+#   build.sh assets PREFIX   FAULTDESK_HOME = PREFIX/app: templates/, static/ and the translation
+#                            catalogues, compiled (.mo); the static files collected with the production
+#                            settings into PREFIX/app/staticfiles; the entry script as PREFIX/bin/faultdesk
+#   build.sh verify PREFIX   the embedding models load with the network forbidden; `check --deploy`
+#                            is clean with deploy/production.env.example filled in; the runtime writes
+#                            nothing outside its data directories (run as an unprivileged user)
+#   build.sh all    PREFIX   venv, assets, verify
+#
+# Environment: PYTHON (python3.11), UV (uv on PATH, else the pinned one is installed under
+# PREFIX/.build), UV_FIND_LINKS (default: PIP_FIND_LINKS; the Dockerfile points it at the PyTorch
+# CPU wheels), UV_CACHE_DIR (uv's cache: a warm one makes `venv` take seconds).
+set -euo pipefail
+
+SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PYTHON="${PYTHON:-python3.11}"
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+die() { echo "build.sh: $*" >&2; exit 1; }
+
+step() { echo "build.sh: $*"; }
+
+# the uv pinned in constraints.txt: PATH's when it is that version, else installed under PREFIX/.build
+uv_bin() {
+  local prefix="$1" pin
+  pin="$(sed -n 's/^uv==//p' "$SRC/constraints.txt")"
+  [ -n "$pin" ] || die "constraints.txt pins no uv"
+  if [ -n "${UV:-}" ]; then echo "$UV"; return; fi
+  if command -v uv >/dev/null 2>&1 && [ "$(uv --version | awk '{print $2}')" = "$pin" ]; then command -v uv; return; fi
+  if [ ! -x "$prefix/.build/uv/bin/uv" ]; then
+    "$PYTHON" -m pip install -q --target "$prefix/.build/uv" "uv==$pin" >&2
+  fi
+  echo "$prefix/.build/uv/bin/uv"
+}
+
+cmd_venv() {
+  local prefix="$1" uv src
+  uv="$(uv_bin "$prefix")"
+  export UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
+  export UV_FIND_LINKS="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
+  [ -n "$UV_FIND_LINKS" ] || unset UV_FIND_LINKS
+  # the project is built from a copy of what the wheel holds: setuptools writes build/ and *.egg-info
+  # beside the sources it builds, and a checkout must not get them
+  src="$prefix/.build/src"
+  rm -rf "$src" && mkdir -p "$src"
+  (cd "$SRC" && tar -cf - --exclude='__pycache__' --exclude='*/tests' pyproject.toml README.md apps config tools) \
+    | tar -xf - -C "$src"
+  step "venv: $prefix/venv ($("$PYTHON" --version), uv $("$uv" --version | awk '{print $2}'))"
+  rm -rf "$prefix/venv"
+  "$uv" venv -q --python "$PYTHON" "$prefix/venv"
+  local compile=(--compile-bytecode)
+  [ "${FAULTDESK_BUILD_COMPILE:-1}" = 0 ] && compile=()
+  VIRTUAL_ENV="$prefix/venv" "$uv" pip install -q "${compile[@]}" --constraint "$SRC/constraints.txt" "$src"
+  rm -rf "$src"
+  # the installed project, not a checkout: no editable finder, no path back to the sources
+  "$prefix/venv/bin/python" -P - "$SRC" <<'PY'
+import importlib.metadata as md, pathlib, sys
+import config
+dist = md.distribution("faultdesk")
+if (dist.read_text("direct_url.json") or "").find('"editable": true') >= 0:
+    sys.exit("build.sh: faultdesk is installed editable")
+here = pathlib.Path(config.__file__).resolve()
+if pathlib.Path(sys.argv[1]).resolve() in here.parents:
+    sys.exit(f"build.sh: config is imported from the checkout ({here}), not from the virtualenv")
+print(f"build.sh: faultdesk {dist.version} installed in {here.parent.parent}")
+PY
+}
+
+cmd_assets() {
+  local prefix="$1" home="$1/app" py="$1/venv/bin/python"
+  [ -x "$py" ] || die "no virtualenv in $prefix/venv: run build.sh venv $prefix first"
+  step "assets: $home"
+  rm -rf "$home" && mkdir -p "$home/config" "$prefix/bin"
+  cp -R "$SRC/templates" "$SRC/static" "$home/"
+  cp -R "$SRC/config/locale" "$home/config/"
+  find "$home/config/locale" -name '*.mo' -delete
+  # every step below runs the installed code (-P: not the current directory's), from a neutral directory
+  (cd "$home" && "$py" -P -m tools.i18n compile --force --locale-dir "$home/config/locale")
+  (cd "$home" && env -i PATH="$prefix/venv/bin:/usr/bin:/bin" HOME=/nonexistent ENV_FILE= \
+      DJANGO_SETTINGS_MODULE=config.settings.production FAULTDESK_HOME="$home" \
+      FAULTDESK_VAR_DIR="$prefix/.build/var" DJANGO_STATIC_ROOT="$home/staticfiles" \
+      "$py" -P -m django collectstatic --noinput -v 0)
+  [ -n "$(find "$home/staticfiles" -type f -print -quit)" ] || die "collectstatic wrote nothing to $home/staticfiles"
+  install -m 0755 "$SRC/deploy/run.sh" "$prefix/bin/faultdesk"
+  step "assets: $(find "$home/staticfiles" -type f | wc -l) static files, $(find "$home/config/locale" -name '*.mo' | wc -l) catalogues"
+}
+
+cmd_verify() {
+  local prefix="$1"
+  [ -x "$prefix/bin/faultdesk" ] || die "no assets in $prefix: run build.sh assets $prefix first"
+  step "verify: $prefix"
+  "$prefix/venv/bin/python" -P "$SRC/deploy/image/verify.py" --prefix "$prefix" \
+    --env-example "$SRC/deploy/production.env.example" all
+}
+
+[ $# -ge 1 ] || usage
+command="$1"; shift
+case "$command" in
+  venv|assets|verify|all) ;;
+  -h|--help|help) usage ;;
+  *) echo "build.sh: unknown step '$command' (venv, assets, verify, all)" >&2; exit 2 ;;
+esac
+[ $# -eq 1 ] || { echo "build.sh $command: give the prefix (one directory), e.g. /opt/faultdesk" >&2; exit 2; }
+mkdir -p "$1"
+prefix="$(cd "$1" && pwd)"
+case "$command" in
+  venv) cmd_venv "$prefix" ;;
+  assets) cmd_assets "$prefix" ;;
+  verify) cmd_verify "$prefix" ;;
+  all) cmd_venv "$prefix"; cmd_assets "$prefix"; cmd_verify "$prefix"; rm -rf "$prefix/.build" ;;
+esac
