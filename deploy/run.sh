@@ -12,7 +12,8 @@
 #   check                    manage.py check --deploy, failing on warnings too
 #   manage ARG…              any other management command
 #   healthcheck web          GET /healthz on this host's web (exit 0 on 200)
-#   healthcheck worker QUEUE a Celery ping of this host's QUEUE worker (exit 0 when it answers)
+#   healthcheck worker QUEUE a Celery ping of this host's QUEUE worker (exit 0 when it answers within
+#                            HEALTHCHECK_TIMEOUT seconds, 10)
 #   healthcheck beat         beat's schedule file was written in the last BEAT_STALE_SECONDS (400; beat
 #                            writes it at least every 3 minutes while it ticks)
 #   healthcheck              the check of the process this container runs (FAULTDESK_PROCESS_FILE, where
@@ -105,7 +106,7 @@ PY
       worker)
         [ $# -ge 2 ] || { echo "faultdesk healthcheck worker: name the queue" >&2; exit 2; }
         known_queue "$2"
-        exec celery -A config inspect ping --timeout 10 -d "$2@$(hostname)" ;;
+        exec celery -A config inspect ping --timeout "${HEALTHCHECK_TIMEOUT:-10}" -d "$2@$(hostname)" ;;
       beat)
         exec "$PYTHON" - <<'PY'
 import os, sys, time
