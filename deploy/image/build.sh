@@ -9,9 +9,10 @@
 #   build.sh assets PREFIX   FAULTDESK_HOME = PREFIX/app: templates/, static/ and the translation
 #                            catalogues, compiled (.mo); the static files collected with the production
 #                            settings into PREFIX/app/staticfiles; the entry script as PREFIX/bin/faultdesk
-#   build.sh verify PREFIX   the embedding models load with the network forbidden; `check --deploy`
-#                            is clean with deploy/production.env.example filled in; the runtime writes
-#                            nothing outside its data directories (run as an unprivileged user)
+#   build.sh verify PREFIX   `check --deploy` is clean with deploy/production.env.example filled in; the
+#                            runtime (the web app, pages in both languages, static files, the Celery app,
+#                            both embedding models) works as an unprivileged user with the network
+#                            forbidden, writing nothing outside its data directories (deploy/image/verify.py)
 #   build.sh all    PREFIX   venv, assets, verify
 #   build.sh model  PREFIX   the optional model server (compose profile `model`): PREFIX/model-venv with
 #                            tools/modelserver/requirements.txt built as `make model` builds it, the GGUF's
@@ -23,8 +24,9 @@
 #                            a plain host: docs/deploy.md)
 #
 # Environment: PYTHON (python3.11), UV (uv on PATH, else the pinned one is installed under
-# PREFIX/.build), UV_FIND_LINKS (default: PIP_FIND_LINKS; the Dockerfile points it at the PyTorch
-# CPU wheels), UV_CACHE_DIR (uv's cache: a warm one makes `venv` take seconds).
+# PREFIX/.build), UV_FIND_LINKS (default: pip's find-links, PIP_FIND_LINKS or its configuration; the
+# Dockerfile points it at the PyTorch CPU wheels, which constraints.txt's torch==…+cpu needs),
+# UV_CACHE_DIR (uv's cache: a warm one makes `venv` take seconds).
 set -euo pipefail
 
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -56,7 +58,8 @@ cmd_venv() {
   local prefix="$1" uv src
   uv="$(uv_bin "$prefix")"
   export UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
-  export UV_FIND_LINKS="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
+  # the find-links pip is configured with (this machine's torch CPU wheel; the Dockerfile's PyTorch index)
+  export UV_FIND_LINKS="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-$("$PYTHON" -m pip config get global.find-links 2>/dev/null || true)}}"
   [ -n "$UV_FIND_LINKS" ] || unset UV_FIND_LINKS
   # the project is built from a copy of what the wheel holds: setuptools writes build/ and *.egg-info
   # beside the sources it builds, and a checkout must not get them

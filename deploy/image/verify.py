@@ -3,20 +3,23 @@ before it is shipped. Run with the built virtualenv's Python (``PREFIX/venv/bin/
 check runs the installed code in a child process with a clean environment (no ``.env``, no
 checkout on ``sys.path``, ``HOME`` that does not exist):
 
-* ``model`` — both embedding models (``use-multilingual-v3``, the default, and ``all-MiniLM-L6-v2``)
-  load from the files the image holds and embed sensibly, with the Hugging Face libraries told to stay
-  offline, every socket connection refused in the process, and (when the kernel lets this user make
-  one) in a network namespace with no interface up. A connection attempt fails the check even
-  when the library would have coped without it.
 * ``deploy-check`` — ``manage.py check --deploy`` (Django's checks and faultdesk's E001–E019) is
   clean, warnings included, with ``deploy/production.env.example`` filled in: every empty value
   generated as a secret, ``${NAME}`` references expanded.
-* ``writes`` — as an unprivileged user (root: uid/gid 65534 through ``setpriv``; anyone else: with
-  the prefix made read-only for the run), the runtime does its work — the WSGI application starts
-  (its deploy checks pass), the login page renders in English and Chinese from the compiled
-  catalogues, a collected static file is served, the Celery app finds a task for every routed name,
-  beat's schedule file opens, an attachment is stored, Chinese is segmented, both models embed —
-  writing only to the data directory (``FAULTDESK_VAR_DIR``) and ``TMPDIR``.
+* ``writes`` — the runtime does its work as an unprivileged user (root: uid/gid 65534 through
+  ``setpriv``; anyone else: with the prefix made read-only for the run) with the network forbidden:
+  the WSGI application starts (its deploy checks pass), the login page renders in English and
+  Chinese and faultdesk's own catalogue entries come out translated, a collected static file is
+  served, the Celery app finds a task for every routed name, beat's schedule file opens, an
+  attachment is stored, Chinese is segmented, and both embedding models (``use-multilingual-v3``,
+  the default, and ``all-MiniLM-L6-v2``) load from the files the image holds and embed sensibly (a
+  paraphrase, and for the multilingual model a translation, lies closer than an unrelated fault).
+  It writes only to the data directory (``FAULTDESK_VAR_DIR``) and ``TMPDIR``. "Network forbidden":
+  the Hugging Face libraries are told to stay offline, every socket connection and name lookup in
+  the process is refused and remembered — an attempt fails the check even when the library would
+  have coped without it — and, when the kernel lets this user make one, the process runs in a
+  network namespace with no interface up.
+* ``model`` — the embedding part of ``writes`` alone, unsandboxed (for a quick look).
 
 ``python verify.py --prefix PREFIX --env-example FILE {model,deploy-check,writes,all}``; exit status 0
 when every check named passed, 1 otherwise (the failing check says why on stderr), 2 on bad usage.
@@ -177,7 +180,9 @@ def _catalogue_checks(prefix: Path) -> list[str]:
 
 
 def inner_writes(prefix: Path) -> int:
-    """Child, as the unprivileged user: the runtime's work, writing only to its data directories."""
+    """Child, as the unprivileged user: the runtime's work with the network forbidden, writing only
+    to its data directories."""
+    _forbid_network()
     problems = []
     for tree in (prefix, prefix / "venv", prefix / "app"):
         if os.access(tree, os.W_OK):
@@ -234,6 +239,8 @@ def inner_writes(prefix: Path) -> int:
     if "打印机" not in jieba.lcut("打印机卡纸了"):
         problems.append("jieba did not segment 打印机")
     problems += _embed_checks()
+    if _attempts:
+        problems.append(f"the runtime tried to reach the network: {sorted(set(_attempts))[:5]}")
     for problem in problems:
         print(f"verify writes: {problem}", file=sys.stderr)
     if not problems:
@@ -283,20 +290,26 @@ def check_writes(prefix: Path, example: Path, data: Path) -> int:
         # the built tree stays root's: readable and searchable by anyone, writable by nobody else
         for path in (prefix, prefix / "app", prefix / "venv"):
             path.chmod(0o755)
-        wrapper = [setpriv, f"--reuid={UNPRIVILEGED_ID}", f"--regid={UNPRIVILEGED_ID}", "--clear-groups"]
-        print(f"verify: the runtime as uid {UNPRIVILEGED_ID}, the built tree read-only to it")
+        wrapper = [*_no_network_wrapper(), setpriv, f"--reuid={UNPRIVILEGED_ID}", f"--regid={UNPRIVILEGED_ID}",
+                   "--clear-groups"]
+        print(f"verify: the runtime as uid {UNPRIVILEGED_ID}, the built tree read-only to it, "
+              f"{'in a network namespace, ' if wrapper[0].endswith('unshare') else ''}sockets refused")
         return _child(["--prefix", str(prefix), "--inner", "writes"], env, data, wrapper)
     # not root: the tree is ours, so it is made read-only for the run and given back afterwards
     trees = [p for p in (prefix / "venv", prefix / "app", prefix) if p.exists()]
     subprocess.run(["chmod", "-R", "a-w", *map(str, trees)], check=True)  # noqa: S603, S607
     try:
-        print(f"verify: the runtime as uid {os.geteuid()}, the built tree made read-only for the run")
-        return _child(["--prefix", str(prefix), "--inner", "writes"], env, data)
+        wrapper = _no_network_wrapper()
+        print(f"verify: the runtime as uid {os.geteuid()}, the built tree made read-only for the run, "
+              f"{'in a network namespace, ' if wrapper else ''}sockets refused")
+        return _child(["--prefix", str(prefix), "--inner", "writes"], env, data, wrapper)
     finally:
         subprocess.run(["chmod", "-R", "u+w", *map(str, trees)], check=True)  # noqa: S603, S607
 
 
 CHECKS = {"model": check_model, "deploy-check": check_deploy, "writes": check_writes}
+#: what ``all`` runs (``writes`` includes ``model``'s embeddings, sandboxed)
+ALL = ("deploy-check", "writes")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.env_example.is_file():
         parser.error(f"no env example at {args.env_example}")
     failed = []
-    for name in CHECKS if args.check == "all" else [args.check]:
+    for name in ALL if args.check == "all" else [args.check]:
         with tempfile.TemporaryDirectory(prefix="faultdesk-verify-") as tmp:
             data = Path(tmp)
             os.chmod(data, 0o755)  # noqa: S103 - the unprivileged user must reach its data directories
