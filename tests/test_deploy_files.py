@@ -511,3 +511,41 @@ def test_systemd_analyze_verify_accepts_the_units_and_would_refuse_a_typo(tmp_pa
     units["faultdesk-web.service"] = units["faultdesk-web.service"].replace("Restart=on-failure", "Restrat=on-failure")
     done = _analyze(tmp_path / "typo", units)
     assert "Unknown key 'Restrat'" in done.stderr, done.stderr
+
+
+# --- the build's own helpers --------------------------------------------------------------------------
+
+def test_catalogues_compile_into_another_tree_and_an_empty_one_is_an_error(tmp_path):
+    """build.sh assets compiles the copy of the catalogues beside an installed build."""
+    import shutil as sh
+
+    from tools.i18n import LOCALE_DIR, compile_catalogues
+
+    sh.copytree(LOCALE_DIR, tmp_path / "locale", ignore=sh.ignore_patterns("*.mo"))
+    written = compile_catalogues(force=True, locale_dir=tmp_path / "locale")
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "locale/en/LC_MESSAGES/django.mo", "locale/zh_Hans/LC_MESSAGES/django.mo"]
+    with pytest.raises(FileNotFoundError, match="no catalogue"):
+        compile_catalogues(locale_dir=tmp_path / "empty")
+    done = subprocess.run([sys.executable, "-m", "tools.i18n", "compile", "--locale-dir", str(tmp_path / "empty")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "no catalogue" in done.stderr, done.stderr
+
+
+def test_the_image_healthcheck_runs_the_check_of_the_recorded_process(tmp_path):
+    """`faultdesk healthcheck` with no argument (the image's HEALTHCHECK) checks what the container runs."""
+    from tests.procs import free_port
+
+    recorded = tmp_path / "process"
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "FAULTDESK_PROCESS_FILE": str(recorded),
+           "PORT": str(free_port()), "ENV_FILE": ""}
+    recorded.write_text("web\n")  # nothing listens on PORT: unhealthy, and said why
+    done = subprocess.run(["bash", str(RUN_SH), "healthcheck"], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 1 and "faultdesk healthcheck web:" in done.stderr, done.stderr
+    recorded.write_text("worker agnt\n")
+    done = subprocess.run(["bash", str(RUN_SH), "healthcheck"], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 2 and "unknown queue 'agnt'" in done.stderr, done.stderr
+    recorded.unlink()  # a one-shot command (migrate, purge) records nothing: healthy while it runs
+    assert subprocess.run(["bash", str(RUN_SH), "healthcheck"], env=env, timeout=60, check=False).returncode == 0

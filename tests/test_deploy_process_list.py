@@ -5,7 +5,8 @@ broker and coordination cache, generated secrets, the reference ticket service b
 It shows the product up: the release step migrates (and refuses to run without a secret, naming
 it); web answers /healthz; each queue's worker answers a Celery ping through the entry script's own
 healthcheck (which fails while no worker runs); beat sends its ticks and a worker consumes them;
-and a fault report filed over the HTTP API reaches COMPLETED with the ticket system's receipt.
+and a fault report filed over the HTTP API reaches COMPLETED with the ticket system's receipt; the
+entry script's `check` is clean and its `purge` runs to the end.
 """
 
 from __future__ import annotations
@@ -220,6 +221,13 @@ def test_the_procfile_under_production_settings_serves_a_report_to_completion(pr
             assert time.monotonic() < deadline, text[-5000:]
             time.sleep(1)
         assert any((tmp_path / "var" / "run").glob("celerybeat-schedule*"))
+
+        # the entry script's one-shot commands against the running product: the deploy checks are
+        # clean (warnings fail it), and a retention purge runs to its end
+        checked = _entry(["check"], env)
+        assert checked.returncode == 0 and "no issues" in checked.stdout, checked.stdout + checked.stderr
+        purged = _entry(["purge"], env, timeout=120)
+        assert purged.returncode == 0 and "purge run complete" in purged.stdout, purged.stdout + purged.stderr
         assert _entry(["healthcheck", "beat"], env).returncode == 0
         assert honcho.poll() is None, output.read_text(errors="replace")[-5000:]
     finally:

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as exc:
             parser.exit(2, f"python -m tools.i18n compile: {exc}\n")
         for path in written:
-            print(f"compiled {path}")
+            print(f"compiled {path.relative_to(BASE_DIR) if path.is_relative_to(BASE_DIR) else path}")
     elif args.command == "msgids":
         import json
 
