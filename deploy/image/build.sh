@@ -74,17 +74,29 @@ cmd_venv() {
   [ "${FAULTDESK_BUILD_COMPILE:-1}" = 0 ] && compile=()
   VIRTUAL_ENV="$prefix/venv" "$uv" pip install -q "${compile[@]}" --constraint "$SRC/constraints.txt" "$src"
   rm -rf "$src"
-  # the installed project, not a checkout: no editable finder, no path back to the sources
+  # the installed project, not a checkout: no editable finder, no path back to the sources; and every
+  # distribution in the virtualenv at the version constraints.txt pins (none left to the resolver)
   "$prefix/venv/bin/python" -P - "$SRC" <<'PY'
-import importlib.metadata as md, pathlib, sys
+import importlib.metadata as md, pathlib, re, sys
 import config
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
 dist = md.distribution("faultdesk")
 if (dist.read_text("direct_url.json") or "").find('"editable": true') >= 0:
     sys.exit("build.sh: faultdesk is installed editable")
 here = pathlib.Path(config.__file__).resolve()
 if pathlib.Path(sys.argv[1]).resolve() in here.parents:
     sys.exit(f"build.sh: config is imported from the checkout ({here}), not from the virtualenv")
-print(f"build.sh: faultdesk {dist.version} installed in {here.parent.parent}")
+pins = dict(line.split("==", 1) for line in
+            (pathlib.Path(sys.argv[1]) / "constraints.txt").read_text().split()
+            if "==" in line and not line.startswith("#"))
+pins = {norm(name): version for name, version in pins.items()}
+installed = {norm(d.metadata["Name"]): d.version for d in md.distributions() if norm(d.metadata["Name"]) != "faultdesk"}
+loose = sorted(f"{name} {version} (constraints.txt: {pins.get(name, 'no pin')})"
+               for name, version in installed.items() if pins.get(name) != version)
+if loose:
+    sys.exit("build.sh: installed at a version constraints.txt does not pin: " + ", ".join(loose))
+print(f"build.sh: faultdesk {dist.version} installed in {here.parent.parent}, "
+      f"{len(installed)} dependencies at their pinned versions")
 PY
 }
 
