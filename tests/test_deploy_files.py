@@ -549,3 +549,22 @@ def test_the_image_healthcheck_runs_the_check_of_the_recorded_process(tmp_path):
     assert done.returncode == 2 and "unknown queue 'agnt'" in done.stderr, done.stderr
     recorded.unlink()  # a one-shot command (migrate, purge) records nothing: healthy while it runs
     assert subprocess.run(["bash", str(RUN_SH), "healthcheck"], env=env, timeout=60, check=False).returncode == 0
+
+
+def test_the_build_script_says_what_is_wrong_with_its_input(tmp_path):
+    def build(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(BUILD_SH), *argv], capture_output=True, text=True, timeout=60, check=False)
+
+    assert build().returncode == 2
+    done = build("frobnicate", str(tmp_path))
+    assert done.returncode == 2 and "unknown step 'frobnicate'" in done.stderr, done.stderr
+    done = build("venv")
+    assert done.returncode == 2 and "give one directory" in done.stderr, done.stderr
+    done = build("assets", str(tmp_path / "empty"))
+    assert done.returncode == 1 and "run build.sh venv" in done.stderr, done.stderr
+    done = build("verify", str(tmp_path / "empty"))
+    assert done.returncode == 1 and "run build.sh assets" in done.stderr, done.stderr
+    done = subprocess.run([sys.executable, str(ROOT / "deploy" / "image" / "verify.py"), "--prefix", str(tmp_path),
+                           "--env-example", str(ENV_EXAMPLE), "all"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 2 and "holds no build" in done.stderr, done.stderr
