@@ -20,6 +20,7 @@ a check that cannot fail would pass those too.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -248,13 +249,14 @@ def _deploy_problems(env: dict[str, str]) -> list[str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def demanded_variables() -> set[str]:
+@functools.cache
+def demanded_variables() -> frozenset[str]:
     """The environment variables the deploy checks name when nothing is set, with either model provider."""
     names = set()
     for provider in ("local", "openai_compatible"):
         for message in _deploy_problems({"FAULTDESK_MODEL_PROVIDER": provider}):
             names |= set(re.findall(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\bEMAIL_HOST\b", message))
-    return names
+    return frozenset(names)
 
 
 def missing_from_example(example: dict[str, str], demanded: set[str]) -> list[str]:

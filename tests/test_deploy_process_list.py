@@ -60,22 +60,18 @@ def _honcho(args: list[str], env_file: Path) -> list[str]:
 
 def _entry(argv: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
     """deploy/run.sh ARGV as the host would run it, with ``env`` only."""
-    return subprocess.run(["bash", str(ROOT / "deploy" / "run.sh"), *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(_entry_cmd(argv), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 @pytest.fixture
-def production(transactional_db, tmp_path):
-    """A complete production environment (and the TLS reference service it points at)."""
-    cert, key = _certificate(tmp_path)
-    ref_port, api_key = free_port(), secrets.token_urlsafe(24)
+def production_env(transactional_db, tmp_path):
+    """A complete production environment: the test database, the test Redis, generated secrets;
+    ``REFSERVICE_URL`` a port the ``production`` fixture serves the reference service on, behind TLS
+    with a self-signed certificate the processes trust (``SSL_CERT_FILE``)."""
     broker = broker_url()
     flush_broker(broker)
-    ref_log = open(tmp_path / "refservice.log", "wb")  # noqa: SIM115 - closed below
-    ref = subprocess.Popen([sys.executable, "-m", "tests.tls_refservice", "--port", str(ref_port),  # noqa: S603
-                            "--db", str(tmp_path / "tickets.sqlite3"), "--cert", str(cert), "--key", str(key),
-                            "--api-key", api_key], cwd=ROOT, stdout=ref_log, stderr=subprocess.STDOUT,
-                           start_new_session=True)
+    cert = tmp_path / "cert.pem"
     env = {
         "DJANGO_SETTINGS_MODULE": "config.settings.production",
         "ENV_FILE": "",
@@ -89,8 +85,8 @@ def production(transactional_db, tmp_path):
         "DATABASE_URL": database_url(),
         "REDIS_URL": broker,
         "CELERY_BROKER_URL": broker,
-        "REFSERVICE_URL": f"https://127.0.0.1:{ref_port}",
-        "REFSERVICE_API_KEY": api_key,
+        "REFSERVICE_URL": f"https://127.0.0.1:{free_port()}",
+        "REFSERVICE_API_KEY": secrets.token_urlsafe(24),
         "REFSERVICE_WEBHOOK_SECRET": secrets.token_urlsafe(32),
         "HELPDESK_URL": "https://helpdesk.invalid",
         "HELPDESK_API_TOKEN": secrets.token_hex(20),
@@ -98,7 +94,6 @@ def production(transactional_db, tmp_path):
         # notifications go to an SMTP port nothing listens on: they are retried, nothing else waits on them
         "EMAIL_HOST": "127.0.0.1",
         "EMAIL_PORT": str(free_port()),
-        # the reference service's self-signed certificate is the one CA the processes trust
         "SSL_CERT_FILE": str(cert),
         "FAULTDESK_VAR_DIR": str(tmp_path / "var"),
         "WEB_CONCURRENCY": "1",
@@ -106,20 +101,51 @@ def production(transactional_db, tmp_path):
         "LOG_LEVEL": "INFO",
     }
     try:
+        yield env
+    finally:
+        flush_broker(broker)
+
+
+@pytest.fixture
+def production(production_env, tmp_path):
+    """:func:`production_env` with the reference ticket service up behind TLS at its ``REFSERVICE_URL``."""
+    env = production_env
+    cert, key = _certificate(tmp_path)
+    assert str(cert) == env["SSL_CERT_FILE"]
+    ref_url = env["REFSERVICE_URL"]
+    ref_log = open(tmp_path / "refservice.log", "wb")  # noqa: SIM115 - closed below
+    ref = subprocess.Popen([sys.executable, "-m", "tests.tls_refservice", "--port", ref_url.rsplit(":", 1)[1],  # noqa: S603
+                            "--db", str(tmp_path / "tickets.sqlite3"), "--cert", str(cert), "--key", str(key),
+                            "--api-key", env["REFSERVICE_API_KEY"]], cwd=ROOT, stdout=ref_log,
+                           stderr=subprocess.STDOUT, start_new_session=True)
+    try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                httpx.get(f"https://127.0.0.1:{ref_port}/healthz", verify=_trust(cert), timeout=2).raise_for_status()
+                httpx.get(f"{ref_url}/healthz", verify=_trust(cert), timeout=2).raise_for_status()
                 break
             except httpx.HTTPError:
                 assert ref.poll() is None and time.monotonic() < deadline, (tmp_path / "refservice.log").read_text()
                 time.sleep(0.2)
-        yield env, cert, f"https://127.0.0.1:{ref_port}"
+        yield env, cert, ref_url
     finally:
         os.killpg(ref.pid, signal.SIGTERM)
         ref.wait(timeout=20)
         ref_log.close()
-        flush_broker(broker)
+
+
+def _spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # noqa: S603
+                            text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _entry_cmd(argv: list[str]) -> list[str]:
+    return ["bash", str(ROOT / "deploy" / "run.sh"), *argv]
 
 
 def _stop(honcho: subprocess.Popen, output: Path) -> None:
@@ -138,8 +164,8 @@ def _stop(honcho: subprocess.Popen, output: Path) -> None:
             pass
 
 
-def test_the_release_step_refuses_to_run_without_a_secret_and_names_it(production, tmp_path):
-    env, _, _ = production
+def test_the_release_step_refuses_to_run_without_a_secret_and_names_it(production_env, tmp_path):
+    env = production_env
     env_file = _write_env(tmp_path / "incomplete.env", {k: v for k, v in env.items() if k != "DJANGO_SECRET_KEY"})
     done = subprocess.run(_honcho(["start", "release"], env_file), cwd=ROOT, env={"PATH": env["PATH"]},
                           capture_output=True, text=True, timeout=180, check=False)
@@ -150,16 +176,16 @@ def test_the_release_step_refuses_to_run_without_a_secret_and_names_it(productio
 def test_the_procfile_under_production_settings_serves_a_report_to_completion(production, tmp_path):
     env, cert, ref_url = production
     env_file = _write_env(tmp_path / "production.env", env)
+    # at once: the release step (the deploy checks, then migrate: the test database is migrated already,
+    # nothing to apply); the worker healthcheck with no worker running (it must fail: it would not pass
+    # for a dead worker); the seed (tenant, users, device, knowledge) in this process
+    release = _spawn(_honcho(["start", "release"], env_file), {"PATH": env["PATH"]})
+    no_worker = _spawn(_entry_cmd(["healthcheck", "worker", "agent"]), {**env, "HEALTHCHECK_TIMEOUT": "2"})
     tenant, requester, device = seed_acme(auto_approve=True)
-
-    # release: the deploy checks, then migrate (the test database is migrated already: nothing to apply)
-    done = subprocess.run(_honcho(["start", "release"], env_file), cwd=ROOT, env={"PATH": env["PATH"]},
-                          capture_output=True, text=True, timeout=180, check=False)
+    done = _finish(release, 180)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "No migrations to apply" in done.stdout, done.stdout[-3000:]
-
-    # no worker yet: the entry script's worker healthcheck fails (it would not pass for a dead worker)
-    missing = _entry(["healthcheck", "worker", "agent"], {**env, "HEALTHCHECK_TIMEOUT": "2"})
+    missing = _finish(no_worker, 60)
     assert missing.returncode != 0, missing.stdout + missing.stderr
 
     web_port = free_port()
@@ -183,12 +209,16 @@ def test_the_procfile_under_production_settings_serves_a_report_to_completion(pr
         assert _entry(["healthcheck", "web"], {**env, "PORT": str(web_port)}).returncode == 0
 
         # each queue's worker answers a ping addressed to it (QUEUE@host), through the entry script
-        for queue in QUEUES:
-            deadline = time.monotonic() + 90
-            while (pinged := _entry(["healthcheck", "worker", queue], {**env, "HEALTHCHECK_TIMEOUT": "3"})).returncode:
-                assert time.monotonic() < deadline, (queue, pinged.stdout, pinged.stderr,
-                                                     output.read_text(errors="replace")[-5000:])
-            assert f"{queue}@" in pinged.stdout and "pong" in pinged.stdout, pinged.stdout
+        pending, deadline = set(QUEUES), time.monotonic() + 90
+        while pending:
+            pings = {q: _spawn(_entry_cmd(["healthcheck", "worker", q]), {**env, "HEALTHCHECK_TIMEOUT": "3"})
+                     for q in pending}
+            for queue, proc in pings.items():
+                pinged = _finish(proc, 60)
+                if pinged.returncode == 0:
+                    assert f"{queue}@" in pinged.stdout and "pong" in pinged.stdout, pinged.stdout
+                    pending.discard(queue)
+            assert not pending or time.monotonic() < deadline, (pending, output.read_text(errors="replace")[-5000:])
 
         # a report over the API, as a client behind the TLS proxy sends it
         riley = httpx.Client(base_url=web, auth=("riley", "pw-for-tests"), timeout=30,
@@ -224,9 +254,9 @@ def test_the_procfile_under_production_settings_serves_a_report_to_completion(pr
 
         # the entry script's one-shot commands against the running product: the deploy checks are
         # clean (warnings fail it), and a retention purge runs to its end
-        checked = _entry(["check"], env)
+        checking, purging = _spawn(_entry_cmd(["check"]), env), _spawn(_entry_cmd(["purge"]), env)
+        checked, purged = _finish(checking, 120), _finish(purging, 120)
         assert checked.returncode == 0 and "no issues" in checked.stdout, checked.stdout + checked.stderr
-        purged = _entry(["purge"], env, timeout=120)
         assert purged.returncode == 0 and "purge run complete" in purged.stdout, purged.stdout + purged.stderr
         assert _entry(["healthcheck", "beat"], env).returncode == 0
         assert honcho.poll() is None, output.read_text(errors="replace")[-5000:]
