@@ -93,7 +93,8 @@ browser:
 proptest: $(STAMP) catalogues
 	HYPOTHESIS_PROFILE=proptest $(BIN)/python -m pytest -m property -q $(PYTEST_ARGS)
 
-## make chaos — N tasks per ticket system through the full flow with random SIGKILLs and remote faults,
+## make chaos — N tasks per ticket system through the full flow with random SIGKILLs and remote faults, workers paused
+## past their leases, partitions to each ticket system and a PostgreSQL restart,
 ## then a check of lost tasks, duplicate effects and replay divergences (CHAOS_ARGS="--n 200 --helpdesk-n 50")
 chaos: $(STAMP)
 	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)

@@ -63,7 +63,8 @@ def deploy_problems() -> list[checks.CheckMessage]:
          "the https origin(s) of the site, e.g. https://faultdesk.example.com"),
         ("E005", "DATABASE_URL is not set" if settings.DATABASES["default"]["ENGINE"].endswith("dummy") else None,
          "postgres://user:password@host:5432/faultdesk (PostgreSQL with pgvector)"),
-        ("E006", "REDIS_URL is not set" if not settings.CELERY_BROKER_URL else None, "redis://host:6379/0"),
+        ("E006", "CELERY_BROKER_URL and REDIS_URL are not set (no broker)" if not settings.CELERY_BROKER_URL
+         else None, "amqp://user:password@host:5672/vhost (RabbitMQ) or redis://host:6379/0"),
         ("E007", _secret_problem("REFSERVICE_API_KEY", conf["REFSERVICE_API_KEY"]),
          "the reference ticket service's API key"),
         ("E008", _secret_problem("REFSERVICE_WEBHOOK_SECRET", conf["REFSERVICE_WEBHOOK_SECRET"],

@@ -1,5 +1,6 @@
 """Real processes for end-to-end and crash tests: the reference ticket service, web (gunicorn),
-Celery workers and beat, all against the test database and a real Redis broker."""
+Celery workers and beat, all against the test database and a real broker: Redis, or RabbitMQ
+(``Stack(broker="amqp")``, or every stack with ``FAULTDESK_TEST_BROKER=amqp`` in the environment)."""
 
 from __future__ import annotations
 
@@ -61,15 +62,48 @@ def flush_broker(url: str, db: int = BROKER_DB) -> None:
         redis.Redis.from_url(url).flushdb()
 
 
-class Stack:
-    """Named child processes sharing one environment; logs in ``log_dir``."""
+_AMQP: dict[str, str] = {}
 
-    def __init__(self, log_dir: Path, **env_extra: str):
+
+def _amqp_broker() -> str:
+    """The RabbitMQ broker URL of this test process: a virtual host of its own, made on first use
+    (``rabbitmqctl`` takes seconds a call) and dropped when the process exits; each stack starts and
+    ends with its queues purged."""
+    import atexit
+
+    from tools import rabbitmq
+
+    if "url" not in _AMQP:
+        _AMQP["url"] = rabbitmq.fresh_vhost(f"faultdesk_test_{os.getpid()}")
+        atexit.register(rabbitmq.drop_vhost, _AMQP["url"])
+    else:
+        rabbitmq.purge(_AMQP["url"])
+    return _AMQP["url"]
+
+
+def default_broker() -> str:
+    """The broker kind of stacks that do not name one: ``FAULTDESK_TEST_BROKER`` (``redis`` or
+    ``amqp``), ``redis`` when unset. Raises ``ValueError`` for another value."""
+    kind = os.environ.get("FAULTDESK_TEST_BROKER", "redis") or "redis"
+    if kind not in ("redis", "amqp"):
+        raise ValueError(f"FAULTDESK_TEST_BROKER={kind!r}: expected 'redis' or 'amqp'")
+    return kind
+
+
+class Stack:
+    """Named child processes sharing one environment; logs in ``log_dir``. ``broker`` is ``redis``
+    (Redis database 9) or ``amqp`` (the test process's RabbitMQ virtual host, purged at the start and
+    at :meth:`stop_all`; Redis then holds only the coordination hints); None: :func:`default_broker`."""
+
+    def __init__(self, log_dir: Path, broker: str | None = None, **env_extra: str):
+
         self.log_dir = log_dir
         self.web_port, self.ref_port = free_port(), free_port()
         self.hd_port, self.proxy_port = free_port(), free_port()
-        self.broker = broker_url()
-        flush_broker(self.broker)
+        self.broker_kind = broker or default_broker()
+        self.redis = broker_url()
+        flush_broker(self.redis)
+        self.broker = _amqp_broker() if self.broker_kind == "amqp" else self.redis
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings.local",
@@ -77,7 +111,8 @@ class Stack:
             # one load-generating client per role: the API's per-user rate is for people, not this
             "FAULTDESK_API_RATE_USER": "1000000/minute",
             "DATABASE_URL": database_url(),
-            "REDIS_URL": self.broker,
+            "REDIS_URL": self.redis,
+            "CELERY_BROKER_URL": self.broker,
             "REFSERVICE_URL": f"http://127.0.0.1:{self.ref_port}",
             "REFSERVICE_API_KEY": "e2e-key",
             "FAULTDESK_PUBLIC_BASE_URL": f"http://127.0.0.1:{self.web_port}",
@@ -193,14 +228,19 @@ class Stack:
             self.stop(name)
         for log in self._logs.values():
             log.close()
-        flush_broker(self.broker)
+        flush_broker(self.redis)
+        if self.broker_kind == "amqp":
+            from tools import rabbitmq
+
+            rabbitmq.purge(self.broker)
 
 
 @contextmanager
-def running_stack(log_dir: Path, **env_extra: str):
-    """A :class:`Stack` with the reference service, web and beat up (workers are the test's to
-    start); every process is stopped on exit."""
-    stack = Stack(log_dir, **env_extra)
+def running_stack(log_dir: Path, broker: str | None = None, **env_extra: str):
+    """A :class:`Stack` (on ``broker``: ``redis``, ``amqp``, None for :func:`default_broker`) with the
+    reference service, web and beat up (workers are the test's to start); every process is stopped
+    on exit."""
+    stack = Stack(log_dir, broker, **env_extra)
     try:
         stack.start_refservice()
         stack.start_web()

@@ -30,9 +30,11 @@ FAST = {
 }
 
 
-@pytest.fixture
-def stack(transactional_db, tmp_path):
-    with running_stack(tmp_path, **FAST) as s:
+@pytest.fixture(params=[None])
+def stack(request, transactional_db, tmp_path):
+    """The stack on the default broker; a test parametrized with ``stack=["amqp"]`` (indirect) runs
+    on RabbitMQ."""
+    with running_stack(tmp_path, request.param, **FAST) as s:
         yield s
 
 
@@ -111,6 +113,25 @@ def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp
         assert task.state["receipt"]["replayed"] is True
         key = task.state["action"]["idempotency_key"]
         assert ref_client(stack).get("/_admin/effects", params={"idempotency_key": key}).json()["requests"] == 2
+
+
+@pytest.mark.parametrize("stack", ["amqp"], indirect=True)
+@pytest.mark.parametrize("point", ["model_call", "after_send"])
+def test_on_rabbitmq_a_killed_workers_message_comes_back_and_the_task_finishes_once(stack, point, tmp_path):
+    """On RabbitMQ the message a SIGKILLed worker took but never acknowledged goes back to the queue
+    the moment its connection drops (acks_late); the next worker takes it — or the sweeper's
+    re-queue, whichever comes first — and the task ends as it would have, with one ticket."""
+    tenant, requester, device = seed_acme(auto_approve=True)
+    fired = tmp_path / "failpoint-fired"
+    stack.start_worker("doomed", pool="solo", FAULTDESK_FAILPOINT=point, FAULTDESK_FAILPOINT_ONCE=str(fired))
+    task_id = _file(stack, device)
+    _wait_for(fired, 120, stack)
+    assert stack.wait_exit("doomed", 30) == -9  # SIGKILL
+    stack.start_worker("survivor")
+    task = _assert_completed_once(stack, task_id)
+    assert '"Connected to amqp://' in stack.log("survivor")
+    if point == "after_send":
+        assert task.state["receipt"]["replayed"] is True
 
 
 def test_sigkill_after_the_dispatchers_receipt_before_the_task_learns_it(stack, tmp_path):

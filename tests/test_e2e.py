@@ -1,6 +1,6 @@
 """End to end with real processes: web (gunicorn), a Celery worker on the ``agent``, ``tools`` and
 ``outbox`` queues, Celery beat and the reference ticket service, all against the test database and a
-real Redis broker. The test acts only through HTTP."""
+real broker (Redis, and RabbitMQ). The test acts only through HTTP."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from tests.procs import Stack
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def stack(transactional_db, tmp_path):
-    """Web, one worker on all queues, beat and the reference ticket service."""
-    s = Stack(tmp_path)
+@pytest.fixture(params=["redis", "amqp"])
+def stack(request, transactional_db, tmp_path):
+    """Web, one worker on all queues, beat and the reference ticket service; the broker is Redis, then
+    RabbitMQ (a virtual host of the test's own: the local server, tools/rabbitmq.py)."""
+    s = Stack(tmp_path, broker=request.param)
     try:
         s.start_refservice()
         s.start_web()
@@ -114,6 +115,9 @@ def test_main_job_end_to_end_with_real_processes(stack):
 
     result = task_replay(task)
     assert result.ok, result.detail
+    # the worker took its messages from the broker the stack was given
+    scheme = {"redis": "redis+socket://", "amqp": "amqp://"}[stack.broker_kind]
+    assert f'"Connected to {scheme}' in stack.log("worker"), stack.log("worker")[-2000:]
 
     # What `curl /metrics` gets from the web process: valid Prometheus text with the task and
     # dispatch counters of this run.

@@ -48,7 +48,7 @@ def test_check_deploy_with_no_secrets_exits_non_zero_naming_each_one():
                 {"DJANGO_SETTINGS_MODULE": "config.settings.production"})
     assert done.returncode != 0
     for code, name in [("E001", "DJANGO_SECRET_KEY"), ("E003", "DJANGO_ALLOWED_HOSTS"),
-                       ("E004", "DJANGO_CSRF_TRUSTED_ORIGINS"), ("E005", "DATABASE_URL"), ("E006", "REDIS_URL"),
+                       ("E004", "DJANGO_CSRF_TRUSTED_ORIGINS"), ("E005", "DATABASE_URL"), ("E006", "CELERY_BROKER_URL"),
                        ("E007", "REFSERVICE_API_KEY"), ("E008", "REFSERVICE_WEBHOOK_SECRET"),
                        ("E009", "HELPDESK_API_TOKEN"), ("E011", "FAULTDESK_METRICS_TOKEN"), ("E018", "EMAIL_HOST"),
                        ("E019", "FAULTDESK_PUBLIC_BASE_URL")]:
@@ -93,6 +93,27 @@ def test_each_unsafe_value_is_named(env, problem):
     done = _run([sys.executable, "manage.py", "check", "--deploy"],
                 {"DJANGO_SETTINGS_MODULE": "config.settings.production", **REAL, **env})
     assert done.returncode != 0 and problem in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("env, broker, coordination", [
+    ({}, "redis://redis.invalid:6379/0", "RedisCache"),
+    ({"CELERY_BROKER_URL": "amqp://fd:pw@rabbit.invalid:5672/faultdesk"}, "amqp://fd:pw@rabbit.invalid:5672/faultdesk",
+     "RedisCache"),
+    ({"CELERY_BROKER_URL": "amqp://fd:pw@rabbit.invalid:5672/faultdesk", "REDIS_URL": ""},
+     "amqp://fd:pw@rabbit.invalid:5672/faultdesk", "DummyCache"),
+])
+def test_the_broker_is_celery_broker_url_else_redis_url(env, broker, coordination):
+    """RabbitMQ carries the messages when CELERY_BROKER_URL says amqp://; Redis (REDIS_URL) keeps the
+    coordination hints when it is there, and without it every commit sends (the dummy cache)."""
+    code = ("import json; from django.conf import settings as s; print(json.dumps([s.CELERY_BROKER_URL, "
+            "s.CACHES['coordination']['BACKEND'].rsplit('.', 1)[-1]]))")
+    done = _run([sys.executable, "manage.py", "shell", "-c", code],
+                {"DJANGO_SETTINGS_MODULE": "config.settings.production", **REAL, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [broker, coordination]
+    done = _run([sys.executable, "manage.py", "check", "--deploy"],
+                {"DJANGO_SETTINGS_MODULE": "config.settings.production", **REAL, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_every_deployment_entry_point_defaults_to_production(tmp_path):

@@ -12,7 +12,9 @@ Processes (DESIGN.md §2), run under supervisord with logs in ``var/log``:
   ``llama`` (the real SmolLM2-135M-Instruct under llama.cpp, :mod:`tools.modelserver`; ``make
   model`` builds it), which web and the workers then draft with.
 
-PostgreSQL and Redis are embedded unless ``DATABASE_URL`` / ``REDIS_URL`` are set.
+PostgreSQL and Redis are embedded unless ``DATABASE_URL`` / ``REDIS_URL`` are set. The broker is
+Redis unless ``CELERY_BROKER_URL`` names another (``amqp://guest:guest@127.0.0.1:5672//`` for the
+machine's RabbitMQ); Redis then keeps only the coordination hints.
 
 Usage: ``python -m tools.devstack up|down|status|demo [--no-wait] [--tenant acme|initech]``.
 """
@@ -135,7 +137,7 @@ def write_supervisor_conf() -> None:
     env = _env()
     keep = ("DJANGO_SETTINGS_MODULE", "REFSERVICE_URL", "REFSERVICE_API_KEY", "FAULTDESK_PUBLIC_BASE_URL",
             "REFSERVICE_WEBHOOK_SECRET", "REFSERVICE_WEBHOOK_URL",
-            "PYTHONUNBUFFERED", "DATABASE_URL", "REDIS_URL", "PATH", "HOME", "DJANGO_SECRET_KEY",
+            "PYTHONUNBUFFERED", "DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "PATH", "HOME", "DJANGO_SECRET_KEY",
             "FAULTDESK_MODEL_PROVIDER", "FAULTDESK_MODEL_BASE_URL", "FAULTDESK_MODEL_API_KEY", "FAULTDESK_MODEL_NAME",
             "FAULTDESK_MODEL_TIMEOUT_SECONDS", "FAULTDESK_MODEL_MAX_OUTPUT_TOKENS", "FAULTDESK_MODEL_RESPONSE_FORMAT",
             "HELPDESK_URL", "HELPDESK_API_TOKEN")

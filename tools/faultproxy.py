@@ -12,6 +12,13 @@ Every request is forwarded unchanged to ``upstream``. Faults armed through
 * ``fail_503``: answer 503 without forwarding (nothing happened);
 * ``delay``: sleep, then forward.
 
+``POST /_proxy/partition`` with ``{"seconds": S}`` cuts the network between the clients and the
+upstream for ``S`` seconds (``0`` heals it at once), as a partition that drops packets both ways
+would: a request that arrives during it is never forwarded and gets no answer (its connection is
+held until the partition heals, then closed); a request forwarded before it began whose answer comes
+back during it loses that answer (the upstream may have committed). Reads and writes alike, every
+path. ``GET /_proxy/partition`` tells whether one is on and how many requests it swallowed.
+
 Run: ``python -m tools.faultproxy --port P --upstream http://127.0.0.1:8766``.
 Standard library only; one thread per connection.
 """
@@ -55,6 +62,18 @@ class _Handler(BaseHTTPRequestHandler):
             except ApiError as exc:
                 return self._answer(exc.status, exc.body)
             return self._answer(200, self.server.faults.arm(mode, count, delay))
+        if self.path == "/_proxy/partition":
+            if self.command == "POST":
+                try:
+                    seconds = float(parse_json_object(body).get("seconds", 0))
+                except (ApiError, TypeError, ValueError):
+                    return self._answer(400, {"error": "bad_request", "detail": "seconds: a number"})
+                if not 0 <= seconds <= 3600:
+                    return self._answer(400, {"error": "bad_request", "detail": "seconds: 0 to 3600"})
+                self.server.partition_for(seconds)
+            return self._answer(200, self.server.partition_state())
+        if self.server.partitioned():
+            return self._swallow()
         fault = None
         if self.command in ("POST", "PATCH") and self.path.startswith(self.server.fault_prefix):
             fault = self.server.faults.take()
@@ -66,6 +85,8 @@ class _Handler(BaseHTTPRequestHandler):
             status, headers, payload = self._forward(body)
         except OSError as exc:
             return self._answer(502, {"error": "bad_gateway", "detail": repr(exc)})
+        if self.server.partitioned():
+            return self._swallow()
         if fault and fault.mode == "drop_after_commit":
             log.warning("fault drop_after_commit: %s %s answered %s upstream; dropping it", self.command,
                         self.path, status)
@@ -79,6 +100,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
         return None
+
+    def _swallow(self):
+        """What a partition does to a request: no answer until it heals, then a closed connection."""
+        self.server.count_swallowed()
+        log.warning("partition: %s %s swallowed", self.command, self.path)
+        self.server.wait_healed()
+        self.close_connection = True
 
     def _forward(self, body: bytes):
         up = self.server.upstream
@@ -117,7 +145,45 @@ class FaultProxy(ThreadingHTTPServer):
         self.fault_prefix = fault_prefix
         self.upstream_timeout = upstream_timeout
         self.faults = FaultInjector()
+        self._partition_lock = threading.Lock()
+        self._healed = threading.Event()
+        self._healed.set()
+        self._partition_until = 0.0
+        self._swallowed = 0
         super().__init__(address, _Handler)
+
+    def partition_for(self, seconds: float) -> None:
+        """Cut the network for ``seconds`` from now (0: heal now); a later call replaces the end."""
+        with self._partition_lock:
+            self._partition_until = time.monotonic() + seconds
+            if seconds > 0:
+                self._healed.clear()
+                threading.Timer(seconds, self._heal_if_due).start()
+            else:
+                self._healed.set()
+
+    def _heal_if_due(self) -> None:
+        with self._partition_lock:
+            if time.monotonic() >= self._partition_until - 0.01:
+                self._healed.set()
+
+    def partitioned(self) -> bool:
+        """True while a partition is on."""
+        return not self._healed.is_set()
+
+    def wait_healed(self) -> None:
+        """Block until the partition heals."""
+        self._healed.wait()
+
+    def count_swallowed(self) -> None:
+        with self._partition_lock:
+            self._swallowed += 1
+
+    def partition_state(self) -> dict:
+        """``{"partitioned": bool, "seconds_left": float, "swallowed": int}``."""
+        with self._partition_lock:
+            left = max(0.0, self._partition_until - time.monotonic()) if self.partitioned() else 0.0
+            return {"partitioned": self.partitioned(), "seconds_left": round(left, 3), "swallowed": self._swallowed}
 
     @property
     def url(self) -> str:

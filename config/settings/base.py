@@ -243,24 +243,28 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# --- Celery (DESIGN.md §2): Redis is a hint to run, PostgreSQL is the truth -------------------
-CELERY_BROKER_URL = env("REDIS_URL", default=embedded.redis_url())
+# --- Celery (DESIGN.md §2): the broker is a hint to run, PostgreSQL is the truth -------------------
+# The broker: CELERY_BROKER_URL (redis://… or amqp://… for RabbitMQ), else REDIS_URL, else the embedded
+# Redis. REDIS_URL stays the coordination cache's store whichever broker carries the messages.
+REDIS_URL = env("REDIS_URL", default=embedded.redis_url())
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="") or REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 
 
-def coordination_cache(broker_url: str) -> dict:
+def coordination_cache(redis_url: str) -> dict:
     """The ``CACHES`` entry of the hints processes share (apps/core/queue.py: a dispatcher kick
-    already waiting): the broker's Redis when the broker is Redis (``redis://``, ``rediss://``, or
-    kombu's ``redis+socket://PATH?virtual_host=N``). With any other broker there is no shared
-    store, and a cache of each process's own would be wrong (the flag one process sets is cleared
-    in another), so it is Django's dummy cache, whose ``add`` always succeeds: every commit sends.
-    Never ``clear()`` this cache: on Redis that flushes the broker's database."""
+    already waiting), given the Redis URL of the deployment (``REDIS_URL``; with RabbitMQ as the
+    broker Redis still holds these hints when it is there): ``redis://``, ``rediss://``, or kombu's
+    ``redis+socket://PATH?virtual_host=N``. With no Redis (an empty or non-Redis URL) there is no
+    shared store, and a cache of each process's own would be wrong (the flag one process sets is
+    cleared in another), so it is Django's dummy cache, whose ``add`` always succeeds: every commit
+    sends. Never ``clear()`` this cache: on a Redis broker that flushes the broker's database."""
     from urllib.parse import parse_qs, urlsplit
 
-    if broker_url.startswith(("redis://", "rediss://")):
-        return {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": broker_url}
-    if broker_url.startswith("redis+socket://"):
-        parts = urlsplit(broker_url)
+    if redis_url.startswith(("redis://", "rediss://")):
+        return {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url}
+    if redis_url.startswith("redis+socket://"):
+        parts = urlsplit(redis_url)
         db = (parse_qs(parts.query).get("virtual_host") or ["0"])[0]
         return {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                 "LOCATION": f"unix://{parts.path}?db={db}"}
@@ -269,13 +273,17 @@ def coordination_cache(broker_url: str) -> dict:
 
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "coordination": coordination_cache(CELERY_BROKER_URL),
+    "coordination": coordination_cache(REDIS_URL),
 }
 # Workers log through Django's LOGGING (structured JSON), not Celery's own plain-text root handler.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# On RabbitMQ a worker whose broker connection drops has its unacknowledged messages redelivered to
+# another consumer at once; the tasks it was still running are cancelled rather than finished twice
+# (a late finisher would be fenced out anyway). Celery 6's default; Celery 5 warns without it.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "agent"
 # Celery tasks are addressed by name (apps/core/queue.py); each name is routed to its queue here.

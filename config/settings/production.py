@@ -30,8 +30,11 @@ if _database_url:
     DATABASES["default"] = timeout_options(DATABASES["default"], **DATABASE_TIMEOUTS)  # noqa: F405
     DATABASES["default"] = binding_options(DATABASES["default"],  # noqa: F405
                                            prepare_threshold=DATABASE_PREPARE_THRESHOLD)  # noqa: F405
-CELERY_BROKER_URL = env("REDIS_URL", default="")
-CACHES = {**CACHES, "coordination": coordination_cache(CELERY_BROKER_URL)}  # noqa: F405
+# The broker: CELERY_BROKER_URL (amqp://… for RabbitMQ, or redis://…), else REDIS_URL. REDIS_URL is
+# also the coordination cache's store; without Redis the hints fall back to always sending.
+REDIS_URL = env("REDIS_URL", default="")
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="") or REDIS_URL
+CACHES = {**CACHES, "coordination": coordination_cache(REDIS_URL)}  # noqa: F405
 
 FAULTDESK = {  # noqa: F405 - no development secret survives: each is read again, without a default
     **FAULTDESK,  # noqa: F405
