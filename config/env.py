@@ -12,8 +12,13 @@ from pathlib import Path
 
 import environ
 
-BASE_DIR: Path = Path(__file__).resolve().parent.parent
-VAR_DIR: Path = BASE_DIR / "var"
+#: The tree that holds ``templates/``, ``static/`` and ``config/locale/``: the source checkout, or,
+#: for an installed build (deploy/image/build.sh: the code installed into a virtualenv, those files
+#: beside it), the directory ``FAULTDESK_HOME`` names.
+BASE_DIR: Path = Path(os.environ.get("FAULTDESK_HOME") or Path(__file__).resolve().parent.parent)
+#: Run-time data (attachments, mail files, beat's schedule, the embedded servers): ``FAULTDESK_VAR_DIR``,
+#: or ``var/`` in :data:`BASE_DIR`. The only directory a running process writes to (docs/deploy.md).
+VAR_DIR: Path = Path(os.environ.get("FAULTDESK_VAR_DIR") or BASE_DIR / "var")
 
 env = environ.Env()
 #: ``.env`` at the repository root (``make`` writes one for development), or the file ``ENV_FILE``

@@ -22,15 +22,19 @@ LOCALES = ("en", "zh_Hans")
 EXTRACT_IGNORE = (".venv/*", "var/*", "tools/*", "tests/*", "docs/*", "static/*", "*/tests/*", "build/*")
 
 
-def compile_catalogues(*, force: bool = False) -> list[Path]:
-    """Write the ``.mo`` of every ``.po`` under :data:`LOCALE_DIR` that is missing or older than
-    its ``.po`` (all of them with ``force``); returns the ``.mo`` paths written. Fuzzy entries are
-    left out, as ``msgfmt`` does. Raises ``OSError``/``ValueError`` (polib) on an unreadable
-    catalogue."""
+def compile_catalogues(*, force: bool = False, locale_dir: Path = LOCALE_DIR) -> list[Path]:
+    """Write the ``.mo`` of every ``.po`` under ``locale_dir`` (default :data:`LOCALE_DIR`; an
+    installed build's copy: deploy/image/build.sh) that is missing or older than its ``.po`` (all
+    of them with ``force``); returns the ``.mo`` paths written. Fuzzy entries are left out, as
+    ``msgfmt`` does. Raises ``OSError``/``ValueError`` (polib) on an unreadable catalogue, and
+    ``FileNotFoundError`` when ``locale_dir`` holds no catalogue at all."""
     import polib
 
     written = []
-    for po_path in sorted(LOCALE_DIR.glob("*/LC_MESSAGES/*.po")):
+    catalogues = sorted(locale_dir.glob("*/LC_MESSAGES/*.po"))
+    if not catalogues:
+        raise FileNotFoundError(f"no catalogue (*/LC_MESSAGES/*.po) under {locale_dir}")
+    for po_path in catalogues:
         mo_path = po_path.with_suffix(".mo")
         if not force and mo_path.exists() and mo_path.stat().st_mtime >= po_path.stat().st_mtime:
             continue
@@ -97,10 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["compile", "extract", "msgids"])
     parser.add_argument("paths", nargs="*", help="msgids: the files to read")
     parser.add_argument("--force", action="store_true", help="compile every catalogue, stale or not")
+    parser.add_argument("--locale-dir", type=Path, default=LOCALE_DIR,
+                        help="compile: the catalogues under this directory (default: the checkout's config/locale)")
     args = parser.parse_args(argv)
     if args.command == "compile":
-        for path in compile_catalogues(force=args.force):
-            print(f"compiled {path.relative_to(BASE_DIR)}")
+        try:
+            written = compile_catalogues(force=args.force, locale_dir=args.locale_dir)
+        except FileNotFoundError as exc:
+            parser.exit(2, f"python -m tools.i18n compile: {exc}\n")
+        for path in written:
+            print(f"compiled {path.relative_to(BASE_DIR) if path.is_relative_to(BASE_DIR) else path}")
     elif args.command == "msgids":
         import json
 

@@ -176,7 +176,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "staticfiles"
+# where collectstatic puts them (an image collects them at build time, outside its data volume)
+STATIC_ROOT = env("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "staticfiles"))
 STATICFILES_DIRS = [BASE_DIR / "static"]
 
 
