@@ -12,6 +12,9 @@ One run, started by beat (``purge_expired``) or ``manage.py purge``:
    - ``excerpts``: evidence excerpts out of finished tasks' state, events and snapshots;
    - ``payload``: finished tasks' event payloads, snapshots and report text (the event skeleton —
      type, seq, digest — stays; :func:`apps.tasks.replay.task_replay` reports such a task as purged);
+   - ``approvals_payload``, ``approvals_excerpts``: the copies of evidence excerpts and free text in
+     the decided approvals of tasks purged to that level (:mod:`apps.approvals.retention`; the
+     binding — h(a), status, decider, times — stays);
    - ``attempts``, ``outbox``, ``webhooks``: rows deleted;
 3. stops when nothing is left or its time budget (``PURGE_TIME_BUDGET_SECONDS``) is spent (the next
    run goes on), and records a :class:`~apps.retention.models.PurgeRun` with the rows and bytes per
@@ -39,6 +42,7 @@ from django.utils import timezone
 from apps.accounts.models import Tenant
 from apps.actions import retention as attempts
 from apps.actions.checks import key_retention_needed_days
+from apps.approvals import retention as approvals
 from apps.core.retention import PurgeCounts, Purged
 from apps.events.retention import EXCERPTS, PAYLOAD
 from apps.outbox import retention as outbox
@@ -156,6 +160,7 @@ def _batched(run: _Run, tally: _Tally, step: str, table: str | None,
 
 def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) -> None:
     from apps.actions.models import ActionAttempt
+    from apps.approvals.models import ApprovalRequest
     from apps.outbox.models import OutboxMessage
     from apps.tickets.models import InboundWebhook
 
@@ -167,6 +172,10 @@ def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) 
             keys_before = cut.keys if level == PAYLOAD else None
             _batched(run, tally, level, None, lambda level=level, before=before, keys_before=keys_before:
                      tasks.purge_task_batch(tenant_id, level, before=before, keys_before=keys_before, limit=b, at=at))
+        # approvals follow their task: a decided approval's copies go to the level its task is at
+        for level in (PAYLOAD, EXCERPTS):
+            _batched(run, tally, f"approvals_{level}", ApprovalRequest._meta.db_table, lambda level=level: _rows(
+                approvals.purge_approvals_batch(tenant_id, level, limit=b, at=at)))
         finished = sorted(reducer.TERMINAL)
         _batched(run, tally, "attempts", ActionAttempt._meta.db_table, lambda: _rows(attempts.purge_attempts_batch(
             tenant_id, before=cut.attempts, keys_before=cut.keys, task_statuses=finished, limit=b)))
