@@ -16,6 +16,10 @@ One run, started by beat (``purge_expired``) or ``manage.py purge``:
      the decided approvals of tasks purged to that level (:mod:`apps.approvals.retention`; the
      binding — h(a), status, decider, times — stays);
    - ``attempts``, ``outbox``, ``webhooks``: rows deleted;
+   - ``attachments``: the stored files of payload-purged tasks deleted, their rows marked
+     (:mod:`apps.attachments.retention`; a file an open delivery still sends stays);
+   - ``notifications``: the free text of finished notifications emptied
+     (:mod:`apps.notifications.retention`);
 3. stops when nothing is left or its time budget (``PURGE_TIME_BUDGET_SECONDS``) is spent (the next
    run goes on), and records a :class:`~apps.retention.models.PurgeRun` with the rows and bytes per
    table.
@@ -43,8 +47,10 @@ from apps.accounts.models import Tenant
 from apps.actions import retention as attempts
 from apps.actions.checks import key_retention_needed_days
 from apps.approvals import retention as approvals
+from apps.attachments import retention as attachments
 from apps.core.retention import PurgeCounts, Purged
 from apps.events.retention import EXCERPTS, PAYLOAD
+from apps.notifications import retention as notifications
 from apps.outbox import retention as outbox
 from apps.retention.models import DAY_FIELDS, PurgeRun, RetentionPolicy
 from apps.tasks import reducer
@@ -69,6 +75,7 @@ class Cutoffs:
     webhooks: datetime
     attempts: datetime
     outbox: datetime
+    notifications: datetime
     keys: datetime
 
 
@@ -161,6 +168,7 @@ def _batched(run: _Run, tally: _Tally, step: str, table: str | None,
 def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) -> None:
     from apps.actions.models import ActionAttempt
     from apps.approvals.models import ApprovalRequest
+    from apps.notifications.models import Notification
     from apps.outbox.models import OutboxMessage
     from apps.tickets.models import InboundWebhook
 
@@ -181,6 +189,12 @@ def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) 
             tenant_id, before=cut.attempts, keys_before=cut.keys, task_statuses=finished, limit=b)))
         _batched(run, tally, "outbox", OutboxMessage._meta.db_table, lambda: _rows(outbox.purge_messages_batch(
             tenant_id, before=cut.outbox, keys_before=cut.keys, task_statuses=finished, limit=b)))
+        # a purged payload takes the report's files with it (an open delivery keeps them)
+        _batched(run, tally, "attachments", None, lambda: attachments.purge_attachments_batch(
+            tenant_id, task_statuses=finished, limit=b, at=at))
+        _batched(run, tally, "notifications", Notification._meta.db_table, lambda: _rows(
+            notifications.purge_notifications_batch(tenant_id, before=cut.notifications, task_statuses=finished,
+                                                    limit=b, at=at)))
     _batched(run, tally, "webhooks", InboundWebhook._meta.db_table, lambda: _rows(webhooks.purge_webhooks_batch(
         tenant_id, before=cut.webhooks, keys_before=cut.keys, limit=b)))
 
