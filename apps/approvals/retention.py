@@ -25,7 +25,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
-from apps.core.retention import Purged, column_sizes
+from apps.core.retention import PurgeCounts, Purged, column_sizes
 from apps.events.retention import EXCERPTS, LEVELS, PAYLOAD, level_rank
 
 
@@ -44,19 +44,45 @@ def purgeable_approvals(tenant_id: int, level: str):
 
 def purge_approvals_batch(tenant_id: int, level: str, *, limit: int, at: datetime) -> Purged:
     """Purge the copies of up to ``limit`` of :func:`purgeable_approvals` that nothing holds
-    (``FOR UPDATE SKIP LOCKED``) to ``level``, in one transaction, stamping ``purged_at = at``.
-    Returns the rows changed and the bytes of ``params`` and ``evidence`` freed. Raises
-    ``ValueError`` for an unknown level."""
-    table = ApprovalRequest._meta.db_table
+    (``FOR UPDATE SKIP LOCKED``) to ``level``, in one transaction, stamping ``purged_at = at``: the
+    catch-up for approvals their task's batch left (decided later, locked then, or of tasks purged
+    before this step existed). Returns the rows changed and the bytes of ``params`` and
+    ``evidence`` freed. Raises ``ValueError`` for an unknown level."""
     with transaction.atomic():
-        ids = list(purgeable_approvals(tenant_id, level).select_for_update(skip_locked=True, of=("self",))
-                   .order_by("pk").values_list("pk", flat=True)[:limit])
-        if not ids:
-            return Purged()
-        before = column_sizes(table, "params, evidence", ids)
-        with connection.cursor() as cur:
-            cur.execute(f"UPDATE {table} SET params = faultdesk_approval_purged_params(params, %s), "  # noqa: S608
-                        "evidence = faultdesk_approval_purged_evidence(evidence, %s), purged = %s, purged_at = %s "
-                        "WHERE id = ANY(%s)", [level, level, level, at, ids])
-        after = column_sizes(table, "params, evidence", ids)
-        return Purged(len(ids), sum(before.values()) - sum(after.values()))
+        return _purge(purgeable_approvals(tenant_id, level), level, limit=limit, at=at)
+
+
+def purge_task_approvals(task_ids: list, level: str, *, at: datetime) -> PurgeCounts:
+    """Purge the copies of the decided approvals of ``task_ids`` to ``level``, in the caller's
+    transaction — the task batch that has just purged those tasks to ``level``
+    (:func:`apps.tasks.retention.purge_task_batch`'s ``also``). Rows another transaction holds are
+    skipped (:func:`purge_approvals_batch` takes them later). Returns the counts under the
+    approvals table. Raises ``ValueError`` for an unknown level."""
+    if level not in (EXCERPTS, PAYLOAD):
+        raise ValueError(f"unknown purge level {level!r}")
+    lower = [lv for lv in LEVELS if level_rank(lv) < level_rank(level)]
+    rows = (ApprovalRequest.objects.filter(task_id__in=list(task_ids), purged__in=lower)
+            .exclude(status=ApprovalStatus.PENDING))
+    counts = PurgeCounts()
+    purged = _purge(rows, level, limit=None, at=at)
+    if purged.rows:
+        counts.add(ApprovalRequest._meta.db_table, purged)
+    return counts
+
+
+def _purge(rows, level: str, *, limit: int | None, at: datetime) -> Purged:
+    """Lock ``rows`` (a queryset; at most ``limit``) that nothing holds and empty their copies to
+    ``level`` with the SQL functions the trigger checks against. Call inside a transaction."""
+    table = ApprovalRequest._meta.db_table
+    # no order: a scan in key order reads the whole table before it finds a row (SKIP LOCKED never waits)
+    ids = rows.select_for_update(skip_locked=True, of=("self",)).order_by().values_list("pk", flat=True)
+    ids = list(ids[:limit] if limit is not None else ids)
+    if not ids:
+        return Purged()
+    before = column_sizes(table, "params, evidence", ids)
+    with connection.cursor() as cur:
+        cur.execute(f"UPDATE {table} SET params = faultdesk_approval_purged_params(params, %s), "  # noqa: S608
+                    "evidence = faultdesk_approval_purged_evidence(evidence, %s), purged = %s, purged_at = %s "
+                    "WHERE id = ANY(%s)", [level, level, level, at, ids])
+    after = column_sizes(table, "params, evidence", ids)
+    return Purged(len(ids), sum(before.values()) - sum(after.values()))

@@ -12,9 +12,10 @@ One run, started by beat (``purge_expired``) or ``manage.py purge``:
    - ``excerpts``: evidence excerpts out of finished tasks' state, events and snapshots;
    - ``payload``: finished tasks' event payloads, snapshots and report text (the event skeleton —
      type, seq, digest — stays; :func:`apps.tasks.replay.task_replay` reports such a task as purged);
-   - ``approvals_payload``, ``approvals_excerpts``: the copies of evidence excerpts and free text in
-     the decided approvals of tasks purged to that level (:mod:`apps.approvals.retention`; the
-     binding — h(a), status, decider, times — stays);
+   - with each task batch, in its transaction: the copies of evidence excerpts and free text in the
+     task's decided approvals (:mod:`apps.approvals.retention`; the binding — h(a), status,
+     decider, times — stays); ``approvals_payload``, ``approvals_excerpts`` catch up with the
+     approvals a batch left (a row locked then, tasks purged before approvals were);
    - ``attempts``, ``outbox``, ``webhooks``: rows deleted;
    - ``attachments``: the stored files of payload-purged tasks deleted, their rows marked
      (:mod:`apps.attachments.retention`; a file an open delivery still sends stays);
@@ -178,9 +179,12 @@ def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) 
         # the payload level first: it takes the excerpts with it, so a task past both is rewritten once
         for level, before in ((PAYLOAD, cut.payloads), (EXCERPTS, cut.excerpts)):
             keys_before = cut.keys if level == PAYLOAD else None
+            # a decided approval's copies go with its task, in the task's batch
             _batched(run, tally, level, None, lambda level=level, before=before, keys_before=keys_before:
-                     tasks.purge_task_batch(tenant_id, level, before=before, keys_before=keys_before, limit=b, at=at))
-        # approvals follow their task: a decided approval's copies go to the level its task is at
+                     tasks.purge_task_batch(tenant_id, level, before=before, keys_before=keys_before, limit=b, at=at,
+                                            also=lambda ids, level=level: approvals.purge_task_approvals(
+                                                ids, level, at=at)))
+        # the approvals a task's batch left (locked then, or of tasks purged before approvals were)
         for level in (PAYLOAD, EXCERPTS):
             _batched(run, tally, f"approvals_{level}", ApprovalRequest._meta.db_table, lambda level=level: _rows(
                 approvals.purge_approvals_batch(tenant_id, level, limit=b, at=at)))

@@ -116,6 +116,30 @@ def test_excerpts_go_first_and_the_parameters_follow_at_the_payload_level(reques
     assert approval.purged == "payload" and approval.params["title"] == ""
 
 
+def test_the_task_batch_takes_its_approvals_and_the_catch_up_takes_what_a_batch_left(
+        requester, approver, device, kb, refservice, monkeypatch):
+    from apps.approvals import retention as approval_retention
+    from apps.core.retention import PurgeCounts
+
+    first, left = _completed(requester, approver, device)
+    _age(first, 200)
+    # a task purged before its approvals were (an older build, or the approval row locked then)
+    monkeypatch.setattr(approval_retention, "purge_task_approvals", lambda ids, level, at: PurgeCounts())
+    monkeypatch.setattr(approval_retention, "purge_approvals_batch", lambda *a, **kw: approval_retention.Purged())
+    purge_run()
+    left.refresh_from_db()
+    assert Task.objects.get(pk=first.pk).purged == "payload" and left.purged == ""
+    monkeypatch.undo()
+    second, taken = _completed(requester, approver, device)
+    _age(second, 200)
+    run = purge_run()
+    assert run.tables["approvals_approvalrequest"]["rows"] == 2
+    assert [r.tasks for r in run.records] == [{"excerpts": 0, "payload": 1}]
+    for a in (left, taken):
+        a.refresh_from_db()
+        assert a.purged == "payload" and all(a.params.get(k, "") == "" for k in ("title", "description", "body"))
+
+
 def test_a_pending_approval_and_the_approval_of_an_unpurged_task_are_left(requester, approver, device, kb,
                                                                          refservice):
     waiting = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
