@@ -135,6 +135,41 @@ def test_tasks_without_a_decision_point_are_shown_and_counted_and_alone_check_no
     assert code == 1 and "no decision point was re-driven (1 task(s) selected): the gate checked nothing" in out
 
 
+def test_purged_tasks_are_counted_apart_and_a_selection_of_only_purged_tasks_says_why_it_checked_nothing(
+        proposed, requester, approver, device, model_server):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.actions.models import Action
+    from apps.retention.purge import purge_run
+    from tests.factories import DeviceFactory
+
+    approval = ApprovalRequest.objects.get(task=proposed, status=ApprovalStatus.PENDING)
+    approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve", reason="ok")
+    done = drive(proposed.pk)
+    assert done.status == reducer.COMPLETED
+    long_ago = timezone.now() - timedelta(days=200)
+    Task.objects.filter(pk=done.pk).update(updated_at=long_ago)
+    Action.objects.filter(task=done).update(created_at=long_ago)
+    assert purge_run().tasks["payload"] == 1
+
+    code, out = _run("--bundle", "pinned")
+
+    assert code == 1, out
+    assert f"task {done.pk}: not checked: purged by retention (payload)" in out
+    assert "tasks=1 decision_points=0" in out and "no_decision_point_tasks=0 purged_tasks=1" in out
+    assert "all 1 task(s) selected were purged by retention (their recorded inputs are gone): " \
+           "the gate checked nothing" in out
+    # beside a task it can check, a purged one is named and counted, and does not fail the gate
+    model_server.set_script([{"reply": "draft", "overrides": {"priority": "P4"}}])
+    fresh = _submit(requester, DeviceFactory(tenant=device.tenant, asset_tag="PRN-0996"))
+    assert fresh.status == reducer.WAITING_APPROVAL
+    code, out = _run("--bundle", "pinned")
+    assert code == 0, out
+    assert "tasks=2 decision_points=1" in out and "no_decision_point_tasks=0 purged_tasks=1" in out
+
+
 # --- 3. a reply recorded cut is not re-parsed ------------------------------------------------------
 
 @pytest.mark.allow_divergence  # the recorded reply is cut on purpose, as builds before the whole reply was kept did

@@ -109,6 +109,16 @@ def test_a_purge_over_a_large_history_keeps_replay_reconciliation_and_idempotenc
         assert bool(result.purged) == bool(task.purged)
         assert task_actions_audit(task) == []
 
+    # approvals follow their task: a decided one is purged to its task's level and its binding still
+    # audits against what was sent — as purged, never as differing; a pending one is whole
+    from apps.approvals.services import approval_binding_audit
+
+    for approval in ApprovalRequest.objects.select_related("task"):
+        expected = approval.task.purged if approval.status != ApprovalStatus.PENDING else ""
+        assert approval.purged == expected, (approval.pk, approval.status, approval.task.purged)
+        audit = approval_binding_audit(approval=approval)
+        assert audit.state == ("purged" if expected else "ok" if approval.status == "APPROVED" else "unsent"), audit
+
     # reconciliation: the 400-day-old unknown outcome is still found by its key
     unknown = drive(unknown.pk)
     action = Action.objects.get(task=unknown)

@@ -140,12 +140,14 @@ class TaskReplay:
     """A task's decision points under the candidate bundle. ``unreplayable`` says why the task (or
     its rest, after the points listed) could not be re-driven — a gate that could not check it has
     not passed it; ``skipped`` says why it has no decision point at all (it ended, or stands, before
-    any model reply or draft)."""
+    any model reply or draft, or retention purged its inputs); ``purged`` is the task's retention
+    level (``excerpts``, ``payload``) when that is why."""
 
     task_id: str
     points: list[Point] = field(default_factory=list)
     skipped: str = ""
     unreplayable: str = ""
+    purged: str = ""
 
     @property
     def unreplayable_points(self) -> list[Point]:
@@ -417,12 +419,14 @@ def trajectory_replay(task: Task, overrides: dict, *, live: bool = False) -> Tas
     A task its own bundle cannot run in this build (a part the candidate does not replace), whose
     reducer refuses one of its events, or whose model change only ``live`` can judge, is returned
     with ``unreplayable`` set (and the points before, if any); one without any decision point with
-    ``skipped`` set."""
+    ``skipped`` set, and one retention purged (``apps.tasks.retention``) with ``skipped`` and
+    ``purged`` set: its recorded inputs are gone, nothing of it can be re-driven."""
     pinned = task.artifact_bundle or {}
     result = TaskReplay(task_id=str(task.pk))
     if getattr(task, "purged", ""):
         # retention took the recorded inputs (apps.tasks.retention): nothing is left to re-drive
         result.skipped = f"purged by retention ({task.purged}): its recorded inputs are gone"
+        result.purged = task.purged
         return result
     if problem := _own_problem(pinned, overrides):
         result.unreplayable = f"its pinned bundle cannot run in this build: {problem}"
@@ -471,7 +475,8 @@ class Totals:
     """Totals over a run: tasks, decision points, tasks and points with a decision divergence,
     divergences per field, describing changes per field, tasks and points that could not be
     re-driven (``unreplayable_*``; the gate fails on them), tasks without a decision point
-    (``no_point_tasks``), and the run's wall time."""
+    (``no_point_tasks``), tasks whose recorded inputs retention purged (``purged_tasks``: never
+    checked, counted apart from both), and the run's wall time."""
 
     tasks: int = 0
     points: int = 0
@@ -482,6 +487,7 @@ class Totals:
     unreplayable_tasks: int = 0
     unreplayable_points: int = 0
     no_point_tasks: int = 0
+    purged_tasks: int = 0
     seconds: float = 0.0
 
 
@@ -504,6 +510,10 @@ def trajectories_replay(tasks, overrides: dict, *, live: bool = False, out=None)
     for task in tasks:
         replay = trajectory_replay(task, overrides, live=live)
         totals.tasks += 1
+        if replay.purged:
+            totals.purged_tasks += 1
+            say(f"task {replay.task_id}: not checked: {replay.skipped}")
+            continue
         if replay.skipped:
             totals.no_point_tasks += 1
             say(f"task {replay.task_id}: {replay.skipped}")

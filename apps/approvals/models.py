@@ -84,6 +84,11 @@ class ApprovalRequest(models.Model):
     respond_by = models.DateTimeField(null=True, blank=True,
                                       help_text="the request's respond-by due date (SLA) when this was asked; "
                                                 "the pending queue shows the soonest first")
+    # Retention (apps.approvals.retention): "" while whole, "excerpts" or "payload" once its copies of the
+    # evidence excerpts (and, at "payload", the free text of its parameters) were emptied, and when. The
+    # only change the binding trigger admits to ``params`` and ``evidence`` (migration 0007).
+    purged = models.CharField(max_length=16, blank=True, default="", db_default="")
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedManager()
 

@@ -133,10 +133,18 @@ def approval_shows_what_it_binds(approval: ApprovalRequest) -> bool:
                        params=approval.params) == approval.action_digest
 
 
+PURGED = "the approval's copy of what it approved was purged under the retention policy; its h(a) stays"
+
+
 @dataclass(frozen=True)
 class BindingCheck:
+    """The outcome of :func:`approval_check_binding`: ``ok``, else the first mismatch in
+    ``reason``; ``purged`` when the approval's copies were emptied by retention (never ``ok``: a
+    purged approval authorizes nothing more, and it is not a changed one either)."""
+
     ok: bool
     reason: str = ""
+    purged: bool = False
 
 
 def approval_check_binding(
@@ -146,12 +154,15 @@ def approval_check_binding(
     approved, same h(a) — ``action_digest`` recomputed by the caller from the parameters to be
     sent, and the approval's own shown parameters re-hashed — same V_o, not expired, and the
     approver still holds an approver role in the tenant now. Returns a :class:`BindingCheck`
-    whose ``reason`` names the first mismatch."""
+    whose ``reason`` names the first mismatch; an approval whose copies retention purged
+    (``apps.approvals.retention``) is reported as ``purged``, not as showing other parameters."""
     now = now or timezone.now()
     if approval.status != ApprovalStatus.APPROVED:
         return BindingCheck(False, f"approval is {approval.status}")
     if approval.action_digest != action_digest:
         return BindingCheck(False, "parameters changed since approval (digest mismatch)")
+    if approval.purged:
+        return BindingCheck(False, PURGED, purged=True)
     if not approval_shows_what_it_binds(approval):
         return BindingCheck(False, SHOWN_DIFFERS)
     if approval.object_version != object_version:
@@ -171,6 +182,44 @@ def approval_check_binding(
                                    f"v{current.policy_version}): only {' or '.join(current.approver_roles)} may "
                                    f"approve {approval.tool} now")
     return BindingCheck(True)
+
+
+@dataclass(frozen=True)
+class BindingAudit:
+    """What :func:`approval_binding_audit` found: ``state`` is ``"ok"`` (the copy re-hashes to h(a)
+    and every action sent under the approval carries that h(a)), ``"purged"`` (the same, except
+    the copy was emptied by retention: h(a) is checked against what was sent only), ``"unsent"``
+    (nothing was sent under it; the copy re-hashes, or was purged) or ``"differs"``; ``reason``
+    says why for anything but ``"ok"``."""
+
+    state: str
+    reason: str = ""
+
+
+def approval_binding_audit(*, approval: ApprovalRequest) -> BindingAudit:
+    """After the fact, compare what ``approval`` binds with what was sent under it (DESIGN.md §7,
+    §12 invariant 2): each action row it authorized must carry its h(a) (``params_digest``), and
+    that digest must be the hash of the parameters the row holds (what the ticket system got);
+    the approval's own copy must re-hash to h(a) — unless retention purged it, which is reported as
+    ``purged``, never as ``differs``. Reads the approval's action rows (one query). Returns a
+    :class:`BindingAudit`."""
+    from apps.actions.models import Action
+
+    actions = list(Action.objects.filter(approval_id=approval.pk).order_by("created_at"))
+    for action in actions:
+        if action.params_digest != approval.action_digest:
+            return BindingAudit("differs", f"action {action.pk} was sent with h(a) {action.params_digest[:12]}…, "
+                                           f"the approval binds {approval.action_digest[:12]}…")
+        sent = h_of_action(tool=action.tool, tool_version=action.tool_version, params=action.params)
+        if sent != action.params_digest:
+            return BindingAudit("differs", f"action {action.pk}: its parameters do not hash to its h(a)")
+    sent_any = bool(actions)
+    if approval.purged:
+        return BindingAudit("purged", f"{PURGED} ({approval.purged}, {approval.purged_at:%Y-%m-%d})"
+                            + ("" if sent_any else "; nothing was sent under it"))
+    if not approval_shows_what_it_binds(approval):
+        return BindingAudit("differs", SHOWN_DIFFERS)
+    return BindingAudit("ok") if sent_any else BindingAudit("unsent", "nothing was sent under it")
 
 
 def approval_check_binding_now(*, approval: ApprovalRequest, action_digest: str, now=None) -> BindingCheck:

@@ -42,6 +42,10 @@ class Attachment(models.Model):
     storage_key = models.CharField(max_length=300)
     text = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Retention (apps.attachments.retention): set when the task's payload was purged and this file went
+    # with it — the stored bytes deleted (unless another unpurged row holds the same bytes), ``name``
+    # and ``text`` emptied; the digest, type and size stay.
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedManager()
 

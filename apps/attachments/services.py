@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import storages
+from django.db import connection
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
@@ -157,8 +158,28 @@ def _holds(storage, key: str, sha256: str) -> bool:
     return digest.hexdigest() == sha256
 
 
+def storage_key_lock(key: str) -> None:
+    """Hold a transaction-level advisory lock on the stored file ``key`` until the caller's
+    transaction ends (call inside one). The retention purge holds it while it decides to delete a
+    file no row needs any more; :func:`attachments_record` while it makes sure its files are there."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"faultdesk.attachment:{key}"])
+
+
 def attachments_record(*, tenant_id: int, task_id: uuid.UUID, files: list[CheckedFile], keys: list[str]) -> None:
-    """Write the rows of ``task_id``'s attachments (in the caller's transaction: the task's own)."""
+    """Write the rows of ``task_id``'s attachments (in the caller's transaction: the task's own).
+
+    Each file's key is locked (:func:`storage_key_lock`, in key order) and its bytes stored again
+    when they are gone: the retention purge may have deleted the same content, held by a purged
+    task, between :func:`attachments_store` and this transaction. Raises what the storage raises."""
+    storage = storages[STORAGE_ALIAS]
+    for key in sorted(set(keys)):
+        storage_key_lock(key)
+    for f, key in zip(files, keys, strict=True):
+        if not storage.exists(key):
+            saved = storage.save(key, ContentFile(f.data))
+            if saved != key:  # stored meanwhile under the name: keep one copy
+                storage.delete(saved)
     Attachment.objects.bulk_create([
         Attachment(tenant_id=tenant_id, task_id=task_id, position=i, name=f.name, content_type=f.content_type,
                    kind=f.kind, size=f.size, sha256=f.sha256, storage_key=key, text=f.text)

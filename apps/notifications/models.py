@@ -115,6 +115,9 @@ class Notification(models.Model):
                                help_text="the digest e-mail that carried this item")
     created_at = models.DateTimeField(auto_now_add=True)
     sent_at = models.DateTimeField(null=True, blank=True)
+    # Retention (apps.notifications.retention): set when the free text of a finished notification's
+    # ``context`` (questions, reasons) was emptied past the tenant's policy; the rest stays.
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedManager()
 

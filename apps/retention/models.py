@@ -9,7 +9,8 @@ from django.utils.translation import gettext_lazy as _
 from apps.accounts.scoping import TenantScopedManager
 
 #: the policy's fields, each a number of days, and the FAULTDESK["RETENTION"] default it falls back to
-DAY_FIELDS = ("excerpts_days", "payloads_days", "webhooks_days", "attempts_days", "outbox_days")
+DAY_FIELDS = ("excerpts_days", "payloads_days", "webhooks_days", "attempts_days", "outbox_days",
+              "notifications_days")
 
 _days = [MinValueValidator(1), MaxValueValidator(36500)]
 
@@ -33,6 +34,9 @@ class RetentionPolicy(models.Model):
         null=True, blank=True, validators=_days, help_text=_("Dispatch attempts of settled actions."))
     outbox_days = models.PositiveIntegerField(
         null=True, blank=True, validators=_days, help_text=_("Finished outbox rows."))
+    notifications_days = models.PositiveIntegerField(
+        null=True, blank=True, validators=_days,
+        help_text=_("The words of a notification once it was sent (or given up): its questions and reasons."))
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = TenantScopedManager()

@@ -12,7 +12,15 @@ One run, started by beat (``purge_expired``) or ``manage.py purge``:
    - ``excerpts``: evidence excerpts out of finished tasks' state, events and snapshots;
    - ``payload``: finished tasks' event payloads, snapshots and report text (the event skeleton —
      type, seq, digest — stays; :func:`apps.tasks.replay.task_replay` reports such a task as purged);
+   - with each task batch, in its transaction: the copies of evidence excerpts and free text in the
+     task's decided approvals (:mod:`apps.approvals.retention`; the binding — h(a), status,
+     decider, times — stays); ``approvals_payload``, ``approvals_excerpts`` catch up with the
+     approvals a batch left (a row locked then, tasks purged before approvals were);
    - ``attempts``, ``outbox``, ``webhooks``: rows deleted;
+   - ``attachments``: the stored files of payload-purged tasks deleted, their rows marked
+     (:mod:`apps.attachments.retention`; a file an open delivery still sends stays);
+   - ``notifications``: the free text of finished notifications emptied
+     (:mod:`apps.notifications.retention`);
 3. stops when nothing is left or its time budget (``PURGE_TIME_BUDGET_SECONDS``) is spent (the next
    run goes on), and records a :class:`~apps.retention.models.PurgeRun` with the rows and bytes per
    table.
@@ -39,8 +47,11 @@ from django.utils import timezone
 from apps.accounts.models import Tenant
 from apps.actions import retention as attempts
 from apps.actions.checks import key_retention_needed_days
+from apps.approvals import retention as approvals
+from apps.attachments import retention as attachments
 from apps.core.retention import PurgeCounts, Purged
 from apps.events.retention import EXCERPTS, PAYLOAD
+from apps.notifications import retention as notifications
 from apps.outbox import retention as outbox
 from apps.retention.models import DAY_FIELDS, PurgeRun, RetentionPolicy
 from apps.tasks import reducer
@@ -65,6 +76,7 @@ class Cutoffs:
     webhooks: datetime
     attempts: datetime
     outbox: datetime
+    notifications: datetime
     keys: datetime
 
 
@@ -156,6 +168,8 @@ def _batched(run: _Run, tally: _Tally, step: str, table: str | None,
 
 def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) -> None:
     from apps.actions.models import ActionAttempt
+    from apps.approvals.models import ApprovalRequest
+    from apps.notifications.models import Notification
     from apps.outbox.models import OutboxMessage
     from apps.tickets.models import InboundWebhook
 
@@ -165,13 +179,26 @@ def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) 
         # the payload level first: it takes the excerpts with it, so a task past both is rewritten once
         for level, before in ((PAYLOAD, cut.payloads), (EXCERPTS, cut.excerpts)):
             keys_before = cut.keys if level == PAYLOAD else None
+            # a decided approval's copies go with its task, in the task's batch
             _batched(run, tally, level, None, lambda level=level, before=before, keys_before=keys_before:
-                     tasks.purge_task_batch(tenant_id, level, before=before, keys_before=keys_before, limit=b, at=at))
+                     tasks.purge_task_batch(tenant_id, level, before=before, keys_before=keys_before, limit=b, at=at,
+                                            also=lambda ids, level=level: approvals.purge_task_approvals(
+                                                ids, level, at=at)))
+        # the approvals a task's batch left (locked then, or of tasks purged before approvals were)
+        for level in (PAYLOAD, EXCERPTS):
+            _batched(run, tally, f"approvals_{level}", ApprovalRequest._meta.db_table, lambda level=level: _rows(
+                approvals.purge_approvals_batch(tenant_id, level, limit=b, at=at)))
         finished = sorted(reducer.TERMINAL)
         _batched(run, tally, "attempts", ActionAttempt._meta.db_table, lambda: _rows(attempts.purge_attempts_batch(
             tenant_id, before=cut.attempts, keys_before=cut.keys, task_statuses=finished, limit=b)))
         _batched(run, tally, "outbox", OutboxMessage._meta.db_table, lambda: _rows(outbox.purge_messages_batch(
             tenant_id, before=cut.outbox, keys_before=cut.keys, task_statuses=finished, limit=b)))
+        # a purged payload takes the report's files with it (an open delivery keeps them)
+        _batched(run, tally, "attachments", None, lambda: attachments.purge_attachments_batch(
+            tenant_id, task_statuses=finished, limit=b, at=at))
+        _batched(run, tally, "notifications", Notification._meta.db_table, lambda: _rows(
+            notifications.purge_notifications_batch(tenant_id, before=cut.notifications, task_statuses=finished,
+                                                    limit=b, at=at)))
     _batched(run, tally, "webhooks", InboundWebhook._meta.db_table, lambda: _rows(webhooks.purge_webhooks_batch(
         tenant_id, before=cut.webhooks, keys_before=cut.keys, limit=b)))
 

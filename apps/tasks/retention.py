@@ -25,6 +25,7 @@ events and snapshots are purged by :mod:`apps.events.retention` in the same tran
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from django.db import transaction
@@ -77,9 +78,13 @@ def eligible_tasks(tenant_id: int, level: str, *, before: datetime, keys_before:
 
 
 def purge_task_batch(tenant_id: int, level: str, *, before: datetime, keys_before: datetime | None,
-                     limit: int, at: datetime) -> tuple[int, PurgeCounts]:
+                     limit: int, at: datetime,
+                     also: Callable[[list], PurgeCounts] | None = None) -> tuple[int, PurgeCounts]:
     """Purge up to ``limit`` eligible tasks of ``tenant_id`` to ``level`` in one transaction.
-    Returns ``(tasks purged, counts)``; 0 tasks means nothing eligible was free to lock."""
+    ``also(task_ids)`` runs last in that transaction, with the ids of the tasks it purged: rows of
+    apps above this one that go with their task (a decided approval's copies), so they are never
+    left behind a purged task; its counts are added. Returns ``(tasks purged, counts)``; 0 tasks
+    means nothing eligible was free to lock."""
     with transaction.atomic():
         ids = list(eligible_tasks(tenant_id, level, before=before, keys_before=keys_before)
                    .select_for_update(skip_locked=True, of=("self",))
@@ -98,4 +103,6 @@ def purge_task_batch(tenant_id: int, level: str, *, before: datetime, keys_befor
                                                    lease_generation=F("lease_generation") + 1)
         after_sizes = column_sizes(table, size, ids)
         counts.add(table, Purged(len(ids), sum(before_sizes.values()) - sum(after_sizes.values())))
+        if also is not None:
+            counts.merge(also(ids))
         return len(ids), counts

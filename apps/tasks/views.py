@@ -122,13 +122,16 @@ def task_detail(request, task_id):
 def attachment_response(principal, task_id, sha256: str) -> FileResponse:
     """The stored file ``sha256`` of task ``task_id`` for ``principal``: 404 unless the principal may
     see the task (its requester, the tenant's approvers and admins; another tenant's task is as
-    absent as a task that does not exist) and the task has that file. A picture is shown in the
-    page; anything else is downloaded. The answer cannot run in the browser (``nosniff`` and a
-    sandboxing content security policy) and is not cached."""
+    absent as a task that does not exist) and the task has that file (a file the retention purge
+    took is a 404 saying so). A picture is shown in the page; anything else is downloaded. The
+    answer cannot run in the browser (``nosniff`` and a sandboxing content security policy) and is
+    not cached."""
     task = task_get(principal=principal, task_id=task_id) if _SHA256.fullmatch(sha256 or "") else None
     found = task and attachment_of_task(tenant_id=task.tenant_id, task_id=task.pk, sha256=sha256)
     if not found:
         raise Http404(_("attachment not found"))
+    if found.purged_at is not None:
+        raise Http404(_("the attachment's file was purged under the retention policy"))
     try:
         handle = attachment_open(found)
     except FileNotFoundError:

@@ -464,6 +464,7 @@ FAULTDESK = {
         "webhooks_days": env.int("FAULTDESK_RETENTION_WEBHOOKS_DAYS", default=30),
         "attempts_days": env.int("FAULTDESK_RETENTION_ATTEMPTS_DAYS", default=90),
         "outbox_days": env.int("FAULTDESK_RETENTION_OUTBOX_DAYS", default=7),
+        "notifications_days": env.int("FAULTDESK_RETENTION_NOTIFICATIONS_DAYS", default=90),
     },
     "PURGE_BATCH": env.int("FAULTDESK_PURGE_BATCH", default=200),
     "PURGE_LOCK_TIMEOUT_MS": env.int("FAULTDESK_PURGE_LOCK_TIMEOUT_MS", default=500),

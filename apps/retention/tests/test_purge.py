@@ -214,7 +214,7 @@ def test_a_run_stops_at_its_time_budget_and_the_next_goes_on(requester, approver
         assert cur.fetchone()[0] == 3
 
 
-@pytest.mark.parametrize("field", ["excerpts_days", "payloads_days", "outbox_days"])
+@pytest.mark.parametrize("field", ["excerpts_days", "payloads_days", "outbox_days", "notifications_days"])
 def test_a_policy_of_zero_days_is_refused(tenant, field):
     from django.core.exceptions import ValidationError
 
@@ -293,3 +293,17 @@ def test_a_run_that_fails_part_way_records_what_it_purged(requester, approver, d
     record = PurgeRun.objects.get()
     assert (record.complete, record.tasks["payload"], record.skipped) == (False, 1, {"error": 1})
     assert sorted(Task.objects.values_list("purged", flat=True)) == ["", "payload"]
+
+
+def test_the_notifications_field_falls_back_to_its_setting_and_the_admin_shows_it(tenant, client, admin_user,
+                                                                                 settings):
+    from apps.retention.purge import policy_days
+
+    settings.FAULTDESK = {**settings.FAULTDESK,
+                          "RETENTION": {**settings.FAULTDESK["RETENTION"], "notifications_days": 45}}
+    assert policy_days(None)["notifications_days"] == 45
+    policy = RetentionPolicy.objects.create(tenant=tenant, notifications_days=12)
+    assert policy_days(policy)["notifications_days"] == 12
+    client.force_login(admin_user)
+    page = client.get(reverse("admin:retention_retentionpolicy_change", args=[policy.pk])).content.decode()
+    assert 'name="notifications_days"' in page and 'value="12"' in page

@@ -2,9 +2,14 @@
 tasks through a candidate artifact bundle and fail on any divergence in a decision field, and on any
 task it could not re-drive (apps/agent/trajectories.py).
 
-Exit status: 0 when every decision point was re-driven and decided the same; 1 on a divergence, on
-a task or point that is not replayable, when no decision point was re-driven at all, or on a bad
-argument or a candidate this build cannot run; 2 when the recorded replies cannot judge the
+Tasks whose recorded inputs retention purged are listed as "not checked" and counted apart
+(``purged_tasks=N``): they are neither tasks without a decision point nor unreplayable ones.
+
+Exit status: 0 when every decision point was re-driven and decided the same (purged tasks among the
+selection do not change that: they are named and counted); 1 on a divergence, on a task or point
+that is not replayable, when no decision point was re-driven at all — the message says why: no task
+selected, every task selected purged by retention, or the tasks left had no decision point — or on
+a bad argument or a candidate this build cannot run; 2 when the recorded replies cannot judge the
 candidate (a new model without ``--live``, a new embedding model)."""
 
 from __future__ import annotations
@@ -67,10 +72,26 @@ def parse_bundle(text: str) -> dict:
     return out
 
 
+def _nothing_checked(totals) -> str:
+    """Why a run that re-drove no decision point checked nothing, for its exit message."""
+    if not totals.tasks:
+        return "no task was selected: the gate checked nothing"
+    if totals.purged_tasks == totals.tasks:
+        return (f"no decision point was re-driven: all {totals.tasks} task(s) selected were purged by retention "
+                "(their recorded inputs are gone): the gate checked nothing; select tasks still inside the "
+                "excerpt and payload retention")
+    why = f"{totals.tasks} task(s) selected"
+    if totals.purged_tasks:
+        why += f": {totals.purged_tasks} purged by retention, {totals.no_point_tasks} without a decision point"
+    return f"no decision point was re-driven ({why}): the gate checked nothing"
+
+
 class Command(BaseCommand):
     help = ("Re-drive recorded tasks' inputs through a candidate artifact bundle and print where its decisions "
-            f"({', '.join(DECISION_FIELDS)}) diverge; exits 1 on any divergence in a decision field or any task "
-            "it could not re-drive, 2 when only --live can judge the candidate.")
+            f"({', '.join(DECISION_FIELDS)}) diverge; exits 1 on any divergence in a decision field, any task "
+            "it could not re-drive, or when it re-drove no decision point at all (saying why: e.g. every task "
+            "selected was purged by retention), 2 when only --live can judge the candidate. Purged tasks are "
+            "counted apart (purged_tasks).")
 
     def add_arguments(self, parser):
         parser.add_argument("--bundle", required=True,
@@ -115,7 +136,8 @@ class Command(BaseCommand):
                           f"diverged_tasks={totals.diverged_tasks} diverged_points={totals.diverged_points} "
                           f"({by_field}); not_replayable_tasks={totals.unreplayable_tasks} "
                           f"not_replayable_points={totals.unreplayable_points} "
-                          f"no_decision_point_tasks={totals.no_point_tasks}; describing changes: {changes}; "
+                          f"no_decision_point_tasks={totals.no_point_tasks} purged_tasks={totals.purged_tasks}; "
+                          f"describing changes: {changes}; "
                           f"{totals.seconds:.1f} s")
         failures = []
         if totals.diverged_points:
@@ -126,7 +148,6 @@ class Command(BaseCommand):
                             f"({totals.unreplayable_points} decision point(s) not replayable): "
                             "the gate has not checked them")
         if not totals.points:
-            failures.append(f"no decision point was re-driven ({totals.tasks} task(s) selected): "
-                            "the gate checked nothing")
+            failures.append(_nothing_checked(totals))
         if failures:
             raise CommandError("; ".join(failures), returncode=1)
