@@ -316,8 +316,9 @@ def _submit_all(chaos: Chaos, plan: list[tuple[str, int]]) -> dict[str, list[str
 
 
 def _broker(kind: str) -> tuple[str, str]:
-    """``(broker URL, Redis URL)`` of the run: Redis database 8 of the embedded Redis, or a RabbitMQ
-    virtual host of the run's own (Redis then keeps only the coordination hints)."""
+    """``(broker URL, Redis URL)`` of the run: Redis database 8 of the embedded Redis (this checkout's
+    own), or a RabbitMQ virtual host named after this process (Redis then keeps only the coordination
+    hints)."""
     from config import embedded
     from tools import rabbitmq
 
@@ -327,7 +328,9 @@ def _broker(kind: str) -> tuple[str, str]:
 
     redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
     if kind == "amqp":
-        return rabbitmq.fresh_vhost("faultdesk_chaos"), redis_url
+        # a name of this run's own: another chaos run on the same RabbitMQ (another checkout) makes and
+        # drops its own virtual host, never this one
+        return rabbitmq.fresh_vhost(f"faultdesk_chaos_{os.getpid()}"), redis_url
     return redis_url, redis_url
 
 
