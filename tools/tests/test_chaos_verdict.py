@@ -1,0 +1,119 @@
+"""The chaos run's verdict on its long faults (tools/chaos/run.py): a run is not OK when a planned
+fault never took effect (skipped, refused, its target gone, PostgreSQL never stopped) or when the
+stack did not recover from one within its limit — only when each planned fault was taken and
+recovered (or had nothing to recover)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import psycopg
+import pytest
+
+from tools.chaos import faults
+from tools.chaos.run import Chaos, long_fault_problems
+
+PLAN = [("pause", "worker-agent-1"), ("pause", "worker-outbox-1"), ("partition", "helpdesk"),
+        ("partition", "reference"), ("postgres_restart", "postgresql")]
+
+
+def _record(kind, target, **kw):
+    record = faults.FaultRecord(kind, target, 100.0, ended=120.0, recovery_seconds=3.0)
+    for name, value in kw.items():
+        setattr(record, name, value)
+    return record
+
+
+def _all_taken():
+    return [_record(kind, target) for kind, target in PLAN]
+
+
+def test_a_run_that_took_and_recovered_from_every_planned_fault_has_nothing_to_report():
+    assert long_fault_problems(_all_taken(), PLAN) == []
+
+
+def test_a_planned_fault_never_taken_fails_the_run_though_its_kind_was_taken_on_another_target():
+    records = [r for r in _all_taken() if (r.kind, r.target) != ("pause", "worker-outbox-1")]
+    assert long_fault_problems(records, PLAN) == ["pause worker-outbox-1 was never taken"]
+    records = [r for r in _all_taken() if (r.kind, r.target) != ("partition", "helpdesk")]
+    assert long_fault_problems(records, PLAN) == ["partition helpdesk was never taken"]
+
+
+def test_a_fault_the_stack_did_not_recover_from_fails_the_run():
+    records = _all_taken() + [_record("partition", "reference", recovery_seconds=None,
+                                      failure="no receipt within 180 s of the heal (4 tasks not finished)")]
+    assert long_fault_problems(records, PLAN) == [
+        "partition reference: no receipt within 180 s of the heal (4 tasks not finished)"]
+
+
+def test_a_fault_that_did_not_take_effect_does_not_count_as_taken():
+    records = [r for r in _all_taken() if r.kind != "postgres_restart"] + [
+        _record("postgres_restart", "postgresql", taken=False, failure="pg_ctl stop failed: no server")]
+    assert long_fault_problems(records, PLAN) == ["postgres_restart postgresql: pg_ctl stop failed: no server",
+                                                  "postgres_restart postgresql was never taken"]
+
+
+def test_a_postgresql_that_would_not_stop_is_a_failed_fault(monkeypatch):
+    """pg_ctl stop refusing (wrong data directory, no permission…) left the server up: the record says
+    so instead of reporting a restart and a recovery time."""
+    calls = []
+
+    def pg_ctl(pgdata, *args):
+        calls.append(args)
+        return subprocess.CompletedProcess(["pg_ctl", *args], 1, stdout="", stderr="pg_ctl: no server running")
+
+    monkeypatch.setattr(faults, "pg_ctl", pg_ctl)
+    monkeypatch.setattr(faults, "query", lambda url, sql, params=(): [(3,)])
+    monkeypatch.setattr(faults.time, "sleep", lambda s: None)
+    record = faults.postgres_restart("/nonexistent", "/nonexistent/log", 5.0, "postgres://x/y", "http://127.0.0.1:1",
+                                     limit=1.0)
+    assert not record.taken and "pg_ctl stop failed" in record.failure and record.recovery_seconds is None
+    assert all(args[-1] != "restart" for args in calls)  # nothing to start again
+
+
+def test_a_postgresql_that_still_answers_after_the_stop_is_a_failed_fault(monkeypatch):
+    monkeypatch.setattr(faults, "pg_ctl", lambda pgdata, *args: subprocess.CompletedProcess(args, 0, "", ""))
+    monkeypatch.setattr(faults, "query", lambda url, sql, params=(): [(3,)])  # it answers all along
+    monkeypatch.setattr(faults.time, "sleep", lambda s: None)
+    record = faults.postgres_restart("/nonexistent", "/nonexistent/log", 5.0, "postgres://x/y", "http://127.0.0.1:1",
+                                     limit=1.0)
+    assert not record.taken and "still answered" in record.failure
+
+
+def test_a_pause_whose_process_was_gone_is_not_taken():
+    proc = subprocess.Popen(["true"], start_new_session=True)  # noqa: S607
+    proc.wait()
+    record = faults.pause(proc, "worker-outbox-1", 1.0, 1.0, "postgres://unused/x", threading.Event(), tries=1)
+    assert record is not None and not record.taken and record.note == "the process was gone"
+
+
+class _Args:
+    seed = 1
+
+
+@pytest.mark.parametrize("outcome", ["skipped", "raised", "not_taken"])
+def test_a_planned_fault_that_was_not_taken_is_tried_again_before_the_plan_counts_as_covered(monkeypatch, outcome):
+    chaos = Chaos.__new__(Chaos)
+    chaos.rng = __import__("random").Random(1)
+    chaos.stop, chaos.long, chaos.lock, chaos.paused = threading.Event(), [], threading.Lock(), set()
+    monkeypatch.setattr(chaos.stop, "wait", lambda timeout=None: chaos.stop.is_set())
+    tries: list[tuple[str, str]] = []
+
+    def take(kind, target):
+        tries.append((kind, target))
+        if len(tries) == 1:  # the first try of the first planned fault comes to nothing
+            if outcome == "raised":
+                raise psycopg.OperationalError("the server closed the connection")
+            return None if outcome == "skipped" else _record(kind, target, taken=False, note="the process was gone")
+        if len(tries) >= 6:
+            chaos.stop.set()
+        return _record(kind, target)
+
+    chaos.take = take
+    covered = threading.Event()
+    plan = [("pause", "worker-outbox-1"), ("partition", "helpdesk")]
+    chaos.long_fault_loop(plan, covered)
+    assert tries[:3] == [plan[0], plan[1], plan[0]]  # tried again after the rest of the plan
+    assert covered.is_set()
+    assert long_fault_problems(chaos.long, plan) == []
