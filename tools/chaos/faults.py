@@ -316,9 +316,11 @@ def postgres_restart(pgdata: Path, log: Path, down_seconds: float, url: str, web
     back = record.ended
     note = record.note
 
-    def event_after() -> bool:
-        return bool(query(url, "SELECT 1 FROM events_taskevent WHERE recorded_at > to_timestamp(%s) LIMIT 1",
-                           (back,)))
+    def first_event_after() -> float | None:
+        """When (epoch seconds) the first event after the server was back was recorded, or None."""
+        at = query(url, "SELECT extract(epoch FROM min(recorded_at)) FROM events_taskevent "
+                        "WHERE recorded_at > to_timestamp(%s)", (back,))[0][0]
+        return None if at is None else float(at)
 
     def healthy() -> bool:
         return httpx.get(f"{web}/healthz", timeout=3).status_code == 200
@@ -328,10 +330,13 @@ def postgres_restart(pgdata: Path, log: Path, down_seconds: float, url: str, web
     if not moving:
         record.note = "no task was moving when it stopped"
         return record
-    after = wait_until(event_after, max(1.0, limit - (time.monotonic() - started)), step=0.2)
-    record.recovery_seconds = time.monotonic() - started
+    # the event's own recorded_at, not the time this loop saw it: the /healthz wait above came first
+    after = wait_until(lambda: first_event_after() is not None, max(1.0, limit - (time.monotonic() - started)),
+                       step=0.2)
     if after is None or record.healthz_seconds is None:
         record.fail(f"not recovered within {limit:.0f} s (event: {after}, healthz: {record.healthz_seconds})")
+    else:
+        record.recovery_seconds = max(0.0, first_event_after() - back)
     if note and record.note != note:
         record.note = f"{note}; {record.note}"
     return record

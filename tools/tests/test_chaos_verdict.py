@@ -117,3 +117,38 @@ def test_a_planned_fault_that_was_not_taken_is_tried_again_before_the_plan_count
     assert tries[:3] == [plan[0], plan[1], plan[0]]  # tried again after the rest of the plan
     assert covered.is_set()
     assert long_fault_problems(chaos.long, plan) == []
+
+
+def test_the_recovery_after_a_postgresql_restart_is_when_the_next_event_was_recorded(monkeypatch):
+    """The next event came 0.5 s after the server was back; web's /healthz took 30 s to answer 200.
+    The event's recovery time is 0.5 s, read from the event's own recorded_at — not the 30 s of
+    the /healthz wait that happens to be measured first."""
+    import types
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(faults, "time", types.SimpleNamespace(
+        time=lambda: 1000.0, monotonic=lambda: clock["now"], sleep=lambda s: None))
+    monkeypatch.setattr(faults, "pg_ctl", lambda pgdata, *args: subprocess.CompletedProcess(args, 0, "", ""))
+    stopped = {"yet": False}
+
+    def query(url, sql, params=()):
+        if "count(*)" in sql:
+            return [(3,)]
+        if sql == "SELECT 1":
+            raise psycopg.OperationalError("connection refused")
+        return [(1000.5,)] if "epoch" in sql else [(1,)]
+
+    def wait_until(predicate, limit, step=0.5):
+        assert predicate()
+        took = 30.0 if not stopped["yet"] else 0.2  # the first wait is /healthz's
+        stopped["yet"] = True
+        clock["now"] += took
+        return took
+
+    monkeypatch.setattr(faults, "query", query)
+    monkeypatch.setattr(faults, "wait_until", wait_until)
+    monkeypatch.setattr(faults.httpx, "get", lambda *a, **k: types.SimpleNamespace(status_code=200))
+    record = faults.postgres_restart("/nonexistent", "/nonexistent/log", 5.0, "postgres://x/y", "http://127.0.0.1:1")
+    assert record.taken and not record.failure
+    assert record.healthz_seconds == 30.0
+    assert record.recovery_seconds == pytest.approx(0.5)
