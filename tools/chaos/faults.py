@@ -270,6 +270,9 @@ def partition(proxy_url: str, name: str, seconds: float, url: str, tenant_slug: 
     if not waiting:
         record.note = "no task of its tenant was waiting to send"
         return record
+    if not record.swallowed:  # the next receipt would measure nothing the partition did
+        record.note = "it swallowed no request: nothing of the tenant's met it"
+        return record
 
     def receipt_after() -> bool:
         return bool(query(url, "SELECT 1 FROM events_taskevent e JOIN accounts_tenant n ON n.id = e.tenant_id "

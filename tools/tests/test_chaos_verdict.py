@@ -152,3 +152,20 @@ def test_the_recovery_after_a_postgresql_restart_is_when_the_next_event_was_reco
     assert record.taken and not record.failure
     assert record.healthz_seconds == 30.0
     assert record.recovery_seconds == pytest.approx(0.5)
+
+
+def test_a_partition_that_swallowed_no_request_reports_no_recovery_time(monkeypatch):
+    """Tasks of the tenant were unfinished, but none of them sent anything during the partition: the
+    next receipt after the heal measures nothing the partition did, so no recovery time is printed."""
+    from tools.faultproxy import serve_in_thread
+
+    proxy = serve_in_thread(0, "http://127.0.0.1:9")
+    try:
+        monkeypatch.setattr(faults, "query", lambda url, sql, params=(): [(3,)])  # 3 waiting; a receipt at once
+        record = faults.partition(proxy.url, "helpdesk", 0.3, "postgres://x/y", "chaos-helpdesk", limit=1.0)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert record.swallowed == 0 and record.recovery_seconds is None
+    assert record.note == "it swallowed no request: nothing of the tenant's met it"
+    assert "receipt" not in record.line()
