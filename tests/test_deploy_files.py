@@ -259,8 +259,12 @@ def demanded_variables() -> frozenset[str]:
     return frozenset(names)
 
 
+#: a demanded variable another one stands in for (E006: the broker is CELERY_BROKER_URL, else REDIS_URL)
+ALTERNATIVES = {"CELERY_BROKER_URL": "REDIS_URL"}
+
+
 def missing_from_example(example: dict[str, str], demanded: set[str]) -> list[str]:
-    return sorted(demanded - set(example))
+    return sorted(name for name in demanded if name not in example and ALTERNATIVES.get(name) not in example)
 
 
 def test_the_env_example_names_every_variable_the_deploy_checks_demand():
@@ -570,3 +574,135 @@ def test_the_build_script_says_what_is_wrong_with_its_input(tmp_path):
                            "--env-example", str(ENV_EXAMPLE), "all"], capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 2 and "holds no build" in done.stderr, done.stderr
+
+
+# --- what compose makes of the env example: each faultdesk container's environment --------------------
+#
+# The schema and the checks above read compose.yaml as written; what the containers get is compose.yaml
+# interpolated with `--env-file deploy/production.env` and each service's `env_file:` overridden by its
+# `environment:`. Compose reads an env file line by line, a `${NAME}` resolved from the lines above it
+# (compose-spec/compose-go#793); compose.yaml's `${NAME:-default}` takes the env file's value when it is
+# set and not empty.
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def compose_interpolate(text: str, variables: dict[str, str]) -> str:
+    """``text`` with compose's ``${NAME}``, ``${NAME:-default}``, ``${NAME-default}``, ``${NAME:?error}``,
+    ``${NAME?error}``, ``${NAME:+other}``, ``$NAME`` and ``$$`` replaced (defaults may nest). Raises
+    ``ValueError`` where compose would stop (a required variable unset or empty)."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("${", i):
+            depth, j = 1, i + 2
+            while depth:
+                if j >= len(text):
+                    raise ValueError(f"unclosed ${{ in {text!r}")
+                if text.startswith("${", j):
+                    depth, j = depth + 1, j + 2
+                    continue
+                depth -= text[j] == "}"
+                j += 1
+            inner = text[i + 2:j - 1]
+            name = _NAME.match(inner)[0]
+            op, arg = re.match(r"(:?[-?+]|)(.*)", inner[len(name):], re.S).groups()
+            value = variables.get(name)
+            if op in (":-", "-"):
+                unset = not value if op == ":-" else value is None
+                value = compose_interpolate(arg, variables) if unset else value
+            elif op in (":?", "?"):
+                if (not value) if op == ":?" else value is None:
+                    raise ValueError(f"required variable {name} is missing a value: {arg}")
+            elif op in (":+", "+"):
+                value = compose_interpolate(arg, variables) if (value if op == ":+" else value is not None) else ""
+            out.append(value or "")
+            i = j
+        elif text[i] == "$" and (m := _NAME.match(text, i + 1)):
+            out.append(variables.get(m[0], ""))
+            i = m.end()
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def compose_env_file(lines: list[str]) -> dict[str, str]:
+    """An env file's variables as compose reads them: in order, each value interpolated with the
+    variables of the lines above it."""
+    found: dict[str, str] = {}
+    for raw in lines:
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            found[name] = compose_interpolate(value, found)
+    return found
+
+
+def filled_env_lines(lines: list[str]) -> list[str]:
+    """The env example's lines as an operator fills them in: every empty value a fresh secret."""
+    import secrets
+
+    return [f"{line}{secrets.token_urlsafe(48)}" if re.fullmatch(r"[A-Z][A-Z0-9_]*=", line.strip()) else line
+            for line in lines]
+
+
+def container_environments(compose_text: str, env_lines: list[str]) -> dict[str, dict[str, str]]:
+    """service → the environment compose gives each faultdesk container, with ``env_lines`` both as
+    ``--env-file`` and as the services' ``env_file:``."""
+    file_vars = compose_env_file(env_lines)
+    compose = load_compose(compose_text)
+    result = {}
+    for name, svc in faultdesk_services(compose).items():
+        environment = {k: compose_interpolate(str(v), file_vars) for k, v in (svc.get("environment") or {}).items()}
+        result[name] = {**file_vars, **environment}
+    return result
+
+
+def credential_problems(compose_text: str, env_lines: list[str]) -> list[str]:
+    """Every URL a faultdesk container is given for compose's own Redis, RabbitMQ or PostgreSQL carries
+    the password that service is started with."""
+    from urllib.parse import unquote, urlsplit
+
+    file_vars = compose_env_file(env_lines)
+    expected = {"redis": file_vars.get("REDIS_PASSWORD"), "rabbitmq": file_vars.get("RABBITMQ_PASSWORD"),
+                "db": file_vars.get("POSTGRES_PASSWORD")}
+    problems = []
+    for service, environment in container_environments(compose_text, env_lines).items():
+        for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
+            parts = urlsplit(environment.get(var, ""))
+            if parts.hostname in expected and unquote(parts.password or "") != (expected[parts.hostname] or ""):
+                problems.append(f"{service}: {var} reaches {parts.hostname} without its password "
+                                f"({environment[var]!r})")
+    return problems
+
+
+def test_compose_gives_every_container_the_passwords_its_databases_and_broker_start_with():
+    lines = filled_env_lines(ENV_EXAMPLE.read_text().splitlines())
+    assert credential_problems(COMPOSE.read_text(), lines) == []
+
+
+def test_compose_with_the_rabbitmq_profile_gives_the_broker_its_password():
+    """The env example's RabbitMQ line, uncommented where it stands, as the example says to."""
+    lines = filled_env_lines(ENV_EXAMPLE.read_text().splitlines())
+    amqp = [i for i, line in enumerate(lines) if re.match(r"#\s*CELERY_BROKER_URL=amqp://", line)]
+    assert len(amqp) == 1, "the env example shows the RabbitMQ broker line, commented out"
+    lines[amqp[0]] = lines[amqp[0]].lstrip("# ")
+    lines = [line for i, line in enumerate(lines) if i == amqp[0] or not line.startswith("CELERY_BROKER_URL=")]
+    environments = container_environments(COMPOSE.read_text(), lines)
+    assert {env["CELERY_BROKER_URL"].split("@")[-1] for env in environments.values()} == {"rabbitmq:5672//"}
+    assert credential_problems(COMPOSE.read_text(), lines) == []
+
+
+def test_the_credential_check_finds_a_broker_url_without_the_redis_password():
+    lines = filled_env_lines(ENV_EXAMPLE.read_text().splitlines())
+    lines = [line for line in lines if not line.startswith("CELERY_BROKER_URL=")] + [
+        "CELERY_BROKER_URL=redis://redis:6379/0"]
+    problems = credential_problems(COMPOSE.read_text(), lines)
+    assert any("worker-agent: CELERY_BROKER_URL reaches redis without its password" in p for p in problems), problems
+    with pytest.raises(ValueError, match="required variable REDIS_PASSWORD"):
+        compose_interpolate("${REDIS_PASSWORD:?set it}", {"REDIS_PASSWORD": ""})
+    assert compose_interpolate("${A:-x${B}y}", {"B": "b"}) == "xby"
+    assert compose_interpolate("$${A}", {"A": "a"}) == "${A}"

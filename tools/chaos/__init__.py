@@ -23,7 +23,9 @@ Then it stops the chaos, lets everything settle and checks, for each ticket syst
 * ``replay_divergences``: tasks whose replay differs from their row, or whose action records
   disagree with their state or with the ticket system (``replay --all --remote``'s audit).
 
-Exit status 1 when any of the three is not zero. Everything runs in its own PostgreSQL (a server of
+Exit status 1 when any of the three is not zero, when a planned long fault never took effect (a
+paused process that was gone, a PostgreSQL that did not stop: it is tried again until the run's end),
+or when the stack did not recover from a long fault within its limit. Everything runs in its own PostgreSQL (a server of
 its own in ``var/chaos-pgdata``, so that restarting it disturbs nothing else; database
 ``faultdesk_chaos``, recreated each run), its own Redis database (or, with ``--broker amqp``, its own
 RabbitMQ virtual host) and its own ticket-system files under ``var/chaos/``; figures also go to

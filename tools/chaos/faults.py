@@ -43,7 +43,10 @@ MOVING = ("ACCEPTED", "RETRIEVING", "PROPOSING", "VALIDATING", "DISPATCHING", "C
 class FaultRecord:
     """One long fault: ``kind``, ``target``, when it began and ended (``time.time()``), its length in
     seconds, what it touched (``held``: leases a paused node held, ``swallowed``: requests a partition
-    ate), and ``recovery_seconds`` (None: nothing to recover, or not within the limit: ``note`` says)."""
+    ate), and ``recovery_seconds`` (None: nothing to recover, or not within the limit: ``note`` says).
+    ``taken`` is False when the fault never took effect (its process was gone, PostgreSQL did not stop);
+    ``failure`` says what went wrong when it did not take effect or the stack did not recover from it
+    within the limit — either fails the chaos run."""
 
     kind: str
     target: str
@@ -55,6 +58,14 @@ class FaultRecord:
     healthz_seconds: float | None = None
     note: str = ""
     extra: dict = field(default_factory=dict)
+    taken: bool = True
+    failure: str = ""
+
+    def fail(self, why: str, *, taken: bool = True) -> None:
+        """Record that the fault did not take effect (``taken=False``) or was not recovered from."""
+        self.failure = self.note = why
+        self.taken = self.taken and taken
+        self.recovery_seconds = None
 
     @property
     def seconds(self) -> float:
@@ -83,7 +94,8 @@ class FaultRecord:
     def as_dict(self) -> dict:
         return {"kind": self.kind, "target": self.target, "seconds": round(self.seconds, 2), "held": self.held,
                 "swallowed": self.swallowed, "recovery_seconds": _round(self.recovery_seconds),
-                "healthz_seconds": _round(self.healthz_seconds), "note": self.note, **self.extra}
+                "healthz_seconds": _round(self.healthz_seconds), "note": self.note, "taken": self.taken,
+                "failure": self.failure, **self.extra}
 
 
 def _round(value: float | None) -> float | None:
@@ -192,8 +204,8 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
         try:
             os.killpg(proc.pid, signal.SIGSTOP)
         except ProcessLookupError:
-            record.note = "the process was gone"
             record.ended = time.time()
+            record.taken, record.note = False, "the process was gone"
             return record
         try:
             held = held_leases(url, [f"{host}:{pid}" for pid in process_group_pids(proc.pid)])
@@ -228,9 +240,9 @@ def pause(proc: subprocess.Popen, name: str, seconds: float, lease: float, url: 
     elif moved is None:
         after = wait_until(lambda: not still_held(url, held), limit)
         if after is None:
-            record.note = f"what it held had not moved on {limit:.0f} s after the SIGCONT"
-        else:
-            moved = (record.ended - record.started) + after
+            record.fail(f"what it held had not moved on {limit:.0f} s after the SIGCONT")
+            return record
+        moved = (record.ended - record.started) + after
     record.recovery_seconds = moved
     return record
 
@@ -258,6 +270,9 @@ def partition(proxy_url: str, name: str, seconds: float, url: str, tenant_slug: 
     if not waiting:
         record.note = "no task of its tenant was waiting to send"
         return record
+    if not record.swallowed:  # the next receipt would measure nothing the partition did
+        record.note = "it swallowed no request: nothing of the tenant's met it"
+        return record
 
     def receipt_after() -> bool:
         return bool(query(url, "SELECT 1 FROM events_taskevent e JOIN accounts_tenant n ON n.id = e.tenant_id "
@@ -266,7 +281,7 @@ def partition(proxy_url: str, name: str, seconds: float, url: str, tenant_slug: 
 
     record.recovery_seconds = wait_until(receipt_after, limit)
     if record.recovery_seconds is None:
-        record.note = f"no receipt within {limit:.0f} s of the heal ({waiting} tasks not finished)"
+        record.fail(f"no receipt within {limit:.0f} s of the heal ({waiting} tasks not finished)")
     return record
 
 
@@ -279,7 +294,19 @@ def postgres_restart(pgdata: Path, log: Path, down_seconds: float, url: str, web
     moving = query(url, "SELECT count(*) FROM tasks_task WHERE status = ANY(%s)",
                    ([*MOVING, "WAITING_RECONCILIATION"],))[0][0]
     record = FaultRecord("postgres_restart", "postgresql", time.time(), held=moving)
-    pg_ctl(pgdata, "-m", "fast", "-w", "stop")
+    stopped = pg_ctl(pgdata, "-m", "fast", "-w", "stop")
+    if stopped.returncode != 0:
+        record.ended = time.time()
+        record.fail(f"pg_ctl stop failed ({(stopped.stdout + stopped.stderr).strip()[-200:]})", taken=False)
+        return record
+    try:  # a stop that "succeeded" on another data directory leaves the run's server up
+        query(url, "SELECT 1")
+    except psycopg.OperationalError:
+        pass
+    else:
+        record.ended = time.time()
+        record.fail("PostgreSQL still answered after pg_ctl stop", taken=False)
+        return record
     time.sleep(down_seconds)
     # restart: starts a stopped server with the options of its last start (postmaster.opts)
     done = pg_ctl(pgdata, "-w", "-l", str(log), "restart")
@@ -292,9 +319,11 @@ def postgres_restart(pgdata: Path, log: Path, down_seconds: float, url: str, web
     back = record.ended
     note = record.note
 
-    def event_after() -> bool:
-        return bool(query(url, "SELECT 1 FROM events_taskevent WHERE recorded_at > to_timestamp(%s) LIMIT 1",
-                           (back,)))
+    def first_event_after() -> float | None:
+        """When (epoch seconds) the first event after the server was back was recorded, or None."""
+        at = query(url, "SELECT extract(epoch FROM min(recorded_at)) FROM events_taskevent "
+                        "WHERE recorded_at > to_timestamp(%s)", (back,))[0][0]
+        return None if at is None else float(at)
 
     def healthy() -> bool:
         return httpx.get(f"{web}/healthz", timeout=3).status_code == 200
@@ -304,11 +333,13 @@ def postgres_restart(pgdata: Path, log: Path, down_seconds: float, url: str, web
     if not moving:
         record.note = "no task was moving when it stopped"
         return record
-    after = wait_until(event_after, max(1.0, limit - (time.monotonic() - started)), step=0.2)
-    record.recovery_seconds = time.monotonic() - started
+    # the event's own recorded_at, not the time this loop saw it: the /healthz wait above came first
+    after = wait_until(lambda: first_event_after() is not None, max(1.0, limit - (time.monotonic() - started)),
+                       step=0.2)
     if after is None or record.healthz_seconds is None:
-        record.note = f"not recovered within {limit:.0f} s (event: {after}, healthz: {record.healthz_seconds})"
-        record.recovery_seconds = None
+        record.fail(f"not recovered within {limit:.0f} s (event: {after}, healthz: {record.healthz_seconds})")
+    else:
+        record.recovery_seconds = max(0.0, first_event_after() - back)
     if note and record.note != note:
         record.note = f"{note}; {record.note}"
     return record
