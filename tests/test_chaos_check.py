@@ -40,7 +40,7 @@ def test_a_clean_run_has_nothing_to_report(completed, capsys, tmp_path):
     figures = _check(capsys, tmp_path, [completed.pk])
     assert figures | {"remote_effects": 1, "comments": 0, "conflicts": 0} == figures
     assert (figures["tasks"], figures["completed"], figures["lost"], figures["duplicate_effects"],
-            figures["replay_divergences"]) == (1, 1, 0, 0, 0)
+            figures["replay_divergences"], figures["unreconciled"]) == (1, 1, 0, 0, 0, 0)
 
 
 @pytest.mark.allow_divergence
@@ -62,3 +62,12 @@ def test_planted_faults_are_counted(completed, capsys, tmp_path, requester, devi
     # The completed task's record disagrees with the ticket system (a ticket for a NOT_SENT action).
     assert figures["replay_divergences"] == 1
     assert Task.objects.get(pk=stuck.pk).status == "ACCEPTED"
+
+
+@pytest.mark.allow_divergence
+def test_a_task_still_waiting_for_reconciliation_is_counted(completed, capsys, tmp_path):
+    """After the settle time every reconciliation should be done (each ticket system answers a
+    lookup by key): one still waiting is counted, and the run fails on it."""
+    Task.objects.filter(pk=completed.pk).update(status="WAITING_RECONCILIATION")
+    figures = _check(capsys, tmp_path, [completed.pk])
+    assert figures["unreconciled"] == 1 and figures["lost"] == 0

@@ -21,9 +21,11 @@ Then it stops the chaos, lets everything settle and checks, for each ticket syst
 * ``duplicate_effects``: effects (tickets, and comments on an open ticket) beyond one per
   idempotency key, plus effects beyond one per task;
 * ``replay_divergences``: tasks whose replay differs from their row, or whose action records
-  disagree with their state or with the ticket system (``replay --all --remote``'s audit).
+  disagree with their state or with the ticket system (``replay --all --remote``'s audit);
+* ``unreconciled``: tasks still waiting for a reconciliation after the settle time (every ticket
+  system here can be asked by key, so none should be).
 
-Exit status 1 when any of the three is not zero, when a planned long fault never took effect (a
+Exit status 1 when any of these four is not zero, when a planned long fault never took effect (a
 paused process that was gone, a PostgreSQL that did not stop: it is tried again until the run's end),
 or when the stack did not recover from a long fault within its limit. Everything runs in its own PostgreSQL (a server of
 its own in ``var/chaos-pgdata``, so that restarting it disturbs nothing else; database
@@ -127,6 +129,7 @@ def check() -> None:
             "tasks": len(ids), "completed": statuses.count("COMPLETED"),
             "waiting": sum(s.startswith("WAITING") for s in statuses), "failed": statuses.count("FAILED"),
             "cancelled": statuses.count("CANCELLED"), "lost": lost, "duplicate_effects": duplicates,
+            "unreconciled": statuses.count("WAITING_RECONCILIATION"),
             "replay_divergences": divergences, "remote_effects": len(remote),
             "comments": TaskEvent.objects.filter(task_id__in=ids, type="task.completed",
                                                  payload__reason="ticket_commented").count(),

@@ -413,7 +413,7 @@ def run(args) -> int:
     status = 0
     for system, figures in result.items():
         print(f"{system}: " + " ".join(f"{k}={v}" for k, v in figures.items()), flush=True)
-        if figures["lost"] or figures["duplicate_effects"] or figures["replay_divergences"]:
+        if figures["lost"] or figures["duplicate_effects"] or figures["replay_divergences"] or figures["unreconciled"]:
             status = 1
     elapsed = time.monotonic() - started
     print(f"chaos applied to both: {chaos.kills} SIGKILLs of workers and beat, {chaos.faults} remote faults armed, "
