@@ -224,8 +224,21 @@ class Stack:
             proc.wait()
 
     def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
+        """Stop every process: SIGTERM to all at once (each shuts down gracefully, side by side),
+        then SIGKILL whatever has not exited 20 s later."""
+        running = [proc for proc in self.procs.values() if proc.poll() is None]
+        for proc in running:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 20
+        for proc in running:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         for log in self._logs.values():
             log.close()
         flush_broker(self.redis)
