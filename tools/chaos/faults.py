@@ -130,13 +130,13 @@ def process_group_pids(pgid: int) -> list[int]:
 
 
 def held_leases(url: str, owners: list[str]) -> dict[str, tuple]:
-    """What the lease owners ``owners`` (``host:pid``) hold now: ``{"task:<id>": (version, status),
+    """What the lease owners ``owners`` (``host:pid``) hold now: ``{"task:<id>": (lease_generation, status),
     "outbox:<id>": (lease_generation, status)}`` for leases not yet expired."""
     held: dict[str, tuple] = {}
-    for pk, version, status in query(
-            url, "SELECT id, version, status FROM tasks_task WHERE lease_owner = ANY(%s) "
+    for pk, generation, status in query(
+            url, "SELECT id, lease_generation, status FROM tasks_task WHERE lease_owner = ANY(%s) "
                  "AND lease_expires_at > now() AND status = ANY(%s)", (owners, list(MOVING))):
-        held[f"task:{pk}"] = (version, status)
+        held[f"task:{pk}"] = (generation, status)
     for pk, generation, status in query(
             url, "SELECT id, lease_generation, status FROM outbox_outboxmessage WHERE lease_owner = ANY(%s) "
                  "AND status = 'IN_FLIGHT'", (owners,)):
@@ -146,14 +146,16 @@ def held_leases(url: str, owners: list[str]) -> dict[str, tuple]:
 
 def still_held(url: str, held: dict[str, tuple]) -> set[str]:
     """The keys of ``held`` (as :func:`held_leases` returns) whose row has not moved on since: same
-    version and status for a task, same fencing token and status for an outbox row."""
+    fencing token and status. A task's version alone is not enough: the paused node's own last commit,
+    sent before the SIGSTOP, can still land after the look, and it takes nothing over."""
     tasks = [k.split(":", 1)[1] for k in held if k.startswith("task:")]
     rows = [k.split(":", 1)[1] for k in held if k.startswith("outbox:")]
     now: dict[str, tuple] = {}
     if tasks:
-        for pk, version, status in query(url, "SELECT id, version, status FROM tasks_task WHERE id::text = ANY(%s)",
+        for pk, generation, status in query(url, "SELECT id, lease_generation, status FROM tasks_task "
+                                                 "WHERE id::text = ANY(%s)",
                                           (tasks,)):
-            now[f"task:{pk}"] = (version, status)
+            now[f"task:{pk}"] = (generation, status)
     if rows:
         for pk, generation, status in query(
                 url, "SELECT id, lease_generation, status FROM outbox_outboxmessage WHERE id::text = ANY(%s)",

@@ -58,10 +58,13 @@ def test_the_leases_a_process_holds_are_found_and_seen_to_move_on(requester, dev
                                            lease_expires_at=timezone.now() + timedelta(seconds=30))
     url = database_url()
     held = faults.held_leases(url, [owner])
-    assert held == {f"task:{task.pk}": (task.version, "RETRIEVING")}
+    generation = Task.objects.get(pk=task.pk).lease_generation
+    assert held == {f"task:{task.pk}": (generation, "RETRIEVING")}
     assert faults.held_leases(url, [f"{os.uname().nodename}:1"]) == {}
     assert faults.still_held(url, held) == {f"task:{task.pk}"}
-    Task.objects.filter(pk=task.pk).update(version=task.version + 1)  # someone else took an event
+    Task.objects.filter(pk=task.pk).update(version=task.version + 1)  # the holder's own last commit landing
+    assert faults.still_held(url, held) == {f"task:{task.pk}"}  # is not a takeover
+    Task.objects.filter(pk=task.pk).update(lease_generation=generation + 1)  # another worker took it over
     assert faults.still_held(url, held) == set()
     # an expired lease is not held
     Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
