@@ -23,23 +23,31 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 
+from apps.actions.models import Action
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.core.retention import PurgeCounts, Purged, column_sizes
 from apps.events.retention import EXCERPTS, LEVELS, PAYLOAD, level_rank
+from apps.tasks import reducer
+from apps.tasks.retention import UNRECONCILED
 
 
 def purgeable_approvals(tenant_id: int, level: str):
     """Approvals of ``tenant_id`` whose copies may be purged to ``level`` now: decided (not
-    ``PENDING``), not yet at ``level`` or beyond, of a task purged to ``level`` or beyond (a
-    queryset, not locked). Raises ``ValueError`` for an unknown level."""
+    ``PENDING``), not yet at ``level`` or beyond, of a task purged to ``level`` or beyond that is
+    finished (terminal, no unreconciled action: a purged task that took events again — a
+    compensation under a new approval — keeps its marker while it is open) (a queryset, not
+    locked). Raises ``ValueError`` for an unknown level."""
     if level not in (EXCERPTS, PAYLOAD):
         raise ValueError(f"unknown purge level {level!r}")
     lower = [lv for lv in LEVELS if level_rank(lv) < level_rank(level)]
     deeper = [lv for lv in LEVELS if level_rank(lv) >= level_rank(level)]
+    unreconciled = Action.objects.filter(task_id=OuterRef("task_id"), status__in=UNRECONCILED)
     return (ApprovalRequest.objects.for_tenant(tenant_id)
             .exclude(status=ApprovalStatus.PENDING)
-            .filter(purged__in=lower, task__purged__in=deeper))
+            .filter(purged__in=lower, task__purged__in=deeper, task__status__in=sorted(reducer.TERMINAL))
+            .exclude(Exists(unreconciled)))
 
 
 def purge_approvals_batch(tenant_id: int, level: str, *, limit: int, at: datetime) -> Purged:
