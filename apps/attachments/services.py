@@ -150,11 +150,15 @@ def attachments_store(*, tenant_id: int, files: list[CheckedFile]) -> list[str]:
 
 
 def _holds(storage, key: str, sha256: str) -> bool:
-    """Whether the stored file ``key`` still hashes to ``sha256``."""
+    """Whether the stored file ``key`` still hashes to ``sha256``; False when it is gone (the
+    retention purge may delete it between a look and this read: the caller stores it again)."""
     digest = hashlib.sha256()
-    with storage.open(key, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    try:
+        with storage.open(key, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return False
     return digest.hexdigest() == sha256
 
 

@@ -103,3 +103,23 @@ def test_a_report_filing_bytes_the_purge_deleted_meanwhile_stores_them_again(req
     with transaction.atomic():
         attachments_record(tenant_id=device.tenant_id, task_id=task.pk, files=[checked], keys=keys)
     assert storage.exists(keys[0])
+
+
+def test_a_report_whose_bytes_the_purge_deletes_while_they_are_checked_stores_them_again(device, monkeypatch):
+    # given: the bytes are stored (an older report's), and the purge deletes them just after the new
+    # report saw they were there, before it re-read them to check they are intact
+    [checked] = attachments_check([("panel.png", PHOTO, "image/png")])
+    [key] = attachments_store(tenant_id=device.tenant_id, files=[checked])
+    storage = storages[STORAGE_ALIAS]
+    opened = storage.open
+
+    def purged_meanwhile(name, mode="rb"):
+        storage.delete(name)
+        return opened(name, mode)
+
+    monkeypatch.setattr(storage, "open", purged_meanwhile)
+    # when: the report stores its files, then: it does not fail, and its bytes are there
+    assert attachments_store(tenant_id=device.tenant_id, files=[checked]) == [key]
+    monkeypatch.undo()
+    with storage.open(key, "rb") as f:
+        assert f.read() == PHOTO
