@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.core.files.storage import storages
 from django.db import transaction
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from apps.actions.models import Action, ActionAttempt
 from apps.attachments.delivery import deliveries_drain
@@ -123,3 +123,19 @@ def test_a_report_whose_bytes_the_purge_deletes_while_they_are_checked_stores_th
     monkeypatch.undo()
     with storage.open(key, "rb") as f:
         assert f.read() == PHOTO
+
+
+def test_the_approval_queue_shows_a_purged_approvals_files_without_links_to_bytes_that_are_gone(
+        client, requester, approver, admin_user, device, kb, refservice):
+    task = _sent(client, requester, approver, device)
+    deliveries_drain()
+    _age(task, 200)
+    purge_run()
+    client.force_login(admin_user)
+    for language, purged in (("en", "under the retention policy"), ("zh-hans", "保留策略")):
+        with translation.override("en"):
+            page = client.get("/approvals/?status=APPROVED", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+        assert 'data-purged="payload"' in page and purged in page
+        # no link or picture of a file the purge took, and no link without a name to click
+        assert f"/tasks/{task.pk}/attachments/" not in page
+        assert "></a>" not in page
