@@ -198,3 +198,17 @@ def test_a_pending_approval_is_never_purged_even_when_its_task_row_says_so(reque
     message = _refused("UPDATE approvals_approvalrequest SET params = faultdesk_approval_purged_params(params, "
                        "'payload'), purged = 'payload', purged_at = now() WHERE id = %s", [approval.pk])
     assert "pending" in message
+
+
+def test_an_approval_cannot_be_created_already_purged(requester, device, kb):
+    """The purge marks come only from the one UPDATE the copy guard checks: a copy inserted with them
+    would pass the binding audit as purged instead of as differing."""
+    waiting = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM, urgency="high").task.pk)
+    approval = ApprovalRequest.objects.get(task=waiting)
+    columns = [f.column for f in ApprovalRequest._meta.concrete_fields if f.column != "id"]
+    for column, value in (("purged", "'payload'"), ("purged_at", "now()")):
+        copy = ", ".join(value if c == column else c for c in columns)
+        message = _refused(f"INSERT INTO approvals_approvalrequest ({', '.join(columns)}) "  # noqa: S608
+                           f"SELECT {copy} FROM approvals_approvalrequest WHERE id = %s", [approval.pk])
+        assert "created unpurged" in message
+    assert ApprovalRequest.objects.filter(task=waiting).count() == 1
