@@ -80,21 +80,26 @@ def _assert_completed_once(stack, task_id) -> Task:
     return task
 
 
-@pytest.mark.parametrize(
-    "point",
-    [
-        "after_commit:retrieval.started",  # after a commit, before the next enqueue (lease still held)
-        "before_commit:evidence.retrieved",  # tools step: retrieval done, not yet recorded
-        "model_call",  # in the middle of a model call
-        "before_commit:draft.proposed",  # the model answered, the answer is not recorded
-        "after_commit:intent.committed",  # intent + outbox row committed
-        "after_send",  # the remote created the ticket, the worker died before recording it
-        # the run delivered its own row (direct delivery): the receipt on the outbox's rows, the
-        # task's receipt and its completion are one commit; a death before it loses all three, the
-        # row's lease expires and a dispatcher resends with the same key
+POINTS = [
+    "after_commit:retrieval.started",  # after a commit, before the next enqueue (lease still held)
+    "before_commit:evidence.retrieved",  # tools step: retrieval done, not yet recorded
+    "model_call",  # in the middle of a model call
+    "before_commit:draft.proposed",  # the model answered, the answer is not recorded
+    "after_commit:intent.committed",  # intent + outbox row committed
+    "after_send",  # the remote created the ticket, the worker died before recording it
+    # the run delivered its own row (direct delivery): the receipt on the outbox's rows, the
+    # task's receipt and its completion are one commit; a death before it loses all three, the
+    # row's lease expires and a dispatcher resends with the same key
         "before_commit:task.completed",
-    ],
-)
+]
+
+
+# Every point on the default broker; on RabbitMQ, the worker killed after the remote made the ticket:
+# the message it took but never acknowledged goes back to the queue the moment its connection drops
+# (acks_late), and the next worker takes it — or the sweeper's re-queue, whichever comes first.
+# FAULTDESK_TEST_BROKER=amqp runs every point there.
+@pytest.mark.parametrize(("stack", "point"), [*((None, point) for point in POINTS), ("amqp", "after_send")],
+                         indirect=["stack"])
 def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp_path):
     tenant, requester, device = seed_acme(auto_approve=True)
     fired = tmp_path / "failpoint-fired"
@@ -104,6 +109,8 @@ def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp
     assert stack.wait_exit("doomed", 30) == -9  # SIGKILL
     stack.start_worker("survivor")
     task = _assert_completed_once(stack, task_id)
+    if stack.broker_kind == "amqp":
+        assert '"Connected to amqp://' in stack.log("survivor")
     if point == "after_send":
         # The re-sent request carried the same key; the service answered with the stored ticket.
         assert task.state["receipt"]["replayed"] is True
@@ -113,27 +120,6 @@ def test_sigkill_at_a_step_boundary_then_a_new_worker_finishes(stack, point, tmp
         assert task.state["receipt"]["replayed"] is True
         key = task.state["action"]["idempotency_key"]
         assert ref_client(stack).get("/_admin/effects", params={"idempotency_key": key}).json()["requests"] == 2
-
-
-@pytest.mark.parametrize("stack", ["amqp"], indirect=True)
-@pytest.mark.parametrize("point", ["after_send"])
-def test_on_rabbitmq_a_killed_workers_message_comes_back_and_the_task_finishes_once(stack, point, tmp_path):
-    """On RabbitMQ the message a SIGKILLed worker took but never acknowledged goes back to the queue
-    the moment its connection drops (acks_late); the next worker takes it — or the sweeper's
-    re-queue, whichever comes first — and the task ends as it would have, with one ticket (the
-    worker died after the remote made it: the resend with the same key gets it back). The other
-    crash points run on RabbitMQ with FAULTDESK_TEST_BROKER=amqp."""
-    tenant, requester, device = seed_acme(auto_approve=True)
-    fired = tmp_path / "failpoint-fired"
-    stack.start_worker("doomed", pool="solo", FAULTDESK_FAILPOINT=point, FAULTDESK_FAILPOINT_ONCE=str(fired))
-    task_id = _file(stack, device)
-    _wait_for(fired, 120, stack)
-    assert stack.wait_exit("doomed", 30) == -9  # SIGKILL
-    stack.start_worker("survivor")
-    task = _assert_completed_once(stack, task_id)
-    assert '"Connected to amqp://' in stack.log("survivor")
-    if point == "after_send":
-        assert task.state["receipt"]["replayed"] is True
 
 
 def test_sigkill_after_the_dispatchers_receipt_before_the_task_learns_it(stack, tmp_path):

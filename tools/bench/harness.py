@@ -20,6 +20,7 @@ import httpx
 
 from config import embedded
 from config.env import BASE_DIR, VAR_DIR
+from tools.procfs import processes
 
 #: Where figures and logs go; the database and Redis database the run owns (recreated / flushed).
 #: The three can be moved so that two benches (say, two developers' phases) do not collide.
@@ -68,15 +69,8 @@ def rss_tree_peak_mb(pid: int) -> tuple[float, float]:
 def _process_tree(pid: int) -> list[int]:
     """``pid`` and its living descendants, from ``/proc``."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+    for child, ppid, _ in processes():
+        children.setdefault(ppid, []).append(child)
     out, todo = [], [pid]
     while todo:
         p = todo.pop()

@@ -35,6 +35,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from tools.procfs import processes
+
 #: task statuses that still move (as in tools.chaos.RUNNING)
 MOVING = ("ACCEPTED", "RETRIEVING", "PROPOSING", "VALIDATING", "DISPATCHING", "COMPENSATING")
 
@@ -115,18 +117,7 @@ def query(url: str, sql: str, params: tuple = ()) -> list[tuple]:
 
 def process_group_pids(pgid: int) -> list[int]:
     """Every live process in the process group ``pgid`` (a worker node: its main process and pool)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid:  # the field after state and ppid: pgrp
-            pids.append(int(entry.name))
-    return pids
+    return [pid for pid, _, group in processes() if group == pgid]
 
 
 def held_leases(url: str, owners: list[str]) -> dict[str, tuple]:
