@@ -90,7 +90,7 @@ POINTS = [
     # the run delivered its own row (direct delivery): the receipt on the outbox's rows, the
     # task's receipt and its completion are one commit; a death before it loses all three, the
     # row's lease expires and a dispatcher resends with the same key
-        "before_commit:task.completed",
+    "before_commit:task.completed",
 ]
 
 
