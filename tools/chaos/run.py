@@ -363,8 +363,11 @@ def run(args) -> int:
     CHAOS_DIR.mkdir(parents=True)
     print(f"• chaos run: {', '.join(f'{n} tasks on {s}' for s, n in plan)}, broker {args.broker}, seed {args.seed}",
           flush=True)
+    try:
+        broker_url, redis_url = _broker(args.broker)
+    except RuntimeError as exc:  # no RabbitMQ answering: say so, start nothing
+        raise SystemExit(f"chaos: {exc}") from None
     database_url = chaos_postgres()
-    broker_url, redis_url = _broker(args.broker)
     chaos = Chaos(args, database_url, broker_url, redis_url)
     print("• migrating and seeding the chaos database (its own PostgreSQL in var/chaos-pgdata)", flush=True)
     _manage(chaos.env, "migrate", "--no-input", "-v", "0")
