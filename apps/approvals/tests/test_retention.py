@@ -11,7 +11,7 @@ from django.db import IntegrityError, connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.actions.models import Action, ActionAttempt
+from apps.actions.models import Action
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.services import (
     PURGED,
@@ -20,11 +20,11 @@ from apps.approvals.services import (
     approval_check_binding,
     approval_decide,
 )
-from apps.outbox.models import OutboxMessage
 from apps.retention.purge import purge_run
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
+from tests.aging import age_finished_task as _age
 from tests.conftest import drive, p
 from tests.tamper import immutability_bypassed
 
@@ -39,14 +39,6 @@ def _completed(requester, approver, device) -> tuple[Task, ApprovalRequest]:
     assert task.status == reducer.COMPLETED
     approval.refresh_from_db()
     return task, approval
-
-
-def _age(task: Task, days: float) -> None:
-    then = timezone.now() - timedelta(days=days)
-    Task.objects.filter(pk=task.pk).update(updated_at=then)
-    Action.objects.filter(task=task).update(created_at=then)
-    ActionAttempt.objects.filter(action__task=task).update(finished_at=then, started_at=then)
-    OutboxMessage.objects.filter(action__task=task).update(delivered_at=then, created_at=then)
 
 
 def _binding(a: ApprovalRequest) -> tuple:

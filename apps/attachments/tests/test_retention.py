@@ -5,34 +5,23 @@ they are purged stores them again."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.core.files.storage import storages
 from django.db import transaction
-from django.utils import timezone, translation
+from django.utils import translation
 
-from apps.actions.models import Action, ActionAttempt
 from apps.attachments.delivery import deliveries_drain
 from apps.attachments.models import Attachment, AttachmentDelivery, DeliveryStatus
 from apps.attachments.retention import STORAGE_TABLE
 from apps.attachments.services import STORAGE_ALIAS, attachments_check, attachments_record, attachments_store
-from apps.outbox.models import OutboxMessage
 from apps.retention.purge import purge_run
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
+from tests.aging import age_finished_task as _age
 from tests.conftest import p
 from tests.test_attachments import LOG, SYMPTOM, _approved_and_sent, _own_storage, png, post_form, upload  # noqa: F401
 
 PHOTO = png()
-
-
-def _age(task: Task, days: float) -> None:
-    then = timezone.now() - timedelta(days=days)
-    Task.objects.filter(pk=task.pk).update(updated_at=then)
-    Action.objects.filter(task=task).update(created_at=then)
-    ActionAttempt.objects.filter(action__task=task).update(finished_at=then, started_at=then)
-    OutboxMessage.objects.filter(action__task=task).update(delivered_at=then, created_at=then)
 
 
 def _sent(client, requester, approver, device) -> Task:
