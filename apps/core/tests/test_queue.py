@@ -169,7 +169,7 @@ def test_the_dispatcher_clears_the_flag_before_its_first_claim(sent, coalescing,
     ("redis://cache.internal:6379/2", "redis.RedisCache", "redis://cache.internal:6379/2"),
 ])
 def test_the_coordination_cache_follows_the_broker(broker, backend, location):
-    from config.settings.base import coordination_cache
+    from config.cache import coordination_cache
 
     conf = coordination_cache(broker)
     assert conf == {"BACKEND": f"django.core.cache.backends.{backend}", "LOCATION": location}
@@ -180,7 +180,7 @@ def test_the_coordination_cache_follows_the_broker(broker, backend, location):
 def test_without_a_shared_store_every_commit_sends(broker, sent, settings):
     """A per-process cache would be wrong (the flag set in one process is cleared in another), so
     with a broker that is not Redis the flag never holds a kick back."""
-    from config.settings.base import coordination_cache
+    from config.cache import coordination_cache
 
     settings.CACHES = {**settings.CACHES, "coordination": coordination_cache(broker)}
     settings.FAULTDESK = {**settings.FAULTDESK, "KICK_COALESCE_SECONDS": 30}
@@ -193,7 +193,7 @@ def test_the_coordination_cache_reaches_the_embedded_redis_over_its_socket():
     from django.core.cache.backends.redis import RedisCache
 
     from config import embedded
-    from config.settings.base import coordination_cache
+    from config.cache import coordination_cache
 
     embedded.ensure_redis()
     conf = coordination_cache(embedded.redis_url(9))
