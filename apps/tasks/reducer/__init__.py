@@ -3,7 +3,7 @@ function over JSON-shaped state and events. The shared kernel is :mod:`.core` (s
 refusal, the guard, the ledger's admission check); each version is a module — :mod:`.v1`,
 :mod:`.v2` (comments on an open ticket, conflicts, compensation), :mod:`.v3` (the budget ledger and
 recorded model calls), :mod:`.v4` (service-level breaches), :mod:`.v5` (a rejection remembered by the
-action's identity, not its wording) — importing only the kernel and the
+action's identity, not its wording), :mod:`.v6` (plan versions, premises, parallel reads) — importing only the kernel and the
 versions before it. This package is the registry: which versions this build carries, which one
 new tasks get, the migrations, and what each version supports (:func:`supports`), so callers ask
 "does this task's reducer have a ledger?" instead of comparing version strings.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from apps.tasks.reducer import v1, v2, v3, v4, v5
+from apps.tasks.reducer import v1, v2, v3, v4, v5, v6
 from apps.tasks.reducer.core import (  # noqa: F401 - the kernel, re-exported for callers
     ACCEPTED,
     ALL_STATUSES,
@@ -53,7 +53,7 @@ REDUCER_VERSION = v1.VERSION
 #: Reducer versions this build carries. A task without a pinned version is a ``reducer/1`` task.
 REDUCERS: dict[str, Callable[[dict, str, dict], dict]] = {v1.VERSION: v1.reduce, v2.VERSION: v2.reduce,
                                                           v3.VERSION: v3.reduce, v4.VERSION: v4.reduce,
-                                                          v5.VERSION: v5.reduce}
+                                                          v5.VERSION: v5.reduce, v6.VERSION: v6.reduce}
 
 #: The version new tasks are pinned to.
 CURRENT = v5.VERSION
@@ -90,13 +90,16 @@ def migrate_events(version: str, events: list[tuple[str, dict]]) -> tuple[str, l
 #: (the budget ledger over cost units, tokens, tool calls and retries, and recorded model calls),
 #: ``sla`` (service-level breaches recorded as events) and ``coalesce`` (one ticket per fault: a
 #: create deferred behind another report's, ``intent.deferred``), both ``reducer/4``;
-#: ``rejection_identity`` (a rejected action stays refused however it is re-worded), ``reducer/5``.
+#: ``rejection_identity`` (a rejected action stays refused however it is re-worded), ``reducer/5``;
+#: ``plans`` (plan versions with premises, a barrier at each re-plan, the reads as parallel activities
+#: joined by premise), ``reducer/6``.
 FEATURES: dict[str, frozenset[str]] = {
     v1.VERSION: frozenset(),
     v2.VERSION: frozenset({"comments", "compensation"}),
     v3.VERSION: frozenset({"comments", "compensation", "ledger"}),
     v4.VERSION: frozenset({"comments", "compensation", "ledger", "sla", "coalesce"}),
     v5.VERSION: frozenset({"comments", "compensation", "ledger", "sla", "coalesce", "rejection_identity"}),
+    v6.VERSION: frozenset({"comments", "compensation", "ledger", "sla", "coalesce", "rejection_identity", "plans"}),
 }
 
 
