@@ -250,6 +250,22 @@ def settle_receipts() -> int:
     return receipts_settle(list(ids))
 
 
+def reads_run(task_id, *, steps=None) -> list[str]:
+    """Run in-process, one after the other, the read activities of the task (``reducer/6``) that are
+    dispatched and have not reported — only those of ``steps`` (``"device"``, ``"ticket"``,
+    ``"retrieval"``) when given. Returns the activity ids run."""
+    from apps.agent.runner import read_activity_run
+    from apps.tasks.models import Task
+
+    state = Task.objects.get(pk=task_id).state or {}
+    ran = []
+    for aid, act in (state.get("activities") or {}).items():
+        if act["status"] == "dispatched" and (steps is None or act["step"] in steps):
+            read_activity_run(task_id=task_id, activity_id=aid)
+            ran.append(aid)
+    return ran
+
+
 def drive(task_id, *, rounds: int = 30):
     """Run agent, tools, outbox and reconciler steps in-process until the task stops moving.
     Returns the task as it then stands."""
@@ -262,6 +278,7 @@ def drive(task_id, *, rounds: int = 30):
     for _ in range(rounds):
         agent_run(task_id=task_id)
         context_read(task_id=task_id)
+        reads_run(task_id)
         outbox_dispatch_batch()
         settle_receipts()
         actions_reconcile()

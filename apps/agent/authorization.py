@@ -3,6 +3,7 @@ must approve, ask for the approval, and re-check its binding and premises when i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 
@@ -17,18 +18,21 @@ from apps.agent.common import (
     actor_of,
     fail,
     invalidating,
+    keeps_plans,
     plans_comments,
 )
 from apps.agent.drafting import plan
 from apps.agent.intent import commit_intent, write_short
+from apps.agent.plans import evidence_changed, plan_activate
 from apps.approvals.models import ApprovalRequest
 from apps.approvals.policy import policy_decide
-from apps.approvals.services import approval_check_binding_now, approval_request_create
+from apps.approvals.services import approval_check_binding_now, approval_invalidate, approval_request_create
 from apps.evidence.selectors import chunk_readable
 from apps.llm.parser import draft_validate
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
 from apps.tasks.reducer import v2 as reducer_v2
+from apps.tasks.reducer import v6 as reducer_v6
 from apps.tasks.store import task_append_event
 from apps.tickets.connectors import CONNECTORS
 
@@ -72,6 +76,12 @@ def validate_and_authorize(task: Task, lease: Lease) -> bool:
     if short := write_short(task, tool):
         fail(task, lease, short)
         return False
+    held = state.get("revalidating")
+    if held is not None and proposal_digest(proposal) == held["digest"]:
+        # the evidence behind the approval changed, the re-drafted action did not: the approval stands
+        task_append_event(task=task, event_type="approval.revalidated", actor=actor, lease_generation=gen,
+                          payload={"approval_id": held["approval_id"], "proposal": proposal, "why": held["why"]})
+        return True
     params = proposal["params"]
     ticket = state.get("ticket") if tool.object_scope == "ticket" else None
     object_version = ticket["version"] if ticket else device["version"]
@@ -79,6 +89,10 @@ def validate_and_authorize(task: Task, lease: Lease) -> bool:
     decision = policy_decide(tenant_id=task.tenant_id, tool=tool.name, evidence=state["evidence"] or [],
                              no_procedure=selection.get("reason", "") if selection.get("outcome") == "no_procedure"
                              else "")
+    if held is not None:
+        # the changed evidence changed the approved action: a person approves the new one
+        decision = dataclasses.replace(decision, requires_approval=True, forced_by=decision.forced_by or (
+            "the evidence behind the earlier approval changed, and with it the action"))
     if decision.requires_approval:
         approval_id = uuid.uuid4()
         expires_at = timezone.now() + decision.ttl
@@ -105,6 +119,9 @@ def validate_and_authorize(task: Task, lease: Lease) -> bool:
             expires_at = carried.expires_at
 
         def create_approval(t: Task, event) -> None:
+            if held is not None and (old := ApprovalRequest.objects.for_tenant(t.tenant_id)
+                                     .filter(pk=held["approval_id"]).first()) is not None:
+                approval_invalidate(approval=old, reason=reducer_v6.CHANGED_PROPOSAL)
             approval_request_create(approval_id=approval_id, task=t, requested_by_id=t.requester_id, proposal=proposal,
                                     decision=decision, object_version=object_version, scope=scope,
                                     side_effects=effects, evidence=state["evidence"], expires_at=expires_at,
@@ -153,8 +170,10 @@ def _carried_over(task: Task, proposal: dict, decision) -> ApprovalRequest | Non
 
 
 def resume_after_approval(task: Task, lease: Lease) -> bool:
-    """WAITING_APPROVAL: when the approval is granted, re-check the premises (device version,
-    binding, expiry, approver's role) and commit the intent; otherwise invalidate and re-plan."""
+    """WAITING_APPROVAL: when the approval is granted, re-check the premises (the requester, the
+    evidence's readability, under ``reducer/6`` its versions — superseded or retired evidence re-plans
+    with the approval held for re-validation —, then the binding: device version, expiry, approver's
+    role) and commit the intent; otherwise invalidate and re-plan."""
     state, gen, actor = task.state, lease.generation, actor_of(lease)
     approval, moved = approval_granted(task, lease, state["approval"])
     if approval is None:
@@ -169,6 +188,11 @@ def resume_after_approval(task: Task, lease: Lease) -> bool:
         task_append_event(task=task, event_type="approval.invalidated", actor=actor, lease_generation=gen,
                           payload={"approval_id": a["id"], "reason": changed},
                           side_effects=invalidating(approval, changed))
+        return True
+    if keeps_plans(task) and (moved := evidence_changed(task)):
+        # superseded or retired evidence: re-plan (the reads whose premises hold continue), re-draft,
+        # and keep this approval only if the action comes out the same
+        plan_activate(task, lease, why=moved)
         return True
     if invalidated_unless_bound(task, lease, approval, proposal_digest(state["proposal"])):
         return True

@@ -94,6 +94,12 @@ def has_ledger(task: Task) -> bool:
     return reducer.supports((task.artifact_bundle or {}).get("reducer"), "ledger")
 
 
+def keeps_plans(task: Task) -> bool:
+    """Does the task's pinned reducer keep plan versions with premises and read in parallel
+    (``reducer/6``)?"""
+    return reducer.supports((task.artifact_bundle or {}).get("reducer"), "plans")
+
+
 def cancel_requested(task_id: uuid.UUID) -> bool:
     """Has the task been cancelled (or ended) since this worker started its activity?"""
     row = Task.objects.filter(pk=task_id).values("status", "state__cancel_requested").first()

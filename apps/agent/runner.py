@@ -20,6 +20,7 @@ release, instead of one commit per event (docs/architecture.md §4)."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
 from apps.agent.authorization import (
@@ -35,12 +36,14 @@ from apps.agent.common import (
     bounds_exceeded,
     fail,
     has_ledger,
+    keeps_plans,
     release_stale,
 )
 from apps.agent.compensation import compensate, compensation_due, compensation_request, created_ticket
 from apps.agent.context import context_step
 from apps.agent.drafting import propose
 from apps.agent.intent import direct_deliveries_forget, direct_delivery_take
+from apps.agent.reads import read_perform, read_record, reads_step
 from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.events.models import RefusedEvent
@@ -73,7 +76,8 @@ def pool_for(task: Task) -> str:
     (RETRIEVING), ``agent`` for a draft by a model outside the process (PROPOSING with a hosted
     model pinned), otherwise ``any``."""
     if task.status == reducer.RETRIEVING:
-        return TOOLS
+        # reducer/6 dispatches its reads as activities of their own: the dispatch runs anywhere
+        return ANY if keeps_plans(task) else TOOLS
     if task.status == reducer.PROPOSING and not runs_in_process(task.artifact_bundle):
         return AGENT
     return ANY
@@ -110,6 +114,76 @@ def agent_run(*, task_id: uuid.UUID, pool: str = AGENT) -> None:
         RUN_POOL.reset(pool_token)
     if handover is not None:
         enqueue_on_commit(POOL_TASK[handover], task_id)
+
+
+#: how long a read activity tries to take the task's lease to report (seconds), and its first pause
+REPORT_PATIENCE, REPORT_PAUSE = 30.0, 0.02
+
+
+def read_activity_run(*, task_id: uuid.UUID, activity_id: str) -> None:
+    """A read activity of ``reducer/6`` (the ``read_step`` Celery task, ``tools`` pool): do the read
+    without the lease, then take the lease (waiting while another run holds it) to report it
+    (:func:`apps.agent.reads.read_record`), and go on with the task's next steps in the same run
+    when the read completed the join. Returns quietly when the task is gone, the activity unknown or
+    already reported, or the lease could not be had within ``REPORT_PATIENCE`` (the read then lapses
+    at its deadline and is read again)."""
+    task = sql.row(Task, "t0.id = %s", [task_id], related=_RELATED)
+    if task is None:
+        return
+    activity = (task.state.get("activities") or {}).get(activity_id)
+    if activity is None or activity["status"] not in ("dispatched", "lapsed"):
+        return
+    if task.status in reducer.TERMINAL:
+        # its reservation was released when the task ended (reducer/3): nothing waits for this read
+        return
+    outcome = None
+    if not task.state.get("cancel_requested"):
+        timeout = (task.state.get("reservations") or {}).get(activity_id, {}).get("timeout_s")
+        outcome = read_perform(task, activity, timeout=timeout)
+    claimed = _claim_patiently(task_id)
+    if claimed is None:
+        log.warning("read %s of %s could not report: the lease stayed taken", activity_id, task_id)
+        return
+    lease, first = claimed
+    pool_token = RUN_POOL.set(TOOLS)
+    handover = None
+    try:
+        with RunTransaction():
+            bind(tenant_id=first.tenant_id, task_id=first.pk, lease_generation=lease.generation, step="read")
+            try:
+                task, go_on = read_record(first, lease, activity_id, outcome)
+            except StaleWrite:
+                go_on = False
+            except reducer.IllegalTransition as exc:
+                log.warning("read %s of %s refused: %s", activity_id, task_id, exc)
+                go_on = False
+            if go_on:
+                task.tenant, task.requester, task.device = first.tenant, first.requester, first.device
+                handover = _run_steps(task_id, lease, TOOLS, task)
+            task_release(lease=lease)
+    except BaseException:
+        task_release(lease=lease)
+        raise
+    finally:
+        direct_deliveries_forget(lease)
+        RUN_POOL.reset(pool_token)
+    if handover is not None:
+        enqueue_on_commit(POOL_TASK[handover], task_id)
+
+
+def _claim_patiently(task_id: uuid.UUID) -> tuple[Lease, Task] | None:
+    """The task's lease and row (:func:`~apps.tasks.leases.task_claim_read`), waiting with a growing
+    pause while another run holds it, at most ``REPORT_PATIENCE`` seconds; None after that, or
+    when the task is gone."""
+    deadline, pause = time.monotonic() + REPORT_PATIENCE, REPORT_PAUSE
+    while True:
+        claimed = task_claim_read(task_id=task_id, related=_RELATED)
+        if claimed is not None or time.monotonic() >= deadline:
+            return claimed
+        if not Task.objects.filter(pk=task_id).exclude(status__in=list(reducer.TERMINAL)).exists():
+            return None  # gone or ended: its open reservations are settled by the sweeper
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def context_read(*, task_id: uuid.UUID) -> None:
@@ -292,7 +366,7 @@ UNBOUNDED_STEPS = {
 #: WAITING_INPUT, WAITING_RECONCILIATION — waits for someone else to act.
 STEPS = {
     reducer.ACCEPTED: retrieval_start,
-    reducer.RETRIEVING: context_step,
+    reducer.RETRIEVING: lambda task, lease: (reads_step if keeps_plans(task) else context_step)(task, lease),
     reducer.PROPOSING: propose,
     reducer.VALIDATING: validate_and_authorize,
     reducer.WAITING_APPROVAL: resume_after_approval,

@@ -55,6 +55,13 @@ def read_context(self, task_id: str) -> None:
     _retrying_database_refusals(self, lambda: context_read(task_id=uuid.UUID(task_id)))
 
 
+@shared_task(name=queue.READ_STEP, bind=True)
+def read_step(self, task_id: str, activity_id: str) -> None:
+    from apps.agent.runner import read_activity_run
+
+    _retrying_database_refusals(self, lambda: read_activity_run(task_id=uuid.UUID(task_id), activity_id=activity_id))
+
+
 #: messages one sweep sends at most (the rest wait for the next tick, 5 s later)
 SWEEP_SENDS_PER_TICK = 200
 

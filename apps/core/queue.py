@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 AGENT_STEP = "agent_step"
 #: retrieval, the device read and the open-ticket read for a task (queue ``tools``): ``(task_id,)``
 READ_CONTEXT = "read_context"
+#: one context read of a task, an activity of its own under a plan version (queue ``tools``,
+#: ``reducer/6``): ``(task_id, activity_id)``
+READ_STEP = "read_step"
 #: the outbox dispatcher (queue ``outbox``): no arguments
 OUTBOX_DISPATCH = "dispatch_pending"
 #: the tasks' half of a batch of receipts the dispatcher recorded (queue ``agent``): ``(task_id, …)``

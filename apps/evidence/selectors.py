@@ -305,6 +305,25 @@ def chunk_readable(*, chunk_id: int, tenant_id: int, scopes: list[str] | tuple[s
     )
 
 
+def chunks_status(*, tenant_id: int, scopes, chunk_ids) -> dict[str, str]:
+    """``{str(chunk_id): status}`` for the viewer (tenant + scopes) now: ``current``; ``superseded``
+    (its document has a newer version); ``retired`` (its document was withdrawn); ``unreadable``
+    (gone, another tenant's, or outside the scopes — as :func:`chunk_readable` decides). One query.
+    What a plan's evidence premise records (``reducer/6``)."""
+    ids = [int(c) for c in chunk_ids]
+    rows = {pk: (current, retired) for pk, current, retired in Chunk.objects.for_tenant(tenant_id).filter(
+        pk__in=ids, scope__in=list(scopes), document_version__document__scope__in=list(scopes))
+        .values_list("pk", "is_current", "document_version__document__retired")}
+    out = {}
+    for cid in ids:
+        if cid not in rows:
+            out[str(cid)] = "unreadable"
+        else:
+            current, retired = rows[cid]
+            out[str(cid)] = "retired" if retired else ("current" if current else "superseded")
+    return out
+
+
 def readable_chunk_ids(*, tenant_id: int, scopes, chunk_ids) -> set[int]:
     """The subset of ``chunk_ids`` the viewer may read now (one query; see :func:`chunk_readable`)."""
     return set(Chunk.objects.for_tenant(tenant_id).filter(

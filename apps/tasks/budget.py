@@ -64,11 +64,16 @@ def _append(task: Task, event_type: str, payload: dict, actor: str, lease_genera
 
 def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: str,
                    lease_generation: int | None = None, timeout_s: float | None = None,
-                   task: Task | None = None) -> tuple[Task, Reservation]:
+                   task: Task | None = None, extra: dict | None = None,
+                   bound_to_lease: bool = True) -> tuple[Task, Reservation]:
     """Admit an activity by reserving ``amounts`` (``{"money", "tokens", "tool_calls", "retries"}``,
     non-negative ints; missing ones are 0) on task ``task_id``: one ``budget.reserved`` event,
     atomic with the tenant's day row. ``task``: the task as a lease holder read it in its run's
     transaction (not read and locked again; the CAS still refuses it if it moved meanwhile).
+    ``extra``: more payload (a read activity's ``step``, ``plan_version`` and ``deadline``,
+    ``reducer/6``). ``bound_to_lease=False``: the activity outlives the lease that admitted it (a
+    read activity reports under a lease of its own), so a later lease does not charge it as stale
+    (:func:`stale_reservations`); its deadline does.
 
     Returns ``(task, reservation)``. Raises :class:`BudgetExceeded` (nothing written) when any
     dimension of the task or of its tenant's daily quota would pass its limit;
@@ -85,8 +90,8 @@ def budget_reserve(*, task_id: uuid.UUID, activity: str, amounts: dict, actor: s
             for dim in reducer_v3.DIMENSIONS:
                 if amounts[dim] > room[dim]:
                     raise BudgetExceeded(dim, amounts[dim], room[dim])
-        payload = {"reservation_id": rid, "activity": activity, "amounts": amounts,
-                   "generation": lease_generation, "timeout_s": timeout_s,
+        payload = {**(extra or {}), "reservation_id": rid, "activity": activity, "amounts": amounts,
+                   "generation": lease_generation if bound_to_lease else None, "timeout_s": timeout_s,
                    "reserved_at": timezone.now().isoformat()}
         try:
             task = _append(task, "budget.reserved", payload, actor, lease_generation)

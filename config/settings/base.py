@@ -271,6 +271,7 @@ CELERY_TASK_DEFAULT_QUEUE = "agent"
 CELERY_TASK_ROUTES = {
     "agent_step": {"queue": "agent"},
     "read_context": {"queue": "tools"},
+    "read_step": {"queue": "tools"},
     "sweep_leases": {"queue": "agent"},
     "dispatch_pending": {"queue": "outbox"},
     "reconcile_unknown": {"queue": "outbox"},

@@ -19,7 +19,7 @@ from apps.outbox.models import OutboxMessage
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
-from tests.conftest import drive, p
+from tests.conftest import drive, p, reads_run
 from tests.factories import DeviceFactory
 
 
@@ -52,6 +52,7 @@ def test_a_dispatch_queued_twice_sends_one_request(requester, device, kb, refser
     for _ in range(4):
         agent_run(task_id=task.pk)
         context_read(task_id=task.pk)
+        reads_run(task.pk)
     assert Task.objects.get(pk=task.pk).status == reducer.DISPATCHING
     action = Action.objects.get(task=task)
     barrier = threading.Barrier(2)

@@ -15,7 +15,7 @@ from apps.approvals.services import approval_decide
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_provide_input, task_submit
-from tests.conftest import drive, p
+from tests.conftest import drive, p, reads_run
 
 
 def _submit(requester, device, symptom="Fuser error after warm-up, pages smeared."):
@@ -110,10 +110,11 @@ def _sent(monkeypatch) -> list[tuple]:
 @pytest.mark.django_db(transaction=True)
 def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, device, kb, refservice, model_server,
                                                                     monkeypatch):
-    """The context reads run on the tools pool; a draft by a model outside the process does not: the
-    run stops at PROPOSING, gives the lease back and sends ``agent_step``, and the agent pool calls."""
+    """The context reads run on the tools pool, each an activity of its own; a draft by a model outside
+    the process does not: the read that completes the join stops at PROPOSING, gives the lease back
+    and sends ``agent_step``, and the agent pool calls."""
     from apps.agent.runner import agent_run, context_read
-    from apps.core.queue import AGENT_STEP, READ_CONTEXT
+    from apps.core.queue import AGENT_STEP, READ_CONTEXT, READ_STEP
     from apps.events.models import TaskEvent
     from apps.tasks.replay import task_replay
 
@@ -122,6 +123,9 @@ def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, de
                        symptom="Fuser error after warm-up, pages come out smeared with unfused toner.").task
     assert sent == [(READ_CONTEXT, str(task.pk))], "a report starts on the tools pool"
     context_read(task_id=task.pk)
+    reads = [m for m in sent if m[0] == READ_STEP]
+    assert len(reads) == 3 and Task.objects.get(pk=task.pk).status == reducer.RETRIEVING, "three reads dispatched"
+    assert sorted(reads_run(task.pk)) == sorted(m[2] for m in reads)
     t = Task.objects.get(pk=task.pk)
     assert t.status == reducer.PROPOSING and t.lease_owner is None
     assert not TaskEvent.objects.filter(task=t, type="model.called").exists()
@@ -132,9 +136,11 @@ def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, de
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_the_local_drafter_one_tools_run_reaches_the_approval_request(requester, device, kb, monkeypatch):
-    """The local drafter makes no outside call: the tools run goes on from the reads to the draft,
-    validation and the approval request, with no hand-over, in three commits."""
+def test_with_the_local_drafter_the_read_that_completes_the_join_reaches_the_approval_request(requester, device, kb,
+                                                                                             monkeypatch):
+    """The local drafter makes no outside call: the run that starts the reads dispatches all three and
+    ends; the read that completes the join goes on to the draft, validation and the approval request,
+    with no hand-over."""
     from apps.agent.runner import context_read
     from apps.events.models import TaskEvent
 
@@ -142,12 +148,16 @@ def test_with_the_local_drafter_one_tools_run_reaches_the_approval_request(reque
     task = task_submit(principal=p(requester), device_id=device.pk, urgency="high",
                        symptom="Fuser error after warm-up, pages come out smeared with unfused toner.").task
     context_read(task_id=task.pk)
+    assert [name for name, *_ in sent] == ["read_context", "read_step", "read_step", "read_step"]
+    reads_run(task.pk)
     t = Task.objects.get(pk=task.pk)
     assert t.status == reducer.WAITING_APPROVAL and t.lease_owner is None
-    assert [name for name, *_ in sent] == ["read_context"], "nothing handed over"
-    assert list(TaskEvent.objects.filter(task=t).order_by("seq").values_list("type", flat=True)) == [
-        "task.accepted", "retrieval.started", "budget.reserved", "evidence.retrieved", "ticket.read", "device.read",
-        "budget.settled", "budget.reserved", "model.called", "draft.proposed", "approval.requested"]
+    assert len(sent) == 4, "nothing handed over"
+    types = list(TaskEvent.objects.filter(task=t).order_by("seq").values_list("type", flat=True))
+    assert types[:6] == ["task.accepted", "retrieval.started", "plan.activated", "budget.reserved", "budget.reserved",
+                         "budget.reserved"]
+    assert sorted(types[6:9]) == ["device.read", "evidence.retrieved", "ticket.read"], "each read settles by its event"
+    assert types[9:] == ["budget.reserved", "model.called", "draft.proposed", "approval.requested"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,8 +3,8 @@ function over JSON-shaped state and events. The shared kernel is :mod:`.core` (s
 refusal, the guard, the ledger's admission check); each version is a module — :mod:`.v1`,
 :mod:`.v2` (comments on an open ticket, conflicts, compensation), :mod:`.v3` (the budget ledger and
 recorded model calls), :mod:`.v4` (service-level breaches), :mod:`.v5` (a rejection remembered by the
-action's identity, not its wording), :mod:`.v6` (plan versions, premises, parallel reads) — importing only the kernel and the
-versions before it. This package is the registry: which versions this build carries, which one
+action's identity, not its wording), :mod:`.v6` (plan versions, premises, parallel reads) —
+importing only the kernel and the versions before it. This package is the registry: which versions this build carries, which one
 new tasks get, the migrations, and what each version supports (:func:`supports`), so callers ask
 "does this task's reducer have a ledger?" instead of comparing version strings.
 
@@ -56,7 +56,7 @@ REDUCERS: dict[str, Callable[[dict, str, dict], dict]] = {v1.VERSION: v1.reduce,
                                                           v5.VERSION: v5.reduce, v6.VERSION: v6.reduce}
 
 #: The version new tasks are pinned to.
-CURRENT = v5.VERSION
+CURRENT = v6.VERSION
 
 #: Explicit migrations: old version -> (target version, function mapping the old ``(type, payload)``
 #: event list to the target version's events). Empty while only ``reducer/1`` exists.

@@ -19,8 +19,8 @@
   in parallel under one plan version. Each is admitted by its own ``budget.reserved`` (with ``step``
   and ``plan_version``; the reservation id is the activity's identity) and reports by its read event
   (``device.read``, ``ticket.read``, ``evidence.retrieved``) carrying ``activity_id``,
-  ``plan_version``, the ``premises`` it worked under and the ``verdict``, or by ``result.refused`` /
-  ``read.failed``. The task moves to ``PROPOSING`` when every read of the current version is joined.
+  ``plan_version``, the ``premises`` it worked under, the ``verdict`` and the calls it ``used`` (which
+  settle its reservation), or by ``result.refused`` / ``read.failed``. The task moves to ``PROPOSING`` when every read of the current version is joined.
 * **Late results by premise, never by arrival order** (:func:`verdict`): a result of an older plan
   version is *accepted* when the premises it depends on equal the current version's and no other
   premise changed; *re-validated* when only premises it does not depend on changed (the result is
@@ -211,7 +211,8 @@ def _budget_reserved(s: dict, p: dict) -> None:
             f"{step} is not waiting to be dispatched")
     rid = p["reservation_id"]
     s["activities"] = {**s["activities"], rid: {"step": step, "plan_version": plan["version"],
-                                                "premises": plan["premises"], "status": "dispatched"}}
+                                                "premises": plan["premises"], "status": "dispatched",
+                                                "deadline": p.get("deadline")}}
     s["steps"] = {**s["steps"], step: {"status": "dispatched", "activity_id": rid, "plan_version": plan["version"]}}
 
 
@@ -227,8 +228,15 @@ def _activity(s: dict, p: dict, etype: str, step: str | None = None) -> dict:
     return act
 
 
-def _set_activity(s: dict, aid: str, status: str) -> None:
+def _set_activity(s: dict, aid: str, status: str, p: dict, etype: str) -> None:
+    """Mark activity ``aid`` with ``status`` and settle its reservation at ``p["used"]`` (the calls
+    it made) when the report carries it and the reservation is still open (a lapsed activity's was
+    charged at its reservation already)."""
     s["activities"] = {**s["activities"], aid: {**s["activities"][aid], "status": status}}
+    if "used" in p:
+        require(aid in s["reservations"], s, etype, "no open reservation to settle: a lapsed activity reports "
+                                                    "without its cost")
+        r3._settle(s, {"reservation_id": aid, "used": p["used"]}, etype)
 
 
 def _read_result(step: str):
@@ -256,7 +264,7 @@ def _read_result(step: str):
             s["evidence"] = p["refs"]
             if "selection" in p:
                 s["selection"] = p["selection"]
-        _set_activity(s, p["activity_id"], expected)
+        _set_activity(s, p["activity_id"], expected, p, etype)
         s["steps"] = {**s["steps"], step: {"status": "joined", "activity_id": p["activity_id"],
                                            "plan_version": act["plan_version"], "premises": premises}}
         _join(s)
@@ -283,14 +291,14 @@ def _result_refused(s: dict, p: dict) -> None:
                                      "re-validation, is refused")
     else:
         require(p["revalidation"].get("ok") is False, s, "result.refused", "the re-validation passed")
-    _set_activity(s, p["activity_id"], "refused")
+    _set_activity(s, p["activity_id"], "refused", p, "result.refused")
     _redo_if_current(s, act["step"], p["activity_id"])
 
 
 def _read_failed(s: dict, p: dict) -> None:
     act = _activity(s, p, "read.failed")
     require(bool(p.get("error")), s, "read.failed", "a failed read records its error")
-    _set_activity(s, p["activity_id"], "failed")
+    _set_activity(s, p["activity_id"], "failed", p, "read.failed")
     _redo_if_current(s, act["step"], p["activity_id"])
 
 
@@ -307,7 +315,7 @@ def _budget_settled(s: dict, p: dict) -> None:
     r3.TRANSITIONS["budget.settled"][1](s, p)
     if lapsed:
         # an activity that never reported by its deadline: charged at its reservation, done again
-        _set_activity(s, rid, "lapsed")
+        s["activities"] = {**s["activities"], rid: {**s["activities"][rid], "status": "lapsed"}}
         _redo_if_current(s, s["activities"][rid]["step"], rid)
 
 
