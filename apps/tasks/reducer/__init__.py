@@ -4,9 +4,10 @@ refusal, the guard, the ledger's admission check); each version is a module — 
 :mod:`.v2` (comments on an open ticket, conflicts, compensation), :mod:`.v3` (the budget ledger and
 recorded model calls), :mod:`.v4` (service-level breaches), :mod:`.v5` (a rejection remembered by the
 action's identity, not its wording), :mod:`.v6` (plan versions, premises, parallel reads) —
-importing only the kernel and the versions before it. This package is the registry: which versions this build carries, which one
-new tasks get, the migrations, and what each version supports (:func:`supports`), so callers ask
-"does this task's reducer have a ledger?" instead of comparing version strings.
+importing only the kernel and the versions before it. This package is the registry: which versions
+this build carries, which one new tasks get, the migrations, and what each version supports
+(:func:`supports`), so callers ask "does this task's reducer have a ledger?" instead of comparing
+version strings.
 
 The state table (legal transitions) is documented in ``docs/task-lifecycle.md``.
 """

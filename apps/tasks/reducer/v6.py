@@ -20,7 +20,8 @@
   and ``plan_version``; the reservation id is the activity's identity) and reports by its read event
   (``device.read``, ``ticket.read``, ``evidence.retrieved``) carrying ``activity_id``,
   ``plan_version``, the ``premises`` it worked under, the ``verdict`` and the calls it ``used`` (which
-  settle its reservation), or by ``result.refused`` / ``read.failed``. The task moves to ``PROPOSING`` when every read of the current version is joined.
+  settle its reservation), or by ``result.refused`` / ``read.failed``. The task moves to
+  ``PROPOSING`` when every read of the current version is joined.
 * **Late results by premise, never by arrival order** (:func:`verdict`): a result of an older plan
   version is *accepted* when the premises it depends on equal the current version's and no other
   premise changed; *re-validated* when only premises it does not depend on changed (the result is
