@@ -27,6 +27,7 @@ from apps.tasks.selectors import (
     task_get,
     task_list,
 )
+from apps.traces.selectors import plan_versions
 
 
 @login_required
@@ -53,6 +54,9 @@ PHASES = {
     "compensation.requested": "compensation", "compensation.failed": "compensation",
     "compensation.retry": "compensation", "compensation.resolved": "compensation",
     "task.completed": "answer", "task.failed": "end",
+    # reducer/6: the reads are activities of a plan version; a version after the first is a re-plan
+    "plan.activated": "evidence and device", "result.refused": "evidence and device",
+    "read.failed": "evidence and device", "approval.revalidated": "approval",
 }
 #: what the trace shows for each phase (the keys above stay the codes the code compares)
 PHASE_LABELS = {
@@ -62,7 +66,7 @@ PHASE_LABELS = {
     "reconciliation": gettext_lazy("reconciliation"), "attempts": gettext_lazy("attempts"),
     "receipt": gettext_lazy("receipt"), "compensation": gettext_lazy("compensation"),
     "answer": gettext_lazy("answer"), "end": gettext_lazy("end"), "other": gettext_lazy("other"),
-    "service level": gettext_lazy("service level"),
+    "service level": gettext_lazy("service level"), "re-plan": gettext_lazy("re-plan"),
 }
 
 
@@ -80,13 +84,21 @@ def _admin_task(request, task_id):
     return p, task
 
 
+def phase_of(event_type: str, plan_version=None) -> str:
+    """The phase of an event (:data:`PHASES`): a ``plan.activated`` after the first version
+    (``plan_version`` > 1, from its payload) starts a phase of its own, ``re-plan``."""
+    if event_type == "plan.activated" and isinstance(plan_version, int) and plan_version > 1:
+        return "re-plan"
+    return PHASES.get(event_type, "other")
+
+
 def _mark_phases(events, previous: str | None) -> None:
     """Give each event its ``phase`` (and the ``phase_label`` a person reads), ``new_phase`` (the
     first event of a phase, budget rows aside) and ``sensitive``; ``previous`` is the phase in force
     before the first of them."""
     for e in events:
         e.sensitive = e.type in SENSITIVE_EVENTS
-        e.phase = PHASES.get(e.type, "other")
+        e.phase = phase_of(e.type, (e.payload or {}).get("version") if e.type == "plan.activated" else None)
         e.phase_label = PHASE_LABELS.get(e.phase, e.phase)
         e.new_phase = e.phase != previous and e.phase != "budget"
         previous = e.phase if e.phase != "budget" else previous
@@ -101,12 +113,12 @@ def _extras(p, task) -> dict:
 
 
 def _trace(request, task_id) -> dict:
-    """The whole trace (the export): the task, every event as the viewer may see it, refused
-    events, actions with attempts and webhooks."""
+    """The whole trace (the export): the viewer, the task, every event as the viewer may see it,
+    refused events, actions with attempts and webhooks."""
     p, task = _admin_task(request, task_id)
     events = task_events_for_viewer(principal=p, task=task)
     _mark_phases(events, None)
-    return {"task": task, "events": events, **_extras(p, task)}
+    return {"principal": p, "task": task, "events": events, **_extras(p, task)}
 
 
 def budget_series(task, events) -> list[tuple[int, int, int]]:
@@ -145,20 +157,23 @@ def task_trace(request, task_id):
     """The trace page: the task, one page of its events (:data:`EVENTS_PER_PAGE`, ``?page=N``; the
     pager's htmx requests, aimed at ``#events``, get only that section), refused events, actions.
     The cost chart is drawn on the page when every event is on it, and fetched as its own fragment
-    (:func:`task_trace_budget`) for a longer task, so a page costs the same for 10 or 2,000 events."""
+    (:func:`task_trace_budget`) for a longer task, so a page costs the same for 10 or 2,000 events.
+    A task with plan versions (``reducer/6``) shows them side by side (:func:`plan_versions`: two
+    queries more, whatever their number)."""
     p, task = _admin_task(request, task_id)
     page, events = task_events_page(principal=p, task=task, page=request.GET.get("page", 1),
                                     per_page=EVENTS_PER_PAGE)
     previous = None
     if events and events[0].seq > 1:
         before = (task_events(principal=p, task=task).filter(seq__lt=events[0].seq).exclude(type__in=BUDGET_EVENTS)
-                  .order_by("-seq").values_list("type", flat=True).first())
-        previous = PHASES.get(before, "other") if before else None
+                  .order_by("-seq").values_list("type", "payload__version").first())
+        previous = phase_of(*before) if before else None
     _mark_phases(events, previous)
     ctx = {"task": task, "events": events, "page": page, **_extras(p, task)}
     if is_fragment_request(request) and request.htmx.target == "events":  # the pager's links
         return render_page(request, "traces/trace.html", ctx, fragment="traces/_events.html")
     ctx["budget_chart"] = _budget_chart(p, task) if not page.has_other_pages() else None
+    ctx["plans"] = plan_versions(principal=p, task=task)
     return render_page(request, "traces/trace.html", ctx)
 
 
@@ -176,8 +191,10 @@ def task_trace_budget(request, task_id):
 @require_GET
 def task_trace_export(request, task_id):
     """The whole trace as one JSON document (``trace.json``): the task, every event, refused
-    events, actions with their attempts and webhooks. Sensitive payloads are their digest and the
-    link to their view, unless ``?include=payloads`` asks for them (as the viewer may see them)."""
+    events, actions with their attempts and webhooks, and for a task with plan versions
+    (``reducer/6``) ``plans`` (:meth:`~apps.traces.selectors.PlanTrace.as_dict`). Sensitive
+    payloads are their digest and the link to their view, unless ``?include=payloads`` asks for
+    them (as the viewer may see them)."""
     from django.http import JsonResponse
 
     ctx = _trace(request, task_id)
@@ -209,6 +226,9 @@ def task_trace_export(request, task_id):
                                    "received_at": h.received_at.isoformat(), "body": h.body}
                                   for h in a.webhooks.all()]} for a in ctx["actions"]],
     }
+    plans = plan_versions(principal=ctx["principal"], task=task)
+    if plans is not None:  # reducer/6: the plan versions with their premises, barriers and read activities
+        doc["plans"] = plans.as_dict()
     response = JsonResponse(doc, json_dumps_params={"indent": 1})
     response["Content-Disposition"] = f'attachment; filename="trace-{task.pk}.json"'
     return response
