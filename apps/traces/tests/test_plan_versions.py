@@ -253,7 +253,8 @@ STATE = {
                                                             "write"]}}],
     "activities": {"t1": {"step": "ticket", "plan_version": 1, "status": "failed"},
                    "d1": {"step": "device", "plan_version": 1, "status": "lapsed"},
-                   "d2": {"step": "device", "plan_version": 2, "status": "dispatched"}},
+                   "d2": {"step": "device", "plan_version": 2, "status": "dispatched"},
+                   "t2": {"step": "ticket", "plan_version": 2, "status": "dispatched"}},
 }
 REPORTS = [
     {"seq": 3, "type": "plan.activated", "version": 1},
@@ -262,23 +263,27 @@ REPORTS = [
     {"seq": 7, "type": "budget.settled", "reservation_id": "d1", "unknown_outcome": True,
      "reason": "the device read did not report by its deadline: charged at its reservation, read again"},
     {"seq": 9, "type": "plan.activated", "version": 2},
+    {"seq": 12, "type": "budget.settled", "reservation_id": "t2",
+     "reason": "the ticket read reported when nothing waited for it"},
 ]
 
 
-def test_failed_lapsed_and_in_flight_reads_read_as_such_in_both_languages():
+def test_failed_lapsed_in_flight_and_unjoined_reads_read_as_such_in_both_languages():
     trace = plan_columns(STATE, REPORTS, set())
     v1, v2 = trace.columns
     assert [(a.step, a.status, a.seq) for a in v1.activities] == [("device", "lapsed", None), ("ticket", "failed", 6)]
     assert v1.activities[0].settled.startswith("the device read did not report by its deadline")
-    assert [(a.step, a.status) for a in v2.activities] == [("device", "dispatched")]
+    assert [(a.step, a.status) for a in v2.activities] == [("device", "dispatched"), ("ticket", "unjoined")]
     assert v2.changed == ["ticket_version"]
     for language, expected in (
             ("en", ["device read · lapsed", "the device read did not report by its deadline: charged at its "
                     "reservation, read again", "open-ticket read · failed", "the ticket system cannot be read now: "
-                    "connection refused", "device read · in flight",
+                    "connection refused", "device read · in flight", "open-ticket read · not joined",
+                    "the ticket read reported when nothing waited for it",
                     "dispatch.conflict: the ticket changed since the approval (412)"]),
             ("zh-hans", ["设备读取 · 已超时", "设备读取未在截止时间前回报：按预留额度计费，并重新读取",
                          "未结工单读取 · 失败", "暂时无法读取工单系统：connection refused", "设备读取 · 进行中",
+                         "未结工单读取 · 未汇合", "未结工单读取回报时已无步骤等待它：只记录了其费用",
                          "发送时工单已发生变化：审批后工单已发生变化（412）"])):
         with translation.override(language):
             text = _text(render_to_string("traces/_plans.html", {"plans": trace}))
