@@ -27,7 +27,7 @@ from apps.outbox.unknown_outcomes import actions_reconcile
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
-from tests.conftest import p, settle_receipts
+from tests.conftest import p, reads_run, settle_receipts
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
@@ -60,6 +60,7 @@ def _runs(task_id, rounds: int = 8) -> Task:
     for _ in range(rounds):
         agent_run(task_id=task_id)
         context_read(task_id=task_id)
+        reads_run(task_id)  # the reads, each an activity of its own
         task = Task.objects.get(pk=task_id)
         if task.version == last:
             break
@@ -159,6 +160,7 @@ def test_the_receipts_transaction_locks_the_action_then_the_task_and_reads_neith
     task = _submit(requester, device)
     agent_run(task_id=task.pk)  # retrieval.started, then handed to the tools pool
     context_read(task_id=task.pk)  # the reads, the draft, the intent, the request, the receipt
+    reads_run(task.pk)  # the reads, each an activity of its own
     captured["ctx"].__exit__(None, None, None)
     task = Task.objects.get(pk=task.pk)
     assert task.status == reducer.COMPLETED

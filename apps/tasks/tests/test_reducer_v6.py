@@ -16,7 +16,7 @@ from apps.tasks.tests.test_reducer_v1 import DEVICE, PROPOSAL, REF
 
 PREMISES = {"request": "r1", "scopes": ["public"], "requester_role": "requester", "device_version": 17,
             "device_profile": {"kind": "printer", "alert_code": "E1", "alert_message": ""},
-            "policy_version": 1, "bundle": "b1", "approver_role": None, "ticket_version": None, "evidence": None}
+            "policy_version": 1, "bundle": "b1", "approver_role": None, "ticket_epoch": 0, "evidence": None}
 ACCEPT = ("task.accepted", {"request": {"device_id": 1, "symptom": "fuser error"}, "budget_total": 100,
                             "limits": {"tokens": 1000, "tool_calls": 20, "retries": 5}})
 START = ("retrieval.started", {})
