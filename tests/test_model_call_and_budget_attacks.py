@@ -404,6 +404,15 @@ def test_deadline_reached_during_retries_ends_explicitly_without_a_late_call(req
     assert last_request <= task.deadline_at.timestamp() - 5 + 0.5
 
 
+def test_parallel_reads_with_no_time_left_are_not_dispatched(requester, device, kb, refservice, plans_reducer):
+    task = _submit(requester, device)
+    Task.objects.filter(pk=task.pk).update(deadline_at=timezone.now() + timedelta(seconds=3))
+    agent_run(task_id=task.pk)  # retrieval.started and the first plan version, then no time for the reads
+    task = Task.objects.get(pk=task.pk)
+    assert task.status == reducer.FAILED and task.termination_reason.startswith("deadline_exceeded")
+    assert not TaskEvent.objects.filter(task=task, type="budget.reserved").exists()
+
+
 def test_activity_with_no_time_left_does_not_start(requester, device, kb, refservice, model_server):
     task = _to_proposing(_submit(requester, device))
     Task.objects.filter(pk=task.pk).update(deadline_at=timezone.now() + timedelta(seconds=5.5))
@@ -412,8 +421,9 @@ def test_activity_with_no_time_left_does_not_start(requester, device, kb, refser
     assert model_server.requests == []
     # context read with no time left
     t2 = _submit(requester, device)
+    agent_run(task_id=t2.pk)
     Task.objects.filter(pk=t2.pk).update(deadline_at=timezone.now() + timedelta(seconds=3))
-    agent_run(task_id=t2.pk)  # retrieval.started, then the reads would be dispatched
+    context_read(task_id=t2.pk)
     t2 = Task.objects.get(pk=t2.pk)
     assert t2.status == reducer.FAILED and t2.termination_reason.startswith("deadline_exceeded")
     assert not TaskEvent.objects.filter(task=t2, type="budget.reserved").exists()
@@ -517,6 +527,24 @@ def test_scripted_server_serves_concurrent_requests_in_script_order(model_server
 @pytest.mark.parametrize("target", ["evidence_select", "device_read"])
 def test_an_exception_inside_the_reads_settles_their_reservation(requester, device, kb, refservice, monkeypatch,
                                                                  target):
+    import apps.agent.context as controller
+
+    def boom(**kwargs):
+        raise RuntimeError("read exploded")
+
+    task = _submit(requester, device)
+    agent_run(task_id=task.pk)
+    monkeypatch.setattr(controller, target, boom)
+    with pytest.raises(RuntimeError):
+        context_read(task_id=task.pk)
+    task = Task.objects.get(pk=task.pk)
+    assert task.state["reservations"] == {} and task.state["limits"]["tool_calls"]["reserved"] == 0
+    assert task.lease_owner is None
+
+
+@pytest.mark.parametrize("target", ["evidence_select", "device_read"])
+def test_an_exception_inside_a_parallel_read_settles_its_reservation(requester, device, kb, refservice, monkeypatch,
+                                                                    target, plans_reducer):
     """Each read is an activity of its own: the one that raises records itself failed, with what it
     cost, gives the lease back and raises; the others report as usual."""
     import apps.agent.reads as reads

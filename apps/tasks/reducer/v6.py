@@ -69,7 +69,7 @@ STEPS = (*READS, "draft", "authorize", "write")
 #: the premises each read's result depends on: a change in one of them is decisive for it
 DEPENDS: dict[str, tuple[str, ...]] = {
     "device": ("device_version",),
-    "ticket": ("device_version", "ticket_epoch"),
+    "ticket": ("ticket_epoch",),
     "retrieval": ("request", "scopes", "device_profile", "bundle"),
 }
 #: the read event each step reports by
