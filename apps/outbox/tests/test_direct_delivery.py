@@ -160,7 +160,6 @@ def test_the_receipts_transaction_locks_the_action_then_the_task_and_reads_neith
     task = _submit(requester, device)
     agent_run(task_id=task.pk)  # retrieval.started, then handed to the tools pool
     context_read(task_id=task.pk)  # the reads, the draft, the intent, the request, the receipt
-    reads_run(task.pk)  # the reads, each an activity of its own
     captured["ctx"].__exit__(None, None, None)
     task = Task.objects.get(pk=task.pk)
     assert task.status == reducer.COMPLETED
