@@ -250,6 +250,15 @@ def settle_receipts() -> int:
     return receipts_settle(list(ids))
 
 
+@pytest.fixture
+def plans_reducer(monkeypatch):
+    """New tasks of the test are pinned to ``reducer/6`` (plan versions, the reads as parallel
+    activities) rather than the default version."""
+    from apps.tasks import reducer
+
+    monkeypatch.setattr(reducer, "CURRENT", reducer.v6.VERSION)
+
+
 def reads_run(task_id, *, steps=None) -> list[str]:
     """Run in-process, one after the other, the read activities of the task (``reducer/6``) that are
     dispatched and have not reported — only those of ``steps`` (``"device"``, ``"ticket"``,

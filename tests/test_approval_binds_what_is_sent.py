@@ -24,7 +24,7 @@ from apps.outbox.dispatch import outbox_dispatch_batch
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
-from tests.conftest import created_then_cancelled, drive, p
+from tests.conftest import created_then_cancelled, drive, p, reads_run
 from tests.tamper import immutability_bypassed
 from tests.test_approval_binding import SYMPTOM, _approve, _pending
 
@@ -162,6 +162,7 @@ def test_changed_parameters_of_an_action_that_needed_no_approval_are_not_sent(re
     ApprovalPolicy.objects.filter(tenant=tenant, version=1).update(active=False)
     task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task
     context_read(task_id=task.pk)  # one run: the reads, the draft and (no approval needed) the intent
+    reads_run(task.pk)  # the reads, each an activity of its own
     action = Action.objects.get(task=task)
     assert action.approval_id is None
     with immutability_bypassed("actions_action"):

@@ -236,3 +236,44 @@ def test_a_report_whose_kept_alive_connection_was_closed_is_resent_with_the_same
     client = Client()
     assert submit_all("http://web", "requester", [7, 8], 2, prefix="p", clients=[client]) == ["task-7", "task-8"]
     assert client.keys == ["p-0", "p-0", "p-1"]
+
+
+def test_time_to_proposal_runs_from_acceptance_to_the_first_approval_or_intent_whatever_the_order():
+    from tools.bench.reads import time_to_proposal
+
+    events = [("ticket.read", 11.0), ("approval.requested", 12.5), ("task.accepted", 10.0),
+              ("intent.committed", 14.0), ("device.read", 10.2)]
+    assert time_to_proposal(events) == pytest.approx(2.5)
+    # no approval asked: the intent is the proposal
+    assert time_to_proposal([("task.accepted", 3.0), ("intent.committed", 3.25)]) == pytest.approx(0.25)
+    assert time_to_proposal([("task.accepted", 3.0), ("device.read", 3.1), ("task.failed", 3.2)]) is None
+    assert time_to_proposal([("approval.requested", 3.0)]) is None
+
+
+def test_proposal_spans_split_the_time_at_the_first_worker_event_and_the_last_read_before_the_proposal():
+    from tools.bench.reads import proposal_spans
+
+    # reducer/6: the dispatch, three reads reported apart, the proposal; then a re-plan's read (not counted)
+    events = [("task.accepted", 100.0), ("retrieval.started", 100.010), ("plan.activated", 100.011),
+              ("budget.reserved", 100.012), ("device.read", 100.030), ("evidence.retrieved", 100.060),
+              ("ticket.read", 101.040), ("draft.proposed", 101.045), ("approval.requested", 101.050),
+              ("ticket.read", 105.0)]
+    spans = proposal_spans(events)
+    assert spans == {"total": pytest.approx(1.050), "start": pytest.approx(0.010), "reads": pytest.approx(1.030),
+                     "after": pytest.approx(0.010)}
+    assert spans["start"] + spans["reads"] + spans["after"] == pytest.approx(spans["total"])
+    assert proposal_spans([("task.accepted", 1.0), ("approval.requested", 1.2)]) is None  # no read: no split
+    assert proposal_spans([("task.accepted", 1.0), ("device.read", 1.1)]) is None  # no proposal
+
+
+def test_report_waits_measure_the_hop_to_the_first_read_and_the_longest_wait_to_report():
+    from tools.bench.reads import report_waits
+
+    events = [("task.accepted", 0.0, None), ("budget.reserved", 0.010, None), ("budget.reserved", 0.011, None),
+              ("device.read", 0.030, 0.025), ("ticket.read", 0.062, 0.027), ("evidence.retrieved", 0.067, 0.040),
+              ("budget.reserved", 0.068, None), ("approval.requested", 0.070, None)]
+    waits = report_waits(events)
+    assert waits["hop"] == pytest.approx(0.014)  # the last reservation before the first read event → 0.025
+    assert waits["report"] == pytest.approx(0.035)  # the ticket read: finished at 0.027, recorded at 0.062
+    assert report_waits([("task.accepted", 0.0, None), ("approval.requested", 0.1, None)]) is None
+    assert report_waits([("device.read", 0.03, 0.02)]) == {"hop": None, "report": pytest.approx(0.01)}

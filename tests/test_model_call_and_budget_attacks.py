@@ -15,12 +15,12 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from apps.agent.runner import agent_run, context_read
+from apps.agent.runner import agent_run, context_read, read_activity_run
 from apps.events.models import RefusedEvent, TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task, TenantUsage
 from apps.tasks.services import task_submit
-from tests.conftest import drive, p
+from tests.conftest import drive, p, reads_run
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
@@ -39,6 +39,7 @@ def _calls(task) -> list[dict]:
 def _to_proposing(task) -> Task:
     agent_run(task_id=task.pk)
     context_read(task_id=task.pk)
+    reads_run(task.pk)  # the reads, each an activity of its own
     t = Task.objects.get(pk=task.pk)
     assert t.status == reducer.PROPOSING, t.status
     return t
@@ -403,6 +404,15 @@ def test_deadline_reached_during_retries_ends_explicitly_without_a_late_call(req
     assert last_request <= task.deadline_at.timestamp() - 5 + 0.5
 
 
+def test_parallel_reads_with_no_time_left_are_not_dispatched(requester, device, kb, refservice, plans_reducer):
+    task = _submit(requester, device)
+    Task.objects.filter(pk=task.pk).update(deadline_at=timezone.now() + timedelta(seconds=3))
+    agent_run(task_id=task.pk)  # retrieval.started and the first plan version, then no time for the reads
+    task = Task.objects.get(pk=task.pk)
+    assert task.status == reducer.FAILED and task.termination_reason.startswith("deadline_exceeded")
+    assert not TaskEvent.objects.filter(task=task, type="budget.reserved").exists()
+
+
 def test_activity_with_no_time_left_does_not_start(requester, device, kb, refservice, model_server):
     task = _to_proposing(_submit(requester, device))
     Task.objects.filter(pk=task.pk).update(deadline_at=timezone.now() + timedelta(seconds=5.5))
@@ -530,6 +540,41 @@ def test_an_exception_inside_the_reads_settles_their_reservation(requester, devi
     task = Task.objects.get(pk=task.pk)
     assert task.state["reservations"] == {} and task.state["limits"]["tool_calls"]["reserved"] == 0
     assert task.lease_owner is None
+
+
+@pytest.mark.parametrize("target", ["evidence_select", "device_read"])
+def test_an_exception_inside_a_parallel_read_settles_its_reservation(requester, device, kb, refservice, monkeypatch,
+                                                                    target, plans_reducer):
+    """Each read is an activity of its own: the one that raises records itself failed, with what it
+    cost, gives the lease back and raises; the others report as usual."""
+    import apps.agent.reads as reads
+
+    def boom(**kwargs):
+        raise RuntimeError("read exploded")
+
+    task = _submit(requester, device)
+    agent_run(task_id=task.pk)  # the reads are dispatched
+    monkeypatch.setattr(reads, target, boom)
+    raised = []
+    for aid, act in Task.objects.get(pk=task.pk).state["activities"].items():
+        try:
+            read_activity_run(task_id=task.pk, activity_id=aid)
+        except RuntimeError:
+            raised.append(act["step"])
+    # retrieval reads the device too (the fields it filters on)
+    assert sorted(raised) == (["device", "retrieval"] if target == "device_read" else ["retrieval"])
+    task = Task.objects.get(pk=task.pk)
+    assert task.lease_owner is None
+    failed = list(TaskEvent.objects.filter(task=task, type="read.failed"))
+    assert len(failed) == len(raised)
+    for event in failed:
+        assert "read exploded" in event.payload["error"] and event.payload["used"] == {"tool_calls": 1}
+        assert event.payload["activity_id"] not in task.state["reservations"], "its reservation is settled"
+    # what is still reserved is the same reads dispatched again, nothing else
+    again = {aid for aid, a in task.state["activities"].items() if a["status"] == "dispatched"}
+    assert set(task.state["reservations"]) == again
+    assert task.state["limits"]["tool_calls"]["reserved"] == len(again)
+    assert {task.state["activities"][aid]["step"] for aid in again} <= set(raised)
     monkeypatch.undo()
     task = drive(task.pk)
     assert task.status == reducer.WAITING_APPROVAL

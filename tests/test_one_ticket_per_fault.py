@@ -20,7 +20,7 @@ from apps.events.models import TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_submit
-from tests.conftest import drive, p
+from tests.conftest import drive, p, reads_run
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 AUTO = {"tools": {"ticket.create": {"requires_approval": False, "ttl_minutes": 60},
@@ -150,6 +150,7 @@ def _agent_only(task_id, rounds=10):
     for _ in range(rounds):
         agent_run(task_id=task_id)
         context_read(task_id=task_id)
+        reads_run(task_id)  # the reads, each an activity of its own
         task = Task.objects.get(pk=task_id)
     return task
 

@@ -12,6 +12,12 @@ Every request is forwarded unchanged to ``upstream``. Faults armed through
 * ``fail_503``: answer 503 without forwarding (nothing happened);
 * ``delay``: sleep, then forward.
 
+``POST /_proxy/slow-reads`` with ``{"seconds": S, "prefix": "/tickets/"}`` makes every ``GET`` whose
+path starts with ``prefix`` (default ``/``) wait ``S`` seconds before it is forwarded, until changed
+(``0`` stops it): a ticket system that answers its reads slowly (``make bench``'s ``reads`` phase). The
+armed faults above apply to writes only. ``GET /_proxy/slow-reads`` tells the setting and how many
+reads it delayed.
+
 ``POST /_proxy/partition`` with ``{"seconds": S}`` cuts the network between the clients and the
 upstream for ``S`` seconds (``0`` heals it at once), as a partition that drops packets both ways
 would: a request that arrives during it is never forwarded and gets no answer (its connection is
@@ -72,8 +78,18 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._answer(400, {"error": "bad_request", "detail": "seconds: 0 to 3600"})
                 self.server.partition_for(seconds)
             return self._answer(200, self.server.partition_state())
+        if self.path == "/_proxy/slow-reads":
+            if self.command == "POST":
+                try:
+                    seconds, prefix = _slow_reads_body(parse_json_object(body))
+                except ApiError as exc:
+                    return self._answer(exc.status, exc.body)
+                self.server.slow_reads_set(seconds, prefix)
+            return self._answer(200, self.server.slow_reads_state())
         if self.server.partitioned():
             return self._swallow()
+        if self.command == "GET" and (slow := self.server.slow_read_delay(self.path)):
+            time.sleep(slow)
         fault = None
         if self.command in ("POST", "PATCH") and self.path.startswith(self.server.fault_prefix):
             fault = self.server.faults.take()
@@ -134,6 +150,16 @@ class _Handler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
 
+def _slow_reads_body(payload: dict) -> tuple[float, str]:
+    """``(seconds, prefix)`` of a ``POST /_proxy/slow-reads`` body; 400 ``bad_request`` otherwise."""
+    seconds, prefix = payload.get("seconds", 0), payload.get("prefix", "/")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 60:
+        raise ApiError(400, "bad_request", detail="seconds: a number from 0 to 60")
+    if not isinstance(prefix, str) or not prefix.startswith("/"):
+        raise ApiError(400, "bad_request", detail="prefix: a path starting with /")
+    return float(seconds), prefix
+
+
 class FaultProxy(ThreadingHTTPServer):
     """The proxy server: ``upstream`` base URL, ``fault_prefix`` of the paths faults apply to."""
 
@@ -150,7 +176,29 @@ class FaultProxy(ThreadingHTTPServer):
         self._healed.set()
         self._partition_until = 0.0
         self._swallowed = 0
+        self._slow_reads = (0.0, "/")
+        self._slowed = 0
         super().__init__(address, _Handler)
+
+    def slow_reads_set(self, seconds: float, prefix: str = "/") -> None:
+        """Delay every later ``GET`` under ``prefix`` by ``seconds`` (0: no more)."""
+        with self._partition_lock:
+            self._slow_reads = (seconds, prefix)
+
+    def slow_read_delay(self, path: str) -> float:
+        """How long the ``GET`` of ``path`` waits before it is forwarded (0.0: not at all); counted."""
+        with self._partition_lock:
+            seconds, prefix = self._slow_reads
+            if seconds <= 0 or not path.startswith(prefix):
+                return 0.0
+            self._slowed += 1
+            return seconds
+
+    def slow_reads_state(self) -> dict:
+        """``{"seconds", "prefix", "delayed"}``: the setting and the reads delayed so far."""
+        with self._partition_lock:
+            seconds, prefix = self._slow_reads
+            return {"seconds": seconds, "prefix": prefix, "delayed": self._slowed}
 
     def partition_for(self, seconds: float) -> None:
         """Cut the network for ``seconds`` from now (0: heal now); a later call replaces the end."""

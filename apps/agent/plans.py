@@ -12,7 +12,9 @@ The premises (:data:`apps.tasks.reducer.v6.PREMISES`) are JSON values:
   filters on (kind, alert code, alert message);
 * ``policy_version``, ``bundle`` — the tenant's approval policy and the task's artifact bundle;
 * ``approver_role`` — the role the approver of the task's granted approval holds now (None before);
-* ``ticket_version`` — the open ticket's version a conflict reported last (None before one);
+* ``ticket_epoch`` — how many times the task learned that the device's open ticket moved on (a
+  conflict) or was being created by another report (a deferred intent): a ticket read from before
+  is stale;
 * ``evidence`` — ``{chunk_id: "current" | "superseded" | "retired" | "unreadable"}`` of the evidence the
   plan carries from before (None for a plan that retrieves afresh).
 """
@@ -72,7 +74,7 @@ def premises_now(task: Task, *, reading: dict | None = None, read_device: bool =
         "policy_version": policy_current(tenant_id=task.tenant_id).version,
         "bundle": digest_of(task.artifact_bundle or {}),
         "approver_role": _approver_role(task),
-        "ticket_version": (state.get("last_conflict") or {}).get("current_version"),
+        "ticket_epoch": state.get("ticket_epoch", 0),
         "evidence": evidence_status(task, _carried_refs(state)),
     }
 

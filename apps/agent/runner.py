@@ -43,7 +43,7 @@ from apps.agent.compensation import compensate, compensation_due, compensation_r
 from apps.agent.context import context_step
 from apps.agent.drafting import propose
 from apps.agent.intent import direct_deliveries_forget, direct_delivery_take
-from apps.agent.reads import read_perform, read_record, reads_step
+from apps.agent.reads import ReadOutcome, read_perform, read_record, reads_step
 from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.events.models import RefusedEvent
@@ -53,7 +53,7 @@ from apps.outbox.receipts import receipt_unsettled
 from apps.outbox.settlement import receipt_record
 from apps.tasks import reducer
 from apps.tasks.answer import completion_event
-from apps.tasks.budget import stale_reservations
+from apps.tasks.budget import budget_settle, stale_reservations
 from apps.tasks.leases import Lease, task_claim_read, task_release
 from apps.tasks.models import Task
 from apps.tasks.runs import RunTransaction, checkpoint, open_run, run_current_task
@@ -134,12 +134,19 @@ def read_activity_run(*, task_id: uuid.UUID, activity_id: str) -> None:
     if activity is None or activity["status"] not in ("dispatched", "lapsed"):
         return
     if task.status in reducer.TERMINAL:
-        # its reservation was released when the task ended (reducer/3): nothing waits for this read
+        # nothing waits for this read: a completed or failed task released its reservation, a
+        # cancelled one kept it for the read to settle — at nothing, since it does not read now
+        _settle_unread(task, activity_id)
         return
-    outcome = None
+    outcome, raised = None, None
     if not task.state.get("cancel_requested"):
         timeout = (task.state.get("reservations") or {}).get(activity_id, {}).get("timeout_s")
-        outcome = read_perform(task, activity, timeout=timeout)
+        try:
+            outcome = read_perform(task, activity, timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - recorded as a failed read (its cost settled), then raised
+            raised = exc
+            outcome = ReadOutcome(step=activity["step"], premises=activity["premises"], made=1,
+                                  error=f"the read raised {exc!r}"[:500])
     claimed = _claim_patiently(task_id)
     if claimed is None:
         log.warning("read %s of %s could not report: the lease stayed taken", activity_id, task_id)
@@ -169,6 +176,20 @@ def read_activity_run(*, task_id: uuid.UUID, activity_id: str) -> None:
         RUN_POOL.reset(pool_token)
     if handover is not None:
         enqueue_on_commit(POOL_TASK[handover], task_id)
+    if raised is not None:
+        raise raised
+
+
+def _settle_unread(task: Task, activity_id: str) -> None:
+    """Settle at nothing the open reservation of a read that will not read (its task ended), without
+    a lease (nobody runs an ended task's reads); a task that moved meanwhile is left to the sweeper."""
+    if activity_id not in (task.state.get("reservations") or {}):
+        return
+    try:
+        budget_settle(task_id=task.pk, reservation_id=activity_id, used={}, actor="worker:read",
+                      extra={"reason": "the task ended before the read ran"})
+    except (StaleWrite, reducer.IllegalTransition):
+        log.info("read %s of %s: left to the sweeper", activity_id, task.pk)
 
 
 def _claim_patiently(task_id: uuid.UUID) -> tuple[Lease, Task] | None:

@@ -11,13 +11,16 @@ Phases, each printing one line per figure (``python -m tools.bench [--only PHASE
    processes (:mod:`tools.bench.e2e`).
 4. ``outbox``   — the outbox dispatcher draining a backlog against a no-op remote
    (:mod:`tools.bench.outbox`).
-5. ``retrieval`` — hybrid retrieval at 10k and 100k chunks, with and without a 1% scope filter:
+5. ``reads``    — the time to the proposal with the three context reads side by side (``reducer/6``)
+   against one after the other (``reducer/5``), with the ticket system's open-ticket read slowed and
+   with nothing slow (:mod:`tools.bench.reads`).
+6. ``retrieval`` — hybrid retrieval at 10k and 100k chunks, with and without a 1% scope filter:
    latency and recall@10 against exact search (:mod:`tools.bench.retrieval`).
-6. ``pages``    — the approval queue with 10,000 pending approvals and a trace of 2,000 events,
+7. ``pages``    — the approval queue with 10,000 pending approvals and a trace of 2,000 events,
    p95 over 100 requests (:mod:`tools.bench.pages`).
-7. ``retention`` — the retention purge over a 100,000-task history: table sizes before and after,
+8. ``retention`` — the retention purge over a 100,000-task history: table sizes before and after,
    rows and bytes purged per run (:mod:`tools.bench.retention`).
-8. ``memory``   — the peak RSS of a worker process and of a web process seen during the run.
+9. ``memory``   — the peak RSS of a worker process and of a web process seen during the run.
 
 Everything runs in its own database (``faultdesk_bench`` on the embedded PostgreSQL, recreated each
 run) and Redis database 9; logs go to ``var/bench/logs/``; figures to stdout and to

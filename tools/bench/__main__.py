@@ -12,7 +12,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-PHASES = ("ceiling", "floor", "e2e", "outbox", "retrieval", "pages", "retention")
+PHASES = ("ceiling", "floor", "e2e", "outbox", "reads", "retrieval", "pages", "retention")
 
 
 def _machine() -> dict:
@@ -67,6 +67,12 @@ def main(argv=None) -> int:
     parser.add_argument("--outbox-single", action="store_true",
                         help="the no-op remote answers no POST /ticket-batches: every new ticket goes alone "
                              "(what a ticket system without a batch endpoint gets)")
+    parser.add_argument("--reads-n", type=_positive, default=20,
+                        help="reports per path and condition in the reads phase (default 20: 80 measured, "
+                             "about 90 s in all)")
+    parser.add_argument("--slow-read", type=float, default=1.0,
+                        help="seconds the ticket system takes to answer the open-ticket read in the reads phase's "
+                             "slow cells (default 1.0; under REFSERVICE_TIMEOUT_SECONDS, 5)")
     parser.add_argument("--chunks", type=_positives, default=[10000, 100000],
                         help="retrieval corpus sizes, comma-separated, growing (default 10000,100000)")
     parser.add_argument("--history", type=_positive, default=100_000,
@@ -142,6 +148,10 @@ def _run_phases(bench, phases, args) -> None:
         from tools.bench import outbox
 
         outbox.run(bench, n=args.outbox_n, profile=args.profile, batch_endpoint=not args.outbox_single)
+    if "reads" in phases:
+        from tools.bench import reads
+
+        reads.run(bench, n=5 if args.quick else args.reads_n, slow_seconds=args.slow_read)
     if "retrieval" in phases:
         from tools.bench import retrieval
 
@@ -212,6 +222,15 @@ def _summary(bench) -> None:
         if v("outbox.settled_tasks_per_s"):
             lines.append(f"            then {v('outbox.settled_tasks_per_s'):,.1f} tasks/s settled by the agent "
                          "workers (receipt.recorded + task.completed)")
+    for cond, what in (("slow", f"one slow read (open-ticket read +{v('reads.slow_read_s') or 0:g} s)"),
+                       ("none", "no slow read")):
+        if v(f"reads.{cond}.ratio_p50") is None:
+            continue
+        seq, par = (f"reads.sequential.{cond}.", f"reads.parallel.{cond}.")
+        lines.append(f"  reads     {what}: sequential (reducer/5) p50 {v(seq + 'p50_ms'):,.0f} ms, p95 "
+                     f"{v(seq + 'p95_ms'):,.0f} ms; parallel (reducer/6) p50 {v(par + 'p50_ms'):,.0f} ms, p95 "
+                     f"{v(par + 'p95_ms'):,.0f} ms; parallel ÷ sequential p50 {v(f'reads.{cond}.ratio_p50'):.2f}, "
+                     f"p95 {v(f'reads.{cond}.ratio_p95'):.2f}")
     stems = [k.removesuffix(".p95_ms") for k in bench.figures if k.startswith("retrieval.") and k.endswith(".p95_ms")]
     for stem in stems:  # in the order measured: 10k before 100k
         lines.append(f"  {stem:<28} p50 {v(stem + '.p50_ms'):.1f} ms, p95 {v(stem + '.p95_ms'):.1f} ms, "

@@ -244,9 +244,9 @@ class Bench:
                    env=env)
         self.wait_log(name, "ready.", 120)
 
-    def start_beat(self) -> None:
+    def start_beat(self, env: dict | None = None) -> None:
         self.start("beat", [str(BIN / "celery"), "-A", "config", "beat", "-s", str(BENCH_DIR / "beat-schedule"),
-                            "--loglevel", "WARNING"])
+                            "--loglevel", "WARNING"], env=env)
 
 
 class WalCommits:

@@ -27,11 +27,13 @@ class SeededTenant:
     devices: list[int]
 
 
-def tenant_seed(slug: str, *, devices: int, auto_approve: bool = True, kb: bool = True) -> SeededTenant:
+def tenant_seed(slug: str, *, devices: int, auto_approve: bool = True, kb: bool = True,
+                rules: dict | None = None) -> SeededTenant:
     """Create tenant ``slug`` with a requester ``<slug>-req``, an approver ``<slug>-appr`` and an
     admin ``<slug>-admin`` (password :data:`PASSWORD`, scopes public + tier2), generous quotas,
-    ``devices`` faulty printers, an approval policy (no approval for new tickets when
-    ``auto_approve``) and, when ``kb``, the three printer procedures."""
+    ``devices`` faulty printers, an approval policy (no approval for new tickets and comments when
+    ``auto_approve``; ``rules``, when given, are the policy's rules instead) and, when ``kb``, the
+    three printer procedures."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.hashers import make_password
 
@@ -52,7 +54,7 @@ def tenant_seed(slug: str, *, devices: int, auto_approve: bool = True, kb: bool 
         Membership.objects.create(user=user, tenant=tenant, role=role,
                                   scopes=[AccessScope.PUBLIC, AccessScope.TIER2])
         users[role.value] = name
-    ApprovalPolicy.objects.create(tenant=tenant, version=1, rules={
+    ApprovalPolicy.objects.create(tenant=tenant, version=1, rules=rules or {
         "ticket.create": {"requires_approval": not auto_approve, "ttl_minutes": 600},
         "ticket.comment": {"requires_approval": not auto_approve, "ttl_minutes": 600}})
     rows = Device.objects.bulk_create([

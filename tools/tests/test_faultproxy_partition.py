@@ -98,3 +98,26 @@ def test_a_bad_partition_length_is_refused(proxy, body):
     resp = httpx.post(f"{server.url}/_proxy/partition", json=body)
     assert resp.status_code == 400 and resp.json()["error"] == "bad_request"
     assert httpx.get(f"{server.url}/_proxy/partition").json()["partitioned"] is False
+
+
+def test_slow_reads_delay_the_gets_under_their_prefix_and_nothing_else(proxy):
+    """``make bench``'s ``reads`` phase: a ticket system that answers its reads slowly. Only the GETs
+    under the prefix wait (counted; no time is asserted), writes and other paths go straight through."""
+    server, upstream = proxy
+    state = httpx.post(f"{server.url}/_proxy/slow-reads", json={"seconds": 0.01, "prefix": "/tickets/"}).json()
+    assert state == {"seconds": 0.01, "prefix": "/tickets/", "delayed": 0}
+    assert httpx.get(f"{server.url}/tickets/7", timeout=5).json() == {"ok": True}
+    httpx.get(f"{server.url}/healthz", timeout=5)
+    assert httpx.get(f"{server.url}/_proxy/slow-reads").json()["delayed"] == 1
+    httpx.post(f"{server.url}/_proxy/slow-reads", json={"seconds": 0})
+    httpx.get(f"{server.url}/tickets/8", timeout=5)
+    assert httpx.get(f"{server.url}/_proxy/slow-reads").json() == {"seconds": 0.0, "prefix": "/", "delayed": 1}
+    assert upstream.seen == ["/tickets/7", "/healthz", "/tickets/8"]
+
+
+@pytest.mark.parametrize("body", [{"seconds": "soon"}, {"seconds": 61}, {"seconds": 1, "prefix": "tickets"}])
+def test_a_bad_slow_reads_setting_is_refused(proxy, body):
+    server, _ = proxy
+    resp = httpx.post(f"{server.url}/_proxy/slow-reads", json=body)
+    assert resp.status_code == 400 and resp.json()["error"] == "bad_request"
+    assert httpx.get(f"{server.url}/_proxy/slow-reads").json()["seconds"] == 0.0

@@ -109,7 +109,7 @@ def _sent(monkeypatch) -> list[tuple]:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, device, kb, refservice, model_server,
-                                                                    monkeypatch):
+                                                                    monkeypatch, plans_reducer):
     """The context reads run on the tools pool, each an activity of its own; a draft by a model outside
     the process does not: the read that completes the join stops at PROPOSING, gives the lease back
     and sends ``agent_step``, and the agent pool calls."""
@@ -137,7 +137,8 @@ def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, de
 
 @pytest.mark.django_db(transaction=True)
 def test_with_the_local_drafter_the_read_that_completes_the_join_reaches_the_approval_request(requester, device, kb,
-                                                                                             monkeypatch):
+                                                                                             monkeypatch,
+                                                                                             plans_reducer):
     """The local drafter makes no outside call: the run that starts the reads dispatches all three and
     ends; the read that completes the join goes on to the draft, validation and the approval request,
     with no hand-over."""

@@ -23,7 +23,7 @@ from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.replay import task_replay
 from apps.tasks.services import task_submit
-from tests.conftest import p, settle_receipts
+from tests.conftest import p, reads_run, settle_receipts
 from tests.factories import DeviceFactory
 
 SYMPTOMS = [
@@ -48,6 +48,7 @@ def committed_three(tenant, requester, approver, kb, refservice):
         for _ in range(30):  # the agent and tools steps only: nothing of the outbox runs yet
             agent_run(task_id=task.pk)
             context_read(task_id=task.pk)
+            reads_run(task.pk)  # the reads, each an activity of its own
             if ApprovalRequest.objects.filter(task=task, status=ApprovalStatus.PENDING).exists():
                 break
         approval = ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)

@@ -27,7 +27,7 @@ from apps.outbox.unknown_outcomes import actions_reconcile
 from apps.tasks import reducer
 from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
-from tests.conftest import p, settle_receipts
+from tests.conftest import p, reads_run, settle_receipts
 
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
 
@@ -60,6 +60,7 @@ def _runs(task_id, rounds: int = 8) -> Task:
     for _ in range(rounds):
         agent_run(task_id=task_id)
         context_read(task_id=task_id)
+        reads_run(task_id)  # the reads, each an activity of its own
         task = Task.objects.get(pk=task_id)
         if task.version == last:
             break

@@ -9,7 +9,9 @@
   one. Its premises (:data:`PREMISES`) are what the plan was based on when it was activated: the
   report's material, the requester's scopes and role, the device's object version and the fields
   retrieval filters on, the policy version, the artifact bundle, the approver's role, the open
-  ticket's last known version, and the evidence chunk versions it carries.
+  ticket's epoch (``state["ticket_epoch"]``: how many times the task learned that the device's open
+  ticket moved on — a conflict — or was being created by another report — a deferred intent), and
+  the evidence chunk versions it carries.
 * **Replan Barrier.** Every version after the first is activated behind a barrier recorded in the
   same event: ``{"from_version", "why", "continuing": {step: "joined" | "in_flight"},
   "cancelled": [step, ...]}``. A step *continues* when its result (joined, or still in flight) depends
@@ -59,7 +61,7 @@ VERSION = "reducer/6"
 
 #: the premise keys of a plan version (all JSON values; None where unknown)
 PREMISES = ("request", "scopes", "requester_role", "device_version", "device_profile", "policy_version",
-            "bundle", "approver_role", "ticket_version", "evidence")
+            "bundle", "approver_role", "ticket_epoch", "evidence")
 #: the reads of a plan, run in parallel as activities
 READS = ("device", "ticket", "retrieval")
 #: the steps of every plan: its reads, then the draft, the authorization and the write
@@ -67,7 +69,7 @@ STEPS = (*READS, "draft", "authorize", "write")
 #: the premises each read's result depends on: a change in one of them is decisive for it
 DEPENDS: dict[str, tuple[str, ...]] = {
     "device": ("device_version",),
-    "ticket": ("device_version", "ticket_version"),
+    "ticket": ("ticket_epoch",),
     "retrieval": ("request", "scopes", "device_profile", "bundle"),
 }
 #: the read event each step reports by
@@ -115,6 +117,7 @@ def _accepted(s: dict, p: dict) -> None:
     s["carried"] = {}
     s["replan_due"] = None
     s["revalidating"] = None
+    s["ticket_epoch"] = 0
 
 
 # --- plan versions and the barrier ---------------------------------------------------------------
@@ -334,6 +337,8 @@ def _replanning(etype: str):
                                  "premises": st["premises"], "values": {k: s.get(k) for k in _RESULT_KEYS[step]}}
         before = s["status"]
         base(s, p)
+        if etype in ("dispatch.conflict", "intent.deferred"):
+            s["ticket_epoch"] = s.get("ticket_epoch", 0) + 1  # the open ticket moved on, or is being made
         if s["status"] == RETRIEVING and before != RETRIEVING:
             s["carried"] = carried
             s["steps"] = {}

@@ -16,7 +16,7 @@ from apps.tasks.tests.test_reducer_v1 import DEVICE, PROPOSAL, REF
 
 PREMISES = {"request": "r1", "scopes": ["public"], "requester_role": "requester", "device_version": 17,
             "device_profile": {"kind": "printer", "alert_code": "E1", "alert_message": ""},
-            "policy_version": 1, "bundle": "b1", "approver_role": None, "ticket_version": None, "evidence": None}
+            "policy_version": 1, "bundle": "b1", "approver_role": None, "ticket_epoch": 0, "evidence": None}
 ACCEPT = ("task.accepted", {"request": {"device_id": 1, "symptom": "fuser error"}, "budget_total": 100,
                             "limits": {"tokens": 1000, "tool_calls": 20, "retries": 5}})
 START = ("retrieval.started", {})
@@ -115,10 +115,11 @@ def test_the_barrier_may_not_let_a_step_continue_whose_premises_changed():
                "cancelled": ["ticket", "retrieval", "draft", "authorize", "write"]}
     with pytest.raises(reducer.IllegalTransition, match="depends on premises that changed: device_version"):
         fold([activate(2, NEWER_DEVICE, barrier)], s)
-    barrier = {"from_version": 1, "why": "device moved", "continuing": {"ticket": "in_flight"},
-               "cancelled": ["device", "retrieval", "draft", "authorize", "write"]}
+    s2 = fold(DISPATCHED)
+    barrier = {"from_version": 1, "why": "device moved", "continuing": {"device": "in_flight"},
+               "cancelled": ["ticket", "retrieval", "draft", "authorize", "write"]}
     with pytest.raises(reducer.IllegalTransition, match="in flight depends on a premise that changed"):
-        fold([activate(2, NEWER_DEVICE, barrier)], s)
+        fold([activate(2, NEWER_DEVICE, barrier)], s2)
     barrier = {"from_version": 1, "why": "device moved", "continuing": {}, "cancelled": ["device"]}
     with pytest.raises(reducer.IllegalTransition, match="cancels every step that does not continue"):
         fold([activate(2, NEWER_DEVICE, barrier)], s)
@@ -183,8 +184,9 @@ def test_a_refusal_must_be_owed_to_its_premises():
 @given(st.permutations(["device", "ticket", "retrieval", "replan"]))
 def test_arrival_order_never_decides(order):
     """Whatever order the three results of plan 1 and a re-plan (the device moved on) arrive in, the
-    results that depend on the device version are refused once it has moved, the retrieval is
-    kept, and the task proposes only when plan 2's reads are joined."""
+    device read is refused (or cancelled) once the device has moved, the ticket read and retrieval —
+    which do not depend on the device's version — are kept (re-validated when they arrive after the
+    re-plan), and the task proposes only when plan 2's device read is joined."""
     ids = {"device": "d1", "ticket": "t1", "retrieval": "r1"}
     s = fold(DISPATCHED)
     for item in order:
@@ -210,14 +212,12 @@ def test_arrival_order_never_decides(order):
         else:
             extra = {"revalidation": {"ok": True}} if v == "revalidated" else {}
             s = fold([result(item, ids[item], verdict=v, **extra)], s)
-    assert s["steps"]["retrieval"]["status"] == "joined"
+    assert s["steps"]["retrieval"]["status"] == "joined" and s["steps"]["ticket"]["status"] == "joined"
     assert len(s["plans"]) == 2
-    for step in ("device", "ticket"):
-        # joined under plan 1 before the re-plan, those were cancelled; after it, refused: redo either way
-        assert s["steps"][step] == {"status": "pending"}, (order, s["steps"])
+    # joined under plan 1 before the re-plan, it was cancelled; arriving after it, refused: read again
+    assert s["steps"]["device"] == {"status": "pending"}, (order, s["steps"])
     assert s["status"] == reducer.RETRIEVING
-    s = fold([reserve("device", "d2", 2), reserve("ticket", "t2", 2),
-              result("device", "d2", 2, NEWER_DEVICE), result("ticket", "t2", 2, NEWER_DEVICE)], s)
+    s = fold([reserve("device", "d2", 2), result("device", "d2", 2, NEWER_DEVICE)], s)
     assert s["status"] == reducer.PROPOSING
 
 

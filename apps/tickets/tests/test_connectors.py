@@ -17,7 +17,7 @@ from apps.outbox.dispatch import outbox_claim_batch
 from apps.outbox.models import OutboxMessage, OutboxStatus
 from apps.tasks.services import task_submit
 from apps.tickets.connectors import ReferenceTicketConnector
-from tests.conftest import p
+from tests.conftest import p, reads_run
 from tests.factories import DeviceFactory
 
 PARAMS = {"title": "Fuser error on PRN-0417", "description": "Smeared pages after warm-up.", "priority": "P2",
@@ -63,6 +63,7 @@ def test_outbox_keeps_per_ticket_order_while_unrelated_tickets_proceed(tenant, r
         for _ in range(4):
             agent_run(task_id=task.pk)
             context_read(task_id=task.pk)
+            reads_run(task.pk)  # the reads, each an activity of its own
         rows.append(OutboxMessage.objects.get(action__task=task))
     create, unrelated = rows
     # A later write on the first ticket shares its ordering key (the ticket's create key).
@@ -86,6 +87,7 @@ def test_two_open_rows_of_one_ticket_made_in_the_same_microsecond_are_claimed_on
     for _ in range(4):
         agent_run(task_id=task.pk)
         context_read(task_id=task.pk)
+        reads_run(task.pk)  # the reads, each an activity of its own
     create = OutboxMessage.objects.get(action__task=task)
     first = create.action
     twins = []

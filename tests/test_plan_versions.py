@@ -1,0 +1,156 @@
+"""Plan versions at run time (``reducer/6``; long-task-runtime.md: PlanVersion, Replan Barrier): the
+reads run as activities under a plan version; a read that finds the world moved on activates the
+next version behind a recorded barrier; each late result is judged by its premises — accepted,
+re-validated, or refused and read again — never by when it arrived; a granted approval whose
+evidence was superseded while the task waited re-plans, and is kept only if the action comes out
+the same. Every task here is replayed after the test (the suite's replay check)."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.agent import runner
+from apps.agent.runner import agent_run, read_activity_run
+from apps.approvals.models import ApprovalRequest
+from apps.approvals.services import approval_decide
+from apps.devices.services import device_update_state
+from apps.events.models import TaskEvent
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from apps.tasks.replay import task_replay
+from apps.tasks.services import task_submit
+from tests.conftest import KB, drive, p, reads_run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("plans_reducer")]
+
+SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
+
+
+def _dispatched(requester, device) -> tuple[Task, dict[str, str]]:
+    """A report whose three reads are dispatched under plan 1: ``(task, {step: activity_id})``."""
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+    agent_run(task_id=task.pk)
+    task = Task.objects.get(pk=task.pk)
+    assert task.status == reducer.RETRIEVING and [v["version"] for v in task.state["plans"]] == [1]
+    return task, {a["step"]: aid for aid, a in task.state["activities"].items()}
+
+
+def _late(monkeypatch, step: str, meanwhile) -> None:
+    """Make the ``step`` read late: once it has read, ``meanwhile()`` runs before it reports."""
+    real, done = runner.read_perform, []
+
+    def read_then_wait(task, activity, *, timeout):
+        out = real(task, activity, timeout=timeout)
+        if activity["step"] == step and not done:
+            done.append(True)
+            meanwhile()
+        return out
+
+    monkeypatch.setattr(runner, "read_perform", read_then_wait)
+
+
+def _event(task, etype, **match) -> list[TaskEvent]:
+    return [e for e in TaskEvent.objects.filter(task=task, type=etype).order_by("seq")
+            if all(e.payload.get(k) == v for k, v in match.items())]
+
+
+def test_a_late_result_whose_premises_equal_the_current_ones_is_accepted(requester, device, kb):
+    task, ids = _dispatched(requester, device)
+    device_update_state(device=device, state="offline")  # v18; what retrieval filters on is unchanged
+    read_activity_run(task_id=task.pk, activity_id=ids["device"])  # finds v18: plan 2
+    t = Task.objects.get(pk=task.pk)
+    assert [v["version"] for v in t.state["plans"]] == [1, 2]
+    barrier = t.state["plans"][1]["barrier"]
+    assert "device_version" in barrier["why"] and barrier["changed"] == ["device_version"]
+    assert barrier["continuing"] == {"ticket": "in_flight", "retrieval": "in_flight"}
+    # the retrieval dispatched under plan 1 reads now, under the very premises of plan 2
+    read_activity_run(task_id=task.pk, activity_id=ids["retrieval"])
+    retrieved = _event(task, "evidence.retrieved")[0]
+    assert retrieved.payload["plan_version"] == 1 and retrieved.payload["verdict"] == "accepted"
+    assert retrieved.payload["premises"]["device_version"] == 18
+    t = Task.objects.get(pk=task.pk)
+    assert t.state["steps"]["retrieval"]["status"] == "joined" and t.state["activities"][ids["retrieval"]][
+        "status"] == "accepted"
+
+
+def test_a_late_result_after_a_change_it_does_not_depend_on_is_revalidated(requester, device, kb, monkeypatch):
+    task, ids = _dispatched(requester, device)
+
+    def device_moves_and_is_read():
+        device_update_state(device=device, state="offline")  # v18, same kind and alert
+        read_activity_run(task_id=task.pk, activity_id=ids["device"])  # plan 2
+
+    _late(monkeypatch, "retrieval", device_moves_and_is_read)
+    read_activity_run(task_id=task.pk, activity_id=ids["retrieval"])  # read at v17, reports under plan 2
+    retrieved = _event(task, "evidence.retrieved")[0]
+    assert retrieved.payload["plan_version"] == 1 and retrieved.payload["premises"]["device_version"] == 17
+    assert retrieved.payload["verdict"] == "revalidated"
+    assert retrieved.payload["revalidation"]["ok"] is True
+    assert "current" in retrieved.payload["revalidation"]["checked"]
+    t = Task.objects.get(pk=task.pk)
+    assert len(t.state["plans"]) == 2 and t.state["activities"][ids["retrieval"]]["status"] == "revalidated"
+    assert not _event(task, "result.refused")
+    reads_run(task.pk)  # the ticket read: its premise (the ticket's epoch) held
+    t = drive(task.pk)
+    assert t.status == reducer.WAITING_APPROVAL
+
+
+def test_a_late_result_after_a_change_it_depends_on_is_refused_and_read_again(requester, device, kb, monkeypatch):
+    task, ids = _dispatched(requester, device)
+
+    def alert_changes_and_is_read():
+        device_update_state(device=device, alert_code="PRN-PAPER-13.1", alert_message="Paper jam in tray 2")
+        read_activity_run(task_id=task.pk, activity_id=ids["device"])  # plan 2: another device profile
+
+    _late(monkeypatch, "retrieval", alert_changes_and_is_read)
+    read_activity_run(task_id=task.pk, activity_id=ids["retrieval"])
+    refused = _event(task, "result.refused", activity_id=ids["retrieval"])
+    assert len(refused) == 1 and "device_profile" in refused[0].payload["reason"]
+    assert refused[0].payload["used"] == {"tool_calls": 1}, "the read's cost is settled all the same"
+    assert not _event(task, "evidence.retrieved"), "the refused evidence never entered the plan"
+    t = Task.objects.get(pk=task.pk)
+    again = [aid for aid, a in t.state["activities"].items() if a["step"] == "retrieval" and a["plan_version"] == 2]
+    assert len(again) == 1 and t.state["steps"]["retrieval"]["activity_id"] == again[0], "read again under plan 2"
+    reads_run(task.pk)
+    retrieved = _event(task, "evidence.retrieved")
+    assert len(retrieved) == 1 and retrieved[0].payload["plan_version"] == 2
+    assert retrieved[0].payload["premises"]["device_profile"]["alert_code"] == "PRN-PAPER-13.1"
+    assert task_replay(Task.objects.get(pk=task.pk), use_snapshot=False).ok
+
+
+def _supersede(tenant, source: str, extra: str) -> None:
+    """A new version of the knowledge-base document ``source`` (``scope/name``), with ``extra`` added."""
+    from apps.evidence.services import document_ingest
+
+    scope, name = source.split("/", 1)
+    document_ingest(tenant=tenant, source=source, raw=(KB / scope / name).read_text() + extra, scope=scope)
+
+
+def _waiting_approval(requester, device) -> Task:
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    return task
+
+
+def test_cited_evidence_superseded_during_the_approval_wait_revalidates_and_asks_again(
+        requester, approver, device, kb, tenant):
+    task = _waiting_approval(requester, device)
+    first = ApprovalRequest.objects.get(task=task)
+    cited = {r["chunk_id"] for r in task.state["evidence"]
+             if str(r["chunk_id"]) in set(task.state["proposal"]["params"]["evidence"])}
+    assert cited, "the proposal cites retrieved evidence"
+    source = next(r["source"] for r in task.state["evidence"] if r["chunk_id"] in cited)
+    _supersede(tenant, source, "\n\n## Note\n\nSwitch the printer off before opening the fuser door.\n")
+    approval_decide(principal=p(approver), approval_id=first.pk, decision="approve", reason="ok")
+    task = drive(task.pk)
+    plans = task.state["plans"]
+    assert len(plans) == 2 and "superseded" in plans[1]["barrier"]["why"]
+    assert set(plans[1]["barrier"]["continuing"]) == {"device", "ticket"}, "the reads whose premises held continue"
+    assert "retrieval" in plans[1]["barrier"]["cancelled"]
+    assert task.status == reducer.WAITING_APPROVAL
+    first.refresh_from_db()
+    assert first.status == "INVALIDATED" and "changed" in first.reason
+    second = ApprovalRequest.objects.get(task=task, status="PENDING")
+    assert second.pk != first.pk and task.state["approval"]["id"] == str(second.pk)
+    assert not _event(task, "intent.committed"), "nothing is sent on the old approval"
