@@ -34,7 +34,7 @@ PREMISE_LABELS = {
     "requester_role": gettext_lazy("requester's role"), "device_version": gettext_lazy("device version"),
     "device_profile": gettext_lazy("device profile (kind, alert)"),
     "policy_version": gettext_lazy("approval policy version"), "bundle": gettext_lazy("artifact bundle (digest)"),
-    "approver_role": gettext_lazy("approver's role"), "ticket_version": gettext_lazy("open ticket's version"),
+    "approver_role": gettext_lazy("approver's role"), "ticket_epoch": gettext_lazy("open ticket's epoch"),
     "evidence": gettext_lazy("evidence carried"),
 }
 #: what became of a read activity (its status in ``state["activities"]``)
