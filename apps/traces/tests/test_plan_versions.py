@@ -167,8 +167,8 @@ def test_the_plan_versions_read_in_chinese(client, replanned, admin_user):
     assert "已被取代" in _row(plans, "premise-evidence")[2][1]
     lines = _summaries(page)
     assert "计划 v1：报告已受理" in lines
-    assert ("计划 v2 取代 v1：设备读取发现前提已变化：设备版本 · 继续：未结工单读取（仍在进行中）、检索（仍在进行中） · "
-            "取消：设备读取、起草、授权、写入") in lines
+    assert ("计划 v2 取代 v1：设备读取发现前提已变化：设备版本 · "
+            "继续：未结工单读取（仍在进行中）、检索（仍在进行中） · 取消：设备读取、起草、授权、写入") in lines
     assert "计划 v1 的设备读取：已重新验证（核对了设备的对象版本）" in lines
     assert "重新规划" in re.findall(r'class="phase-start"><td>\d+</td><td><strong>([^<]+)</strong>', page)
 
