@@ -18,6 +18,7 @@ from apps.agent.common import (
     plans_comments,
 )
 from apps.agent.intent import joined_ticket_pending
+from apps.agent.plans import report_text
 from apps.core import tool_errors as errors
 from apps.devices.selectors import device_read
 from apps.evidence.guard import injection_flags, refs_flags
@@ -37,15 +38,6 @@ def _principal_scopes(task: Task) -> list[str]:
 
     p = principal_current(user_id=task.requester_id, tenant_id=task.tenant_id)
     return list(p.scopes) if p else []
-
-
-def _report_text(task: Task) -> str:
-    """What the requester reported: the symptom, the answers given since and the fault lines of the
-    logs attached to the report (request data, like the symptom: retrieval searches with them, the
-    model sees them inside ``<attachment>`` tags; the device's alert is matched separately, so it
-    cannot drown the report; apps.evidence.relevance)."""
-    logs = [a.get("text") or "" for a in _attachments(task)]
-    return " ".join(p for p in [task.symptom, *task.state.get("answers", []), *logs] if p)
 
 
 def _attachments(task: Task) -> list[dict]:
@@ -149,7 +141,7 @@ class _Reads:
 
     def evidence_payload(self, task: Task) -> dict:
         ref_dicts, chosen = self.selection.recorded()
-        payload = {"query": _report_text(task), "refs": ref_dicts, "selection": chosen,
+        payload = {"query": report_text(task), "refs": ref_dicts, "selection": chosen,
                    "retrieved_at": self.retrieved_at}
         flagged = refs_flags(ref_dicts) + input_flags(report=task.symptom, answers=task.state.get("answers", []),
                                                       reading=self.device, attachments=_attachments(task))
@@ -171,7 +163,7 @@ def _read(task: Task, reads: _Reads, timeout: float | None) -> None:
         reads.selection = evidence_select(
             tenant_id=task.tenant_id,
             scopes=_principal_scopes(task),
-            report=_report_text(task),
+            report=report_text(task),
             device=reads.device,
             k=settings.FAULTDESK["RETRIEVAL_TOP_K"],
             model=task.artifact_bundle.get("embedding_model"),

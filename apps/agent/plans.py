@@ -43,8 +43,10 @@ def digest_of(value) -> str:
 
 
 def report_text(task: Task) -> str:
-    """What the requester reported: the symptom, the answers given since and the text of the logs
-    attached to the report (what retrieval searches with)."""
+    """What the requester reported: the symptom, the answers given since and the fault lines of the
+    logs attached to the report (request data, like the symptom: retrieval searches with them, the
+    model sees them inside ``<attachment>`` tags; the device's alert is matched separately, so it
+    cannot drown the report; apps.evidence.relevance)."""
     state = task.state or {}
     logs = [a.get("text") or "" for a in ((state.get("request") or {}).get("attachments") or [])]
     return " ".join(p for p in [task.symptom, *state.get("answers", []), *logs] if p)
