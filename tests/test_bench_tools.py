@@ -280,3 +280,13 @@ def test_report_waits_measure_the_local_reads_the_hop_to_the_ticket_read_and_its
     assert report_waits([("device.read", 0.03, 0.02)]) is None  # no ticket read
     assert report_waits([("budget.reserved", 0.01, None), ("ticket.read", 0.05, 0.04)]) == {
         "local": None, "hop": pytest.approx(0.03), "report": pytest.approx(0.01)}
+
+
+def test_the_reads_worker_takes_the_slow_retrievals_seconds_from_its_file(tmp_path):
+    from tools.bench.reads_worker import slow_retrieval_seconds
+
+    f = tmp_path / "slow"
+    assert slow_retrieval_seconds(None) == 0.0 and slow_retrieval_seconds(str(f)) == 0.0  # no file: no sleep
+    for text, seconds in (("1.0", 1.0), ("0", 0.0), ("", 0.0), ("soon", 0.0), ("-2", 0.0)):
+        f.write_text(text)
+        assert slow_retrieval_seconds(str(f)) == seconds
