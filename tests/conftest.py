@@ -259,6 +259,14 @@ def plans_reducer(monkeypatch):
     monkeypatch.setattr(reducer, "CURRENT", reducer.v6.VERSION)
 
 
+@pytest.fixture
+def reads_as_activities(settings):
+    """All three context reads of ``reducer/6`` are dispatched as activities of their own (by
+    default only the open-ticket read is; the dispatching run does the device read and retrieval
+    itself): for the tests that interleave a read's report with another read or a change."""
+    settings.FAULTDESK = {**settings.FAULTDESK, "READS_AS_ACTIVITIES": ("device", "ticket", "retrieval")}
+
+
 def reads_run(task_id, *, steps=None) -> list[str]:
     """Run in-process, one after the other, the read activities of the task (``reducer/6``) that are
     dispatched and have not reported — only those of ``steps`` (``"device"``, ``"ticket"``,

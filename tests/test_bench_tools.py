@@ -266,14 +266,27 @@ def test_proposal_spans_split_the_time_at_the_first_worker_event_and_the_last_re
     assert proposal_spans([("task.accepted", 1.0), ("device.read", 1.1)]) is None  # no proposal
 
 
-def test_report_waits_measure_the_hop_to_the_first_read_and_the_longest_wait_to_report():
+def test_report_waits_measure_the_local_reads_the_hop_to_the_ticket_read_and_its_wait_to_report():
     from tools.bench.reads import report_waits
 
-    events = [("task.accepted", 0.0, None), ("budget.reserved", 0.010, None), ("budget.reserved", 0.011, None),
-              ("device.read", 0.030, 0.025), ("ticket.read", 0.062, 0.027), ("evidence.retrieved", 0.067, 0.040),
-              ("budget.reserved", 0.068, None), ("approval.requested", 0.070, None)]
+    events = [("task.accepted", 0.0, None), ("budget.reserved", 0.009, None), ("budget.reserved", 0.010, None),
+              ("budget.reserved", 0.011, None), ("device.read", 0.040, 0.015), ("evidence.retrieved", 0.041, 0.038),
+              ("ticket.read", 0.140, 0.128), ("budget.reserved", 0.142, None), ("approval.requested", 0.150, None)]
     waits = report_waits(events)
-    assert waits["hop"] == pytest.approx(0.014)  # the last reservation before the first read event → 0.025
-    assert waits["report"] == pytest.approx(0.035)  # the ticket read: finished at 0.027, recorded at 0.062
+    assert waits["local"] == pytest.approx(0.030)  # the last reservation → the local reads reported (0.041)
+    assert waits["hop"] == pytest.approx(0.117)  # → the ticket read finished (0.128)
+    assert waits["report"] == pytest.approx(0.012)  # finished at 0.128, recorded at 0.140
     assert report_waits([("task.accepted", 0.0, None), ("approval.requested", 0.1, None)]) is None
-    assert report_waits([("device.read", 0.03, 0.02)]) == {"hop": None, "report": pytest.approx(0.01)}
+    assert report_waits([("device.read", 0.03, 0.02)]) is None  # no ticket read
+    assert report_waits([("budget.reserved", 0.01, None), ("ticket.read", 0.05, 0.04)]) == {
+        "local": None, "hop": pytest.approx(0.03), "report": pytest.approx(0.01)}
+
+
+def test_the_reads_worker_takes_the_slow_retrievals_seconds_from_its_file(tmp_path):
+    from tools.bench.reads_worker import slow_retrieval_seconds
+
+    f = tmp_path / "slow"
+    assert slow_retrieval_seconds(None) == 0.0 and slow_retrieval_seconds(str(f)) == 0.0  # no file: no sleep
+    for text, seconds in (("1.0", 1.0), ("0", 0.0), ("", 0.0), ("soon", 0.0), ("-2", 0.0)):
+        f.write_text(text)
+        assert slow_retrieval_seconds(str(f)) == seconds

@@ -544,8 +544,8 @@ def test_an_exception_inside_the_reads_settles_their_reservation(requester, devi
 
 @pytest.mark.parametrize("target", ["evidence_select", "device_read"])
 def test_an_exception_inside_a_parallel_read_settles_its_reservation(requester, device, kb, refservice, monkeypatch,
-                                                                    target, plans_reducer):
-    """Each read is an activity of its own: the one that raises records itself failed, with what it
+                                                                    target, plans_reducer, reads_as_activities):
+    """Each read an activity of its own: the one that raises records itself failed, with what it
     cost, gives the lease back and raises; the others report as usual."""
     import apps.agent.reads as reads
 
@@ -575,6 +575,37 @@ def test_an_exception_inside_a_parallel_read_settles_its_reservation(requester, 
     assert set(task.state["reservations"]) == again
     assert task.state["limits"]["tool_calls"]["reserved"] == len(again)
     assert {task.state["activities"][aid]["step"] for aid in again} <= set(raised)
+    monkeypatch.undo()
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+
+
+@pytest.mark.parametrize("target", ["evidence_select", "device_read"])
+def test_an_exception_inside_a_local_read_of_the_dispatching_run_settles_its_reservation(
+        requester, device, kb, refservice, monkeypatch, target, plans_reducer):
+    """The dispatching run does the device read and retrieval itself: the one that raises is recorded
+    failed at its cost (not raised), the run gives the lease back, and the open-ticket read's report
+    reads it again in its own run."""
+    import apps.agent.reads as reads
+
+    def boom(**kwargs):
+        raise RuntimeError("read exploded")
+
+    task = _submit(requester, device)
+    monkeypatch.setattr(reads, target, boom)
+    agent_run(task_id=task.pk)  # the ticket read dispatched, the local reads made here
+    task = Task.objects.get(pk=task.pk)
+    assert task.lease_owner is None
+    failed = list(TaskEvent.objects.filter(task=task, type="read.failed"))
+    # retrieval reads the device too (the fields it filters on)
+    expected = ["device", "retrieval"] if target == "device_read" else ["retrieval"]
+    assert sorted(task.state["activities"][e.payload["activity_id"]]["step"] for e in failed) == expected
+    for event in failed:
+        assert "read exploded" in event.payload["error"] and event.payload["used"] == {"tool_calls": 1}
+        assert event.payload["activity_id"] not in task.state["reservations"], "its reservation is settled"
+    [ticket] = [aid for aid, a in task.state["activities"].items() if a["step"] == "ticket"]
+    assert set(task.state["reservations"]) == {ticket} and task.state["limits"]["tool_calls"]["reserved"] == 1
+    assert all(task.state["steps"][step] == {"status": "pending"} for step in expected)
     monkeypatch.undo()
     task = drive(task.pk)
     assert task.status == reducer.WAITING_APPROVAL

@@ -54,7 +54,8 @@ def _event(task, etype, **match) -> list[TaskEvent]:
             if all(e.payload.get(k) == v for k, v in match.items())]
 
 
-def test_a_late_result_whose_premises_equal_the_current_ones_is_accepted(requester, device, kb):
+def test_a_late_result_whose_premises_equal_the_current_ones_is_accepted(requester, device, kb,
+                                                                         reads_as_activities):
     task, ids = _dispatched(requester, device)
     device_update_state(device=device, state="offline")  # v18; what retrieval filters on is unchanged
     read_activity_run(task_id=task.pk, activity_id=ids["device"])  # finds v18: plan 2
@@ -73,7 +74,8 @@ def test_a_late_result_whose_premises_equal_the_current_ones_is_accepted(request
         "status"] == "accepted"
 
 
-def test_a_late_result_after_a_change_it_does_not_depend_on_is_revalidated(requester, device, kb, monkeypatch):
+def test_a_late_result_after_a_change_it_does_not_depend_on_is_revalidated(requester, device, kb, monkeypatch,
+                                                                           reads_as_activities):
     task, ids = _dispatched(requester, device)
 
     def device_moves_and_is_read():
@@ -95,7 +97,8 @@ def test_a_late_result_after_a_change_it_does_not_depend_on_is_revalidated(reque
     assert t.status == reducer.WAITING_APPROVAL
 
 
-def test_a_late_result_after_a_change_it_depends_on_is_refused_and_read_again(requester, device, kb, monkeypatch):
+def test_a_late_result_after_a_change_it_depends_on_is_refused_and_read_again(requester, device, kb, monkeypatch,
+                                                                              reads_as_activities):
     task, ids = _dispatched(requester, device)
 
     def alert_changes_and_is_read():
@@ -154,3 +157,100 @@ def test_cited_evidence_superseded_during_the_approval_wait_revalidates_and_asks
     second = ApprovalRequest.objects.get(task=task, status="PENDING")
     assert second.pk != first.pk and task.state["approval"]["id"] == str(second.pk)
     assert not _event(task, "intent.committed"), "nothing is sent on the old approval"
+
+
+# --- the local reads, in the dispatching run ------------------------------------------------------------
+
+def _local_reads_watched(monkeypatch, order: list, *, raise_on: str | None = None) -> None:
+    """Record in ``order`` each message sent (``("sent", name)``) and each local read the dispatching
+    run makes (``("read", step)``); the ``raise_on`` read raises once."""
+    import apps.core.queue as queue
+    from apps.agent import reads
+
+    monkeypatch.setattr(queue, "send_now", lambda name, *args: order.append(("sent", name)))
+    real, raised = reads.read_perform, []
+
+    def perform(task, activity, *, timeout):
+        order.append(("read", activity["step"]))
+        if activity["step"] == raise_on and not raised:
+            raised.append(True)
+            raise RuntimeError("embedding model crashed")
+        return real(task, activity, timeout=timeout)
+
+    monkeypatch.setattr(reads, "read_perform", perform)
+
+
+def test_the_dispatch_sends_the_remote_read_first_then_reads_locally_and_the_remote_report_joins(
+        requester, device, kb, monkeypatch):
+    order: list = []
+    _local_reads_watched(monkeypatch, order)
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+    order.clear()
+    agent_run(task_id=task.pk)
+    assert order == [("sent", "read_step"), ("read", "device"), ("read", "retrieval")], \
+        "only the ticket system's read is an activity, and its message left before the local reads"
+    t = Task.objects.get(pk=task.pk)
+    assert t.status == reducer.RETRIEVING and t.lease_owner is None
+    reserved = _event(task, "budget.reserved")
+    assert sorted(e.payload["step"] for e in reserved) == ["device", "retrieval", "ticket"]
+    assert all(e.payload["plan_version"] == 1 and e.payload["deadline"] for e in reserved), "each keeps its identity"
+    ids = {e.payload["step"]: e.payload["reservation_id"] for e in reserved}
+    for step, etype in (("device", "device.read"), ("retrieval", "evidence.retrieved")):
+        [read] = _event(task, etype)
+        assert read.payload["activity_id"] == ids[step] and read.payload["verdict"] == "accepted"
+        assert read.payload["used"] == {"tool_calls": 1} and ids[step] not in t.state["reservations"], "settled"
+        assert t.state["steps"][step]["status"] == "joined"
+    assert t.state["steps"]["ticket"] == {"status": "dispatched", "activity_id": ids["ticket"], "plan_version": 1}
+    assert reads_run(task.pk) == [ids["ticket"]]
+    t = Task.objects.get(pk=task.pk)
+    assert t.status == reducer.WAITING_APPROVAL, "the remote read's report completed the join and went on"
+    assert task_replay(t, use_snapshot=False).ok
+
+
+def test_a_local_read_that_raises_is_a_failed_read_at_its_cost_and_is_read_again(requester, device, kb, monkeypatch):
+    order: list = []
+    _local_reads_watched(monkeypatch, order, raise_on="retrieval")
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+    agent_run(task_id=task.pk)
+    [failed] = _event(task, "read.failed")
+    t = Task.objects.get(pk=task.pk)
+    assert "embedding model crashed" in failed.payload["error"] and failed.payload["used"] == {"tool_calls": 1}
+    assert failed.payload["activity_id"] not in t.state["reservations"], "its cost is settled"
+    assert t.state["steps"]["retrieval"] == {"status": "pending"} and t.state["steps"]["device"]["status"] == "joined"
+    reads_run(task.pk)  # the ticket read reports, and its run reads retrieval again, itself
+    t = Task.objects.get(pk=task.pk)
+    assert t.status == reducer.WAITING_APPROVAL
+    assert [s for kind, s in order if kind == "read"] == ["device", "retrieval", "retrieval"]
+    [retrieved] = _event(task, "evidence.retrieved")
+    assert retrieved.payload["activity_id"] != failed.payload["activity_id"]
+    assert task_replay(t, use_snapshot=False).ok
+
+
+def test_a_local_read_that_finds_the_device_moved_replans_and_the_stale_read_is_read_again(
+        requester, device, kb, monkeypatch):
+    from apps.agent import reads
+
+    real = reads.read_perform
+
+    def perform(task, activity, *, timeout):
+        out = real(task, activity, timeout=timeout)
+        if activity["step"] == "device" and activity["plan_version"] == 1:
+            # between the device read and retrieval: the alert retrieval filters on changes
+            device_update_state(device=device, alert_code="PRN-PAPER-13.1", alert_message="Paper jam in tray 2")
+        return out
+
+    monkeypatch.setattr(reads, "read_perform", perform)
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+    agent_run(task_id=task.pk)
+    t = Task.objects.get(pk=task.pk)
+    plans = t.state["plans"]
+    assert [v["version"] for v in plans] == [1, 2]
+    assert "retrieval read found premises moved" in plans[1]["barrier"]["why"]
+    assert "device" in plans[1]["barrier"]["cancelled"] and plans[1]["barrier"]["continuing"] == {"ticket": "in_flight"}
+    devices = _event(task, "device.read")
+    assert [e.payload["plan_version"] for e in devices] == [1, 2], "the device read of plan 1 is read again"
+    assert devices[1].payload["reading"]["alert_code"] == "PRN-PAPER-13.1"
+    reads_run(task.pk)
+    t = drive(task.pk)
+    assert t.status == reducer.WAITING_APPROVAL
+    assert task_replay(t, use_snapshot=False).ok

@@ -1,25 +1,31 @@
-"""The context reads as parallel activities under one plan version (``reducer/6``; long-task-runtime.md:
-ready / join; spec §16.5 for their reservations and deadlines; docs/adr/0022).
+"""The context reads under one plan version (``reducer/6``; long-task-runtime.md: ready / join; spec
+§16.5 for their reservations and deadlines; docs/adr/0023).
 
-Three reads — the device, its open ticket, retrieval — are each an activity of their own:
+Three reads — the device, its open ticket, retrieval — each with its own reservation, deadline and
+premise judgement. Only a read that calls out of the process (``READS_AS_ACTIVITIES``, by default the
+open-ticket read at the ticket system) is an activity of its own on the ``tools`` queue; the local
+ones (a device row; retrieval: in-process embedding and SQL) the dispatching run does itself:
 
 1. **Dispatch** (:func:`reads_step`, the ``RETRIEVING`` step, under the task's lease): activate a plan
    version when there is none or a re-plan is due (:func:`apps.agent.plans.plan_activate`), then for
    each read still pending record its reservation — one tool call, a deadline-bounded timeout, the
-   step and the plan version, not bound to the lease — and send it to the ``tools`` queue after the
-   commit. The run then ends: no worker slot waits on a read.
-2. **Read** (:func:`read_perform`, on a ``tools`` worker, no lease, no transaction): one read, with
-   the premises it worked under (those its plan dispatched it with, overlaid with what it observed:
-   the device's version and profile, the requester's scopes, the report).
-3. **Report** (:func:`read_record`, under the lease the activity then claims): judged by premise
-   against the current plan version (:func:`apps.tasks.reducer.v6.verdict`): accepted, re-validated
-   (:func:`revalidate`) or refused; a read of the current version that found a premise moved on first
-   activates the next version. The read's event settles its reservation at the calls made. When the
-   last read joins, the task proposes, in the same run.
+   step and the plan version, not bound to the lease. The remote reads' messages leave at the commit
+   of those reservations (the run's checkpoint), before the local reads start.
+2. **Read** (:func:`read_perform`, no transaction): one read, with the premises it worked under
+   (those its plan dispatched it with, overlaid with what it observed: the device's version and
+   profile, the requester's scopes, the report) — on a ``tools`` worker without the lease for a
+   remote read, in the dispatching run (:func:`local_reads_run`, outside its transaction) for a
+   local one.
+3. **Report** (:func:`read_record`, under the lease — the dispatching run's, or the one the activity
+   then claims): judged by premise against the current plan version
+   (:func:`apps.tasks.reducer.v6.verdict`): accepted, re-validated (:func:`revalidate`) or refused; a
+   read of the current version that found a premise moved on first activates the next version. The
+   read's event settles its reservation at the calls made. When the last read joins, the task
+   proposes, in the same run.
 
 A read whose worker died lapses at its deadline: the next dispatch charges its reservation (``c = r``)
-and reads again. A read that failed (the ticket system cannot be read now) is read again by the next
-run the sweeper brings.
+and reads again. A read that failed (the ticket system cannot be read now, or a local read raised) is
+read again by the next run: the remote read's report, or the one the sweeper brings.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from apps.tasks.budget import activity_timeout, budget_reserve, budget_settle
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
 from apps.tasks.reducer import v6
+from apps.tasks.runs import checkpoint, run_current_task
 from apps.tasks.store import task_append_event
 from apps.tasks.usage import BudgetExceeded
 from apps.tickets.selectors import open_ticket_read
@@ -56,8 +63,11 @@ log = logging.getLogger(__name__)
 
 def reads_step(task: Task, lease: Lease) -> bool:
     """``RETRIEVING`` under ``reducer/6``: activate the plan version if due, charge the reads that
-    lapsed, and dispatch every read still pending. Returns True when the task moved on (every read
-    was already joined), False when it waits for its reads (or failed)."""
+    lapsed, reserve every read still pending (:data:`v6.READS` order), send the remote ones
+    (:func:`remote_reads`) to the ``tools`` queue at the commit, then do the local ones here, outside
+    any transaction, and report each under this run's lease (:func:`local_reads_run`). Returns True
+    when the task moved on (every read of the version joined), False when it waits for a read (or
+    failed, or a local read failed: the sweeper brings it back)."""
     if joined_ticket_pending(task):
         return False  # one ticket per fault: another report's ticket for this device is still being created
     task = plan_if_due(task, lease)
@@ -73,6 +83,7 @@ def reads_step(task: Task, lease: Lease) -> bool:
         return False
     plan = v6.current_plan(task.state)
     deadline = (timezone.now() + timedelta(seconds=timeout)).isoformat()
+    remote, local = remote_reads(), []
     for step in pending:
         try:
             task, reservation = budget_reserve(
@@ -82,8 +93,60 @@ def reads_step(task: Task, lease: Lease) -> bool:
         except BudgetExceeded as exc:
             fail(task, lease, exc.reason)
             return False
-        enqueue_on_commit(READ_STEP, task.pk, reservation.id)
-    return False
+        if step in remote:
+            enqueue_on_commit(READ_STEP, task.pk, reservation.id)
+        else:
+            local.append(reservation.id)
+    if not local:
+        return False
+    task, go_on = local_reads_run(task, lease, local)
+    # on when the join is complete, or when a report made a read pending again (refused, cancelled by
+    # a re-plan): the next step reserves it again (MAX_STEPS_PER_RUN bounds the run)
+    return go_on and (task.status != reducer.RETRIEVING or any(
+        (st or {}).get("status") == "pending" for st in task.state["steps"].values()))
+
+
+def remote_reads() -> frozenset[str]:
+    """The reads sent to the ``tools`` queue as activities of their own (``READS_AS_ACTIVITIES``:
+    those that call out of the process, by default the open-ticket read); the others are local."""
+    return frozenset(settings.FAULTDESK.get("READS_AS_ACTIVITIES", ("ticket",))) & frozenset(v6.READS)
+
+
+def local_reads_run(task: Task, lease: Lease, activity_ids: list[str]) -> tuple[Task, bool]:
+    """Do the local reads ``activity_ids`` (reserved by this run, under ``lease``) of ``task``: the
+    run's events so far commit first (:func:`~apps.tasks.runs.checkpoint` — the remote reads'
+    messages leave at that commit, before these reads start), the reads run one after the other
+    outside any transaction, then each is reported through :func:`read_record` — the same premise
+    judgement, events and settlement as an activity's report — in the run's next transaction. A
+    read that raises is recorded as ``read.failed`` at its cost (one call), logged, and not raised.
+    Returns ``(task, go_on)``: ``go_on`` False when a report stopped the run (a failed read, a
+    device gone)."""
+    activities = task.state["activities"]
+    outcomes = []
+    with checkpoint():
+        for aid in activity_ids:
+            act = activities[aid]
+            try:
+                outcomes.append((aid, read_perform(task, act, timeout=task.state["reservations"][aid]["timeout_s"])))
+            except Exception as exc:  # noqa: BLE001 - recorded as a failed read at its cost; the sweeper reads again
+                log.exception("the %s read of task %s raised", act["step"], task.pk)
+                outcomes.append((aid, ReadOutcome(step=act["step"], premises=act["premises"], made=1,
+                                                  error=f"the read raised {exc!r}"[:500])))
+    go_on = True
+    for aid, outcome in outcomes:
+        task = run_current_task(task.pk, lease.generation) or _reread(task)
+        task, ok = read_record(task, lease, aid, outcome)
+        go_on = go_on and ok
+        if task.status in reducer.TERMINAL:
+            break
+    return task, go_on
+
+
+def _reread(task: Task) -> Task:
+    """``task`` as its row stands now, keeping the tenant, requester and device already read."""
+    now = Task.objects.get(pk=task.pk)
+    now.tenant, now.requester, now.device = task.tenant, task.requester, task.device
+    return now
 
 
 def plan_if_due(task: Task, lease: Lease) -> Task:

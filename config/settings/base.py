@@ -385,6 +385,10 @@ FAULTDESK = {
     "ACTIVITY_CLEANUP_SECONDS": env.float("FAULTDESK_ACTIVITY_CLEANUP_SECONDS", default=5.0),
     "ACTIVITY_MIN_SECONDS": env.float("FAULTDESK_ACTIVITY_MIN_SECONDS", default=1.0),
     "RETRIEVAL_TOP_K": env.int("FAULTDESK_RETRIEVAL_TOP_K", default=5),
+    # reducer/6: the context reads sent to the tools queue as activities of their own — those that call
+    # out of the process (the ticket system). The others (the device, retrieval: a row, in-process
+    # embedding and SQL) the dispatching run does itself, after the remote ones' messages left.
+    "READS_AS_ACTIVITIES": tuple(env.list("FAULTDESK_READS_AS_ACTIVITIES", default=["ticket"])),
     "SNAPSHOT_EVERY": env.int("FAULTDESK_SNAPSHOT_EVERY", default=20),
     # Bounds against runaway work: each ends in an explicit decision with a reason.
     "MAX_EVENTS_PER_TASK": env.int("FAULTDESK_MAX_EVENTS_PER_TASK", default=200),

@@ -236,10 +236,10 @@ class Bench:
         self.wait_http(f"http://127.0.0.1:{self.ports['web']}/healthz", 90)
 
     def start_worker(self, concurrency: int, queues: str = "agent,tools,outbox", name: str = "worker",
-                     env: dict | None = None) -> None:
-        """One Celery worker node on ``queues`` with ``concurrency`` prefork processes; returns once
-        it reports ready."""
-        self.start(name, [str(BIN / "celery"), "-A", "config", "worker", "-Q", queues, "-n", f"{name}-bench@%h",
+                     env: dict | None = None, app: str = "config") -> None:
+        """One Celery worker node of the Celery ``app`` (a module, ``-A``) on ``queues`` with
+        ``concurrency`` prefork processes; returns once it reports ready."""
+        self.start(name, [str(BIN / "celery"), "-A", app, "worker", "-Q", queues, "-n", f"{name}-bench@%h",
                           "-c", str(concurrency), "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
                    env=env)
         self.wait_log(name, "ready.", 120)

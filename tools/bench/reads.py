@@ -1,22 +1,29 @@
-"""Phase ``reads``: how much the parallel context reads of ``reducer/6`` cut the time to the proposal
-when one read is slow, against the same three reads one after the other (``reducer/5``), with
-everything else equal.
+"""Phase ``reads``: how much the parallel context reads of ``reducer/6`` (the open-ticket read an
+activity of its own on the ``tools`` queue, the device read and retrieval in the run that dispatches
+it) cut the time to the proposal when one read is slow, against the same three reads one after the
+other (``reducer/5``), with everything else equal.
+
+Each read has a realistic cost: the tenant's knowledge base is the project's whole one (every scope,
+English and Chinese), and the ticket system answers each open-ticket read after a base latency
+(:data:`TICKET_LATENCY_S` by default, a hosted helpdesk's distance) at the fault proxy.
 
 The stack is the end-to-end phase's (:mod:`tools.bench.e2e`): one Celery worker node serving
 ``agent,tools,outbox`` with :data:`CONCURRENCY` prefork processes (so the three reads of a report
-can run side by side on the ``tools`` queue, with a slot to spare), beat, the reference ticket service
-— here behind the fault proxy (``tools/faultproxy.py``), which can make the ticket system answer its
-reads slowly — and two webs (gunicorn, one process of 4 threads each): the product's, whose tasks get
-``reducer/6``, and one pinning ``reducer/5`` (:mod:`tools.bench.pinned_wsgi`), as a task accepted
-before ``reducer/6`` is.
+can run side by side on the ``tools`` queue, with a slot to spare; its Celery app is
+:mod:`tools.bench.reads_worker`'s, which can make retrieval slow), beat, the reference ticket service
+— here behind the fault proxy (``tools/faultproxy.py``), which delays the ticket system's reads — and
+two webs (gunicorn, one process of 4 threads each), each pinning the reducer version of the tasks it
+accepts (:mod:`tools.bench.pinned_wsgi`): ``reducer/6`` on one, ``reducer/5`` on the other, whichever
+version new tasks get in this build.
 
 1. **Seeding**, not measured: one report per device through each web, auto-approved, so that every
    device has an open ticket that faultdesk created. The open-ticket read only asks the ticket
    system about such a ticket; without one it makes no call and nothing could be slow. These reports
    also warm every pool process (the embedding model) and both webs.
-2. **Measured**: ``n`` rounds; each sends one report of each cell — sequential or parallel reads, the
-   ticket system's open-ticket read (``GET /tickets/<id>``) answered at once or after
-   ``slow_seconds`` — in a shuffled order, one at a time: the next is sent once the last one has
+2. **Measured**: ``n`` rounds; each sends one report of each cell — sequential or parallel reads,
+   times three conditions: ``none`` (every read at its base cost), ``slow`` (the ticket system's
+   open-ticket read, ``GET /tickets/<id>``, ``slow_seconds`` slower), ``slow_retrieval``
+   (retrieval ``slow_seconds`` slower) — in a shuffled order, one at a time: the next is sent once the last one has
    proposed, so no report waits for another. The policy asks an approval for a comment, so each
    stops at ``approval.requested`` with nothing running after it.
 
@@ -38,15 +45,30 @@ import psycopg
 
 from config import embedded
 from tools.bench.e2e import submit_all, wait_terminal
-from tools.bench.harness import BIN, DATABASE, LOG_DIR, REDIS_DB, Bench, free_port, percentile, session_client
+from tools.bench.harness import (
+    BENCH_DIR,
+    BIN,
+    DATABASE,
+    LOG_DIR,
+    REDIS_DB,
+    Bench,
+    free_port,
+    percentile,
+    session_client,
+)
+from tools.bench.reads_worker import SLOW_RETRIEVAL_FILE
 from tools.bench.seed import tenant_seed
 
 #: prefork processes of the worker node (every queue): three reads side by side and one to spare
 CONCURRENCY = 4
 #: the two ways of reading, by the reducer version their tasks are pinned to
 PATHS = {"sequential": "reducer/5", "parallel": "reducer/6"}
-#: the ticket system's reads the proxy slows: the open-ticket read (``GET /tickets/<id>``)
+#: the ticket system's reads the proxy delays: the open-ticket read (``GET /tickets/<id>``)
 SLOW_PREFIX = "/tickets/"
+#: the ticket system's base latency for a read (seconds): a hosted helpdesk tens to hundreds of ms away
+TICKET_LATENCY_S = 0.1
+#: the conditions, by the read made slow (None: none is)
+SLOWED = {"none": None, "slow": "ticket", "slow_retrieval": "retrieval"}
 ACCEPTED = "task.accepted"
 #: the events that end the time to the proposal: an approval asked, or an intent committed without one
 PROPOSAL_EVENTS = ("approval.requested", "intent.committed")
@@ -87,21 +109,25 @@ def proposal_spans(events) -> dict | None:
 
 
 def report_waits(events) -> dict | None:
-    """The parallel path's two waits, from one ``reducer/6`` task's ``events`` (``(type, seconds,
+    """The parallel path's waits, from one ``reducer/6`` task's ``events`` (``(type, seconds,
     read_done)``, ``read_done`` the time a read event's payload says its read finished, else None):
-    ``hop`` — the dispatch's last ``budget.reserved`` before the first read event to the first read
-    finished (the ``read_step`` message's way to a pool process, the task row read, and that read
-    itself); ``report`` — the longest of the reads' waits from their read finished to their event
-    recorded (taking the task's lease, while the other reads' reports hold it, and recording). None
-    without a read that says when it finished."""
-    done = [(at, finished) for etype, at, finished in events if etype in READ_EVENTS and finished is not None]
-    if not done:
+    ``local`` — the dispatch's last ``budget.reserved`` to the last local read's event (the device
+    read and retrieval done and reported in the dispatching run); ``hop`` — that reservation to the
+    open-ticket read finished (the ``read_step`` message's way to a pool process, the task row read,
+    and the read itself with the ticket system's latency); ``report`` — the open-ticket read finished
+    to its event recorded (taking the task's lease, while the dispatching run may still hold it, and
+    recording). None without a ticket read that says when it finished."""
+    ticket = [(at, finished) for etype, at, finished in events if etype == "ticket.read" and finished is not None]
+    if not ticket:
         return None
-    first_recorded = min(at for at, _ in done)
-    reserved = [at for etype, at, _ in events if etype == "budget.reserved" and at < first_recorded]
-    first_done = min(finished for _, finished in done)
-    return {"hop": first_done - max(reserved) if reserved else None,
-            "report": max(at - finished for at, finished in done)}
+    recorded, finished = min(ticket)
+    reserved = [at for etype, at, _ in events if etype == "budget.reserved" and at < recorded]
+    if not reserved:
+        return None
+    dispatched = max(reserved)
+    local = [at for etype, at, _ in events if etype in ("device.read", "evidence.retrieved") and at > dispatched]
+    return {"local": (max(local) - dispatched) if local else None, "hop": finished - dispatched,
+            "report": recorded - finished}
 
 
 def cell_summary(samples: list[float]) -> dict:
@@ -144,27 +170,26 @@ def _start_web(bench: Bench, name: str, port: int, env: dict, app: str) -> None:
                        "--timeout", "120"], env=env)
 
 
-def run(bench: Bench, *, n: int = 20, slow_seconds: float = 1.0, seed: int = 7) -> None:
+def run(bench: Bench, *, n: int = 20, slow_seconds: float = 1.0, ticket_latency: float = TICKET_LATENCY_S,
+        seed: int = 7) -> None:
     """Figures ``reads.*``: time to the proposal, p50/p95, of ``n`` reports per path (sequential,
-    parallel) and condition (no slow read; the open-ticket read ``slow_seconds`` slower), and the
-    ratios parallel ÷ sequential."""
+    parallel) and condition (:data:`SLOWED`: no slow read; the open-ticket read ``slow_seconds``
+    slower; retrieval ``slow_seconds`` slower), every open-ticket read answered after
+    ``ticket_latency`` seconds more, and the ratios parallel ÷ sequential."""
     import redis
 
-    from apps.tasks.reducer import CURRENT
-
-    if CURRENT != PATHS["parallel"]:
-        raise SystemExit(f"the reads phase compares reducer/5 with reducer/6, but new tasks get {CURRENT}")
     redis.Redis(unix_socket_path=str(embedded.REDIS_SOCKET), db=REDIS_DB).flushdb()
     conn = psycopg.connect(embedded.postgres_url(DATABASE), autocommit=True)
-    conditions = {"none": 0.0, "slow": slow_seconds}
-    cells = [(path, cond) for cond in conditions for path in PATHS]
+    cells = [(path, cond) for cond in SLOWED for path in PATHS]
+    slow_file = BENCH_DIR / "reads-slow-retrieval"
+    slow_file.write_text("0")
     # every ticket comment waits for an approval: a measured report stops at its proposal
-    seeded = tenant_seed("reads", devices=len(cells) * n, rules={
+    seeded = tenant_seed("reads", devices=len(cells) * n, kb="whole", rules={
         "ticket.create": {"requires_approval": False, "ttl_minutes": 600},
         "ticket.comment": {"requires_approval": True, "ttl_minutes": 600}})
     ports = {"proxy": free_port(), "web5": free_port()}
     proxy = f"http://127.0.0.1:{ports['proxy']}"
-    env = {**bench.env, "REFSERVICE_URL": proxy}
+    env = {**bench.env, "REFSERVICE_URL": proxy, SLOW_RETRIEVAL_FILE: str(slow_file)}
     webs = {"parallel": f"http://127.0.0.1:{bench.ports['web']}", "sequential": f"http://127.0.0.1:{ports['web5']}"}
     names = ("refservice", "faultproxy", "web", "web-r5", "worker", "beat")
     started = time.monotonic()
@@ -172,11 +197,12 @@ def run(bench: Bench, *, n: int = 20, slow_seconds: float = 1.0, seed: int = 7) 
     try:
         bench.start("faultproxy", [sys.executable, "-m", "tools.faultproxy", "--port", str(ports["proxy"]),
                                    "--upstream", bench.env["REFSERVICE_URL"], "--fault-prefix", "/none/"])
-        _start_web(bench, "web", bench.ports["web"], env, "config.wsgi")
+        _start_web(bench, "web", bench.ports["web"], {**env, "FAULTDESK_BENCH_REDUCER": PATHS["parallel"]},
+                   "tools.bench.pinned_wsgi:application")
         _start_web(bench, "web-r5", ports["web5"], {**env, "FAULTDESK_BENCH_REDUCER": PATHS["sequential"]},
                    "tools.bench.pinned_wsgi:application")
         bench.start_beat(env=env)
-        bench.start_worker(CONCURRENCY, env=env)
+        bench.start_worker(CONCURRENCY, env=env, app="tools.bench.reads_worker")
         for url in (f"{proxy}/healthz", f"{webs['parallel']}/healthz", f"{webs['sequential']}/healthz"):
             bench.wait_http(url, 90)
 
@@ -211,8 +237,10 @@ def run(bench: Bench, *, n: int = 20, slow_seconds: float = 1.0, seed: int = 7) 
             order = cells[:]
             rng.shuffle(order)
             for path, cond in order:
-                slowed = httpx.post(f"{proxy}/_proxy/slow-reads", json={"seconds": conditions[cond],
+                extra = {step: slow_seconds if SLOWED[cond] == step else 0.0 for step in ("ticket", "retrieval")}
+                slowed = httpx.post(f"{proxy}/_proxy/slow-reads", json={"seconds": ticket_latency + extra["ticket"],
                                                                         "prefix": SLOW_PREFIX}).json()
+                slow_file.write_text(repr(extra["retrieval"]))
                 [task_id] = submit_all(webs[path], user, [next(devices)], 1, prefix=f"m-{path}-{cond}-{r}",
                                        clients=[sessions[path]])
                 _wait_proposed(conn, task_id, timeout=60, alive=alive)
@@ -226,13 +254,15 @@ def run(bench: Bench, *, n: int = 20, slow_seconds: float = 1.0, seed: int = 7) 
     finally:
         for name in reversed(names):
             bench.stop(name)
-    _report(bench, conn, ids, n=n, slow_seconds=slow_seconds, delayed=slowed.get("delayed", 0),
+    slow_file.write_text("0")
+    _report(bench, conn, ids, n=n, slow_seconds=slow_seconds, ticket_latency=ticket_latency,
+            delayed=slowed.get("delayed", 0),
             seeded_s=seeded_s, measured_s=measured_s, devices=len(seeded.devices), load=load)
     conn.close()
 
 
-def _report(bench: Bench, conn, ids: dict, *, n: int, slow_seconds: float, delayed: int, seeded_s: float,
-            measured_s: float, devices: int, load: float) -> None:
+def _report(bench: Bench, conn, ids: dict, *, n: int, slow_seconds: float, ticket_latency: float, delayed: int,
+            seeded_s: float, measured_s: float, devices: int, load: float) -> None:
     every = [i for cell in ids.values() for i in cell]
     events = _events(conn, every)
     with conn.cursor() as cur:
@@ -241,14 +271,20 @@ def _report(bench: Bench, conn, ids: dict, *, n: int, slow_seconds: float, delay
                     "AND e.payload->'ticket' <> 'null'::jsonb) FROM tasks_task t WHERE t.id = ANY(%s::uuid[])",
                     [every])
         rows = {r[0]: r[1:] for r in cur.fetchall()}
-    slow_n = len(ids[("sequential", "slow")]) + len(ids[("parallel", "slow")])
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM evidence_chunk c JOIN tasks_task t ON t.tenant_id = c.tenant_id "
+                    "WHERE t.id = %s", [every[0]])
+        chunks = cur.fetchone()[0]
     bench.figure("reads.reports_per_cell", n, "reports",
-                 f"worker node agent,tools,outbox with {CONCURRENCY} prefork processes; open-ticket read "
-                 f"slowed by {slow_seconds:g} s at the fault proxy in the slow cells ({delayed} reads delayed for "
-                 f"{slow_n} slow reports); {devices} devices seeded with an open ticket in {seeded_s:.0f} s; "
-                 f"measured part {measured_s:.0f} s, load average {load:.2f} at its end")
-    bench.figure("reads.slow_read_s", slow_seconds, "s", "what the ticket system adds to each open-ticket read "
-                 "in the slow cells (the fault proxy's slow reads)")
+                 f"worker node agent,tools,outbox with {CONCURRENCY} prefork processes; the whole knowledge base "
+                 f"({chunks} chunks); every open-ticket read {ticket_latency * 1000:.0f} ms at the fault proxy "
+                 f"({delayed} reads delayed), {slow_seconds:g} s more in the slow cells, retrieval {slow_seconds:g} s "
+                 f"more in the slow_retrieval cells; {devices} devices seeded with an open ticket in "
+                 f"{seeded_s:.0f} s; measured part {measured_s:.0f} s, load average {load:.2f} at its end")
+    bench.figure("reads.slow_read_s", slow_seconds, "s", "what the slow read (the open-ticket read, or retrieval) "
+                 "takes more in its cells")
+    bench.figure("reads.ticket_latency_ms", ticket_latency * 1000, "ms", "the ticket system's base latency for "
+                 "each open-ticket read (the fault proxy's delay), in every cell")
     results = {}
     for (path, cond), task_ids in ids.items():
         pinned = {rows[i][0] for i in task_ids}
@@ -271,7 +307,8 @@ def _report(bench: Bench, conn, ids: dict, *, n: int, slow_seconds: float, delay
         res["events"] = percentile([len(events[i]) for i in task_ids], 50)
         results[(path, cond)] = res
         key = f"reads.{path}.{cond}"
-        what = f"{PATHS[path]}, " + ("no slow read" if cond == "none" else f"open-ticket read +{slow_seconds:g} s")
+        what = f"{PATHS[path]}, " + ("no slow read" if SLOWED[cond] is None
+                                     else f"{SLOWED[cond]} read +{slow_seconds:g} s")
         bench.figure(f"{key}.p50_ms", res["p50"] * 1000, "ms", f"accepted → proposal, {what}, n={res['n']}")
         bench.figure(f"{key}.p95_ms", res["p95"] * 1000, "ms")
         sp = res["spans"]
@@ -279,14 +316,18 @@ def _report(bench: Bench, conn, ids: dict, *, n: int, slow_seconds: float, delay
                      f"p50 of the spans: to the first worker event {sp['start'] * 1000:.0f} ms, reads "
                      f"{sp['reads'] * 1000:.0f} ms, after the last read {sp['after'] * 1000:.0f} ms; "
                      f"{res['claims']:.0f} lease claims, {res['events']:.0f} events per task")
-        if waits and all(w is not None and w["hop"] is not None for w in waits):
+        if waits and all(w is not None for w in waits):
+            if all(w["local"] is not None for w in waits):
+                bench.figure(f"{key}.local_reads_p50_ms", percentile([w["local"] for w in waits], 50) * 1000,
+                             "ms", "the dispatch's last reservation → the local reads (device, retrieval) reported "
+                                   "in the dispatching run")
             bench.figure(f"{key}.read_hop_p50_ms", percentile([w["hop"] for w in waits], 50) * 1000, "ms",
-                         "the dispatch's last reservation → the first read finished (read_step's Celery hop, the "
-                         "task row read, the read)")
+                         "the dispatch's last reservation → the open-ticket read finished (read_step's Celery hop, "
+                         "the task row read, the read with the ticket system's latency)")
             bench.figure(f"{key}.report_wait_p50_ms", percentile([w["report"] for w in waits], 50) * 1000, "ms",
-                         "p50 over tasks of the longest wait from a read finished to its event recorded (the lease "
-                         "taken while the other reads' reports hold it, then the record)")
-    for cond in ("none", "slow"):
+                         "the open-ticket read finished → its event recorded (the lease taken, while the "
+                         "dispatching run may hold it, then the record)")
+    for cond in SLOWED:
         seq, par = results[("sequential", cond)], results[("parallel", cond)]
         for q in ("p50", "p95"):
             bench.figure(f"reads.{cond}.ratio_{q}", par[q] / seq[q], "",

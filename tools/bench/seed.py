@@ -27,13 +27,15 @@ class SeededTenant:
     devices: list[int]
 
 
-def tenant_seed(slug: str, *, devices: int, auto_approve: bool = True, kb: bool = True,
+def tenant_seed(slug: str, *, devices: int, auto_approve: bool = True, kb: bool | str = True,
                 rules: dict | None = None) -> SeededTenant:
     """Create tenant ``slug`` with a requester ``<slug>-req``, an approver ``<slug>-appr`` and an
     admin ``<slug>-admin`` (password :data:`PASSWORD`, scopes public + tier2), generous quotas,
     ``devices`` faulty printers, an approval policy (no approval for new tickets and comments when
     ``auto_approve``; ``rules``, when given, are the policy's rules instead) and, when ``kb``, the
-    three printer procedures."""
+    three printer procedures — or, with ``kb="whole"``, the project's whole knowledge base (every
+    scope, English and Chinese: what a tenant's retrieval searches in production), with the
+    planner's statistics of the evidence tables refreshed."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.hashers import make_password
 
@@ -62,8 +64,26 @@ def tenant_seed(slug: str, *, devices: int, auto_approve: bool = True, kb: bool 
                model="LaserMax 9050", site="LAB", criticality="medium", state="fault",
                alert_code="PRN-FUSER-50.2", alert_message="Fuser temperature low: 142 C", version=1)
         for i in range(devices)])
-    if kb:
+    if kb == "whole":
+        _whole_kb_ingest(tenant)
+    elif kb:
         for scope, name in KB:
             document_ingest(tenant=tenant, source=f"{scope}/{name}", raw=(KB_DIR / scope / name).read_text(),
                             scope=scope)
     return SeededTenant(tenant=tenant, users=users, devices=[d.pk for d in rows])
+
+
+def _whole_kb_ingest(tenant) -> None:
+    """Ingest every document of ``apps/evidence/kb`` for ``tenant`` with its scope (the directory it
+    is in), then ``ANALYZE`` the evidence tables."""
+    from django.db import connection
+
+    from apps.accounts.models import AccessScope
+    from apps.evidence.corpus import KB_DIR
+    from apps.evidence.services import path_ingest
+
+    for scope in AccessScope.values:
+        if (KB_DIR / scope).is_dir():
+            path_ingest(tenant=tenant, path=KB_DIR / scope, scope=scope)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE evidence_chunk, evidence_documentversion, evidence_document")

@@ -110,9 +110,10 @@ def _sent(monkeypatch) -> list[tuple]:
 @pytest.mark.django_db(transaction=True)
 def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, device, kb, refservice, model_server,
                                                                     monkeypatch, plans_reducer):
-    """The context reads run on the tools pool, each an activity of its own; a draft by a model outside
-    the process does not: the read that completes the join stops at PROPOSING, gives the lease back
-    and sends ``agent_step``, and the agent pool calls."""
+    """The context reads run on the tools pool (the open-ticket read an activity of its own, the local
+    ones in the run that dispatches it); a draft by a model outside the process does not: the read
+    that completes the join stops at PROPOSING, gives the lease back and sends ``agent_step``, and the
+    agent pool calls."""
     from apps.agent.runner import agent_run, context_read
     from apps.core.queue import AGENT_STEP, READ_CONTEXT, READ_STEP
     from apps.events.models import TaskEvent
@@ -124,7 +125,7 @@ def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, de
     assert sent == [(READ_CONTEXT, str(task.pk))], "a report starts on the tools pool"
     context_read(task_id=task.pk)
     reads = [m for m in sent if m[0] == READ_STEP]
-    assert len(reads) == 3 and Task.objects.get(pk=task.pk).status == reducer.RETRIEVING, "three reads dispatched"
+    assert len(reads) == 1 and Task.objects.get(pk=task.pk).status == reducer.RETRIEVING, "the remote read dispatched"
     assert sorted(reads_run(task.pk)) == sorted(m[2] for m in reads)
     t = Task.objects.get(pk=task.pk)
     assert t.status == reducer.PROPOSING and t.lease_owner is None
@@ -139,9 +140,9 @@ def test_a_tools_run_hands_a_hosted_models_draft_to_the_agent_pool(requester, de
 def test_with_the_local_drafter_the_read_that_completes_the_join_reaches_the_approval_request(requester, device, kb,
                                                                                              monkeypatch,
                                                                                              plans_reducer):
-    """The local drafter makes no outside call: the run that starts the reads dispatches all three and
-    ends; the read that completes the join goes on to the draft, validation and the approval request,
-    with no hand-over."""
+    """The local drafter makes no outside call: the run that starts the reads reserves all three,
+    dispatches the open-ticket read, makes the local two and ends; the read that completes the join
+    goes on to the draft, validation and the approval request, with no hand-over."""
     from apps.agent.runner import context_read
     from apps.events.models import TaskEvent
 
@@ -149,15 +150,15 @@ def test_with_the_local_drafter_the_read_that_completes_the_join_reaches_the_app
     task = task_submit(principal=p(requester), device_id=device.pk, urgency="high",
                        symptom="Fuser error after warm-up, pages come out smeared with unfused toner.").task
     context_read(task_id=task.pk)
-    assert [name for name, *_ in sent] == ["read_context", "read_step", "read_step", "read_step"]
+    assert [name for name, *_ in sent] == ["read_context", "read_step"]
     reads_run(task.pk)
     t = Task.objects.get(pk=task.pk)
     assert t.status == reducer.WAITING_APPROVAL and t.lease_owner is None
-    assert len(sent) == 4, "nothing handed over"
+    assert len(sent) == 2, "nothing handed over"
     types = list(TaskEvent.objects.filter(task=t).order_by("seq").values_list("type", flat=True))
     assert types[:6] == ["task.accepted", "retrieval.started", "plan.activated", "budget.reserved", "budget.reserved",
                          "budget.reserved"]
-    assert sorted(types[6:9]) == ["device.read", "evidence.retrieved", "ticket.read"], "each read settles by its event"
+    assert types[6:9] == ["device.read", "evidence.retrieved", "ticket.read"], "each read settles by its event"
     assert types[9:] == ["budget.reserved", "model.called", "draft.proposed", "approval.requested"]
 
 
