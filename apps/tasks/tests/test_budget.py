@@ -38,7 +38,7 @@ from tests.procs import ROOT, database_url
 
 def _running(requester, device, **limits) -> Task:
     task = task_submit(principal=p(requester), device_id=device.pk, symptom="Toner smear on every page").task
-    assert task.artifact_bundle["reducer"] == "reducer/5"
+    assert task.artifact_bundle["reducer"] == "reducer/6"
     return task_append_event(task=task, event_type="retrieval.started", payload={}, actor="test")
 
 

@@ -40,11 +40,11 @@ def test_an_explicit_migration_replays_the_old_log(old_task, monkeypatch):
     def rename(events):
         return [("retrieval.started" if t == "retrieval.begun" else t, p) for t, p in events]
 
-    monkeypatch.setitem(reducer.MIGRATIONS, "reducer/0", ("reducer/3", rename))
+    monkeypatch.setitem(reducer.MIGRATIONS, "reducer/0", ("reducer/6", rename))
     result = task_replay(old_task)
     assert result.ok, result.detail
-    assert result.detail == "migrated reducer/0 → reducer/3"
-    assert reducer.migrate_events("reducer/0", [("retrieval.begun", {})]) == ("reducer/3",
+    assert result.detail == "migrated reducer/0 → reducer/6"
+    assert reducer.migrate_events("reducer/0", [("retrieval.begun", {})]) == ("reducer/6",
                                                                                [("retrieval.started", {})])
     with pytest.raises(reducer.UnknownReducer):
         reducer.migrate_events("reducer/-1", [])

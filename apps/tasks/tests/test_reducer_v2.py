@@ -43,7 +43,7 @@ def fold(events):
 
 
 def test_reducer_2_is_still_registered_for_its_tasks():
-    assert r1.reducer_for("reducer/2") is r2.reduce and r1.CURRENT == "reducer/5"
+    assert r1.reducer_for("reducer/2") is r2.reduce and r1.CURRENT == "reducer/6"
     assert r1.reducer_for(None) is r1.reduce, "an unpinned task is a reducer/1 task"
 
 

@@ -158,7 +158,7 @@ def test_the_metrics_page_shows_the_tenants_figures(client, completed, admin_use
     assert "2 (0 open, 1 completed, 1 failed, 0 cancelled)" in page
     assert "50 % of ended requests" in page
     assert "approval.granted 1" in page  # avery's decision is a human intervention
-    assert "reducer/5" in page and "local-drafter/2" in page
+    assert "reducer/6" in page and "local-drafter/2" in page
     from apps.traces.metrics import tenant_metrics
 
     m = tenant_metrics(tenant_id=completed.tenant_id)
