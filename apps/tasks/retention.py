@@ -44,7 +44,7 @@ from apps.tasks.models import Task
 KEEP_STATE_KEYS = frozenset({
     "status", "budget", "limits", "model", "redrafts", "replans", "conflicts", "reservations",
     "cancel_requested", "termination_reason", "rejected_digests", "action", "receipt", "approval",
-    "ticket_due", "compensation", "sla",
+    "ticket_due", "compensation", "sla", "ticket_epoch",
 })
 
 UNRECONCILED = (ActionStatus.INTENDED, ActionStatus.UNKNOWN)
