@@ -82,9 +82,9 @@ def test_a_deactivated_requester_gets_no_ticket_where_no_approval_is_needed(requ
     ApprovalPolicy.objects.filter(tenant=tenant).update(active=False)
     ApprovalPolicy.objects.create(tenant=tenant, version=2, active=True,
                                   rules={"tools": {"ticket.create": {"requires_approval": False}}})
-    import apps.agent.context as context
+    import apps.agent.reads as reads
 
-    read = context.open_ticket_read
+    read = reads.open_ticket_read
 
     def read_then_deactivated(**kwargs):
         ticket = read(**kwargs)  # the evidence, the device and its ticket are read while the account is active
@@ -93,7 +93,7 @@ def test_a_deactivated_requester_gets_no_ticket_where_no_approval_is_needed(requ
 
     task = task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(context, "open_ticket_read", read_then_deactivated)
-        task = drive(task.pk)  # the same run drafts next and reaches the intent
+        mp.setattr(reads, "open_ticket_read", read_then_deactivated)
+        task = drive(task.pk)  # the ticket read completes the join: the same run drafts next and reaches the intent
     assert task.status == reducer.FAILED and "requester" in task.termination_reason
     assert not Action.objects.filter(task=task).exists() and refadmin.tickets() == []

@@ -43,7 +43,7 @@ def _ledger_closed(task) -> None:
     assert all(acct["reserved"] == 0 for acct in task.state["limits"].values())
     state = reducer.initial_state()
     for etype, payload in TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", "payload"):
-        state = reducer.reducer_for("reducer/3")(state, etype, payload)
+        state = reducer.reducer_for(task.artifact_bundle["reducer"])(state, etype, payload)
         for acct in (state["budget"], *state.get("limits", {}).values()):
             assert acct["used"] + acct["reserved"] <= acct["total"]
 

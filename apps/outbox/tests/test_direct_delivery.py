@@ -159,7 +159,8 @@ def test_the_receipts_transaction_locks_the_action_then_the_task_and_reads_neith
     monkeypatch.setattr("apps.agent.runner.direct_send", send_then_capture)
     task = _submit(requester, device)
     agent_run(task_id=task.pk)  # retrieval.started, then handed to the tools pool
-    context_read(task_id=task.pk)  # the reads, the draft, the intent, the request, the receipt
+    context_read(task_id=task.pk)  # the plan, the local reads; the ticket read handed to its activity
+    reads_run(task.pk)  # the ticket read completes the join: the draft, the intent, the request, the receipt
     captured["ctx"].__exit__(None, None, None)
     task = Task.objects.get(pk=task.pk)
     assert task.status == reducer.COMPLETED
