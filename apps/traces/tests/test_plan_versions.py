@@ -82,7 +82,7 @@ def _summaries(page: str) -> list[str]:
 
 
 @pytest.fixture
-def replanned(requester, approver, device, kb, refservice, tenant, plans_reducer):
+def replanned(requester, approver, device, kb, refservice, tenant, plans_reducer, reads_as_activities):
     return _replanned(requester, approver, device, tenant)
 
 
