@@ -64,8 +64,11 @@ def test_happy_path_ends_completed_with_one_receipt_and_replays(submitted, appro
     assert task_replay(task).ok
     assert task_replay(task, use_snapshot=False).ok
     types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
-    assert types == ["task.accepted", "retrieval.started",
-                     "budget.reserved", "evidence.retrieved", "ticket.read", "device.read", "budget.settled",
+    # reducer/6: the plan, one reservation per read, then each read reports by its own event and settles its
+    # own reservation — the device and retrieval in the dispatching run, the ticket read by its activity
+    assert types == ["task.accepted", "retrieval.started", "plan.activated",
+                     "budget.reserved", "budget.reserved", "budget.reserved",
+                     "device.read", "evidence.retrieved", "ticket.read",
                      "budget.reserved", "model.called", "draft.proposed",
                      "approval.requested", "approval.granted", "intent.committed", "receipt.recorded",
                      "task.completed"]

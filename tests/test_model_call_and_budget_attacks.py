@@ -419,13 +419,13 @@ def test_activity_with_no_time_left_does_not_start(requester, device, kb, refser
     task = drive(task.pk)
     assert task.status == reducer.FAILED and task.termination_reason.startswith("deadline_exceeded")
     assert model_server.requests == []
-    # context read with no time left
+    # the reads with no time left: reducer/6 dispatches them in the run that starts retrieval
     t2 = _submit(requester, device)
-    agent_run(task_id=t2.pk)
     Task.objects.filter(pk=t2.pk).update(deadline_at=timezone.now() + timedelta(seconds=3))
-    context_read(task_id=t2.pk)
+    agent_run(task_id=t2.pk)
     t2 = Task.objects.get(pk=t2.pk)
     assert t2.status == reducer.FAILED and t2.termination_reason.startswith("deadline_exceeded")
+    assert TaskEvent.objects.filter(task=t2, type="retrieval.started").exists()
     assert not TaskEvent.objects.filter(task=t2, type="budget.reserved").exists()
 
 
@@ -528,6 +528,8 @@ def test_scripted_server_serves_concurrent_requests_in_script_order(model_server
 def test_an_exception_inside_the_reads_settles_their_reservation(requester, device, kb, refservice, monkeypatch,
                                                                  target):
     import apps.agent.context as controller
+
+    monkeypatch.setattr(reducer, "CURRENT", reducer.v5.VERSION)
 
     def boom(**kwargs):
         raise RuntimeError("read exploded")
