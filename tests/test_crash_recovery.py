@@ -65,9 +65,11 @@ def _assert_completed_once(stack, task_id) -> Task:
     task = Task.objects.get(pk=task_id)
     types = list(TaskEvent.objects.filter(task=task).order_by("seq").exclude(type__in=LEDGER)
                  .values_list("type", flat=True))
-    assert types == ["task.accepted", "retrieval.started", "evidence.retrieved", "ticket.read", "device.read",
-                     "draft.proposed",
-                     "intent.committed", "receipt.recorded", "task.completed"], types
+    # reducer/6: one plan version, then its three reads, each reported once by its own event in whatever order
+    # they finished (the ticket read by its activity, the device read and retrieval by the dispatching run)
+    assert types[:3] == ["task.accepted", "retrieval.started", "plan.activated"], types
+    assert sorted(types[3:6]) == ["device.read", "evidence.retrieved", "ticket.read"], types
+    assert types[6:] == ["draft.proposed", "intent.committed", "receipt.recorded", "task.completed"], types
     # A worker killed inside an activity left its reservation open: the next lease charged it in full.
     assert task.state["reservations"] == {} and task.budget_reserved == 0
     assert all(acct["reserved"] == 0 for acct in task.state["limits"].values())
@@ -156,19 +158,20 @@ def _stalled_then_taken_over(stack, tmp_path, point: str, seconds: int) -> Task:
 
 
 def test_paused_worker_cannot_commit_after_its_lease_passed_on(stack, tmp_path):
-    """Worker A stalls after its context reads, before recording them (its run's transaction holds
-    nothing: the reads ran after a checkpoint), past its lease; the sweeper hands the task to worker
-    B, which reads again and commits; when A wakes, its commit is refused and recorded."""
-    task = _stalled_then_taken_over(stack, tmp_path, "before_commit:evidence.retrieved", 10)
+    """Worker A stalls after its local reads (reducer/6: the device read and retrieval of the
+    dispatching run), before recording the first of them (its run's transaction holds nothing: the
+    reads ran after a checkpoint), past its lease; the sweeper hands the task to worker B, which
+    reads again and commits; when A wakes, its commit is refused and recorded."""
+    task = _stalled_then_taken_over(stack, tmp_path, "before_commit:device.read", 10)
     deadline = time.monotonic() + 30
-    while not RefusedEvent.objects.filter(task=task, type="evidence.retrieved").exists() \
+    while not RefusedEvent.objects.filter(task=task, type="device.read").exists() \
             and time.monotonic() < deadline:
         time.sleep(0.3)
-    refused = RefusedEvent.objects.get(task=task, type="evidence.retrieved")
+    refused = RefusedEvent.objects.get(task=task, type="device.read")
     assert "lease lost" in refused.reason
-    retrieved = TaskEvent.objects.get(task=task, type="evidence.retrieved")
-    assert retrieved.actor != refused.actor  # the task holds B's result only
-    assert retrieved.lease_generation > refused.lease_generation
+    read = TaskEvent.objects.get(task=task, type="device.read")
+    assert read.actor != refused.actor  # the task holds B's result only
+    assert read.lease_generation > refused.lease_generation
 
 
 def test_a_worker_paused_inside_its_runs_transaction_is_not_overtaken(stack, tmp_path):
@@ -181,5 +184,7 @@ def test_a_worker_paused_inside_its_runs_transaction_is_not_overtaken(stack, tmp
     task = _stalled_then_taken_over(stack, tmp_path, "before_commit:draft.proposed", 8)
     assert not RefusedEvent.objects.filter(task=task).exists()
     [proposal] = TaskEvent.objects.filter(task=task, type="draft.proposed")
-    [retrieved] = TaskEvent.objects.filter(task=task, type="evidence.retrieved")
-    assert proposal.actor == retrieved.actor and proposal.lease_generation == retrieved.lease_generation
+    # reducer/6 drafts in the run of the read that completed the join: the last read recorded
+    joined = TaskEvent.objects.filter(task=task, type__in=["device.read", "evidence.retrieved", "ticket.read"]
+                                      ).order_by("-seq").first()
+    assert proposal.actor == joined.actor and proposal.lease_generation == joined.lease_generation
