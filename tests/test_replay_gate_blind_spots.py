@@ -255,8 +255,9 @@ def test_a_new_model_asked_live_is_judged(proposed):
 
 
 @pytest.fixture
-def rejected(requester, approver, device, kb, refservice, model_server):
+def rejected(requester, approver, device, kb, refservice, model_server, monkeypatch):
     """A task whose first draft was rejected and whose re-worded re-draft (same action) was refused."""
+    monkeypatch.setattr(reducer, "CURRENT", reducer.v5.VERSION)
     model_server.set_script([{"reply": "draft", "overrides": {"title": "Smeared pages after warm-up"}},
                              {"reply": "draft", "overrides": {"title": "Pages smeared: the fuser after warm-up"}}])
     task = _submit(requester, device)

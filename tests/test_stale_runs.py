@@ -14,8 +14,10 @@ import pytest
 from django.db import connection, transaction
 
 import apps.agent.context as context_mod
+import apps.agent.reads as reads_mod
 from apps.agent.runner import AGENT, TOOLS, agent_run
 from apps.events.models import RefusedEvent, TaskEvent
+from apps.tasks import reducer
 from apps.tasks.leases import task_claim, task_release
 from apps.tasks.models import Task
 from apps.tasks.replay import task_replay
@@ -92,6 +94,7 @@ def test_a_worker_whose_transaction_was_ended_writes_nothing_it_had_not_committe
     fencing token), sees RETRIEVING, hands the task to the tools pool. A wakes: nothing of its
     rolled-back transaction reaches the task row, its settlement is refused and recorded, and the
     log and the row stay replay-equal, with no gap in the sequence."""
+    monkeypatch.setattr(reducer, "CURRENT", reducer.v5.VERSION)
     task = _retrieving(requester, device)
     real_reserve = context_mod.budget_reserve
     seen = {}
@@ -121,6 +124,7 @@ def test_a_worker_whose_transaction_was_ended_writes_nothing_it_had_not_committe
 
 def test_a_worker_whose_transaction_was_ended_does_not_give_back_the_next_workers_lease(requester, device,
                                                                                         monkeypatch):
+    monkeypatch.setattr(reducer, "CURRENT", reducer.v5.VERSION)
     task = task_submit(principal=p(requester), device_id=device.pk, symptom="Paper jam in tray 2").task
     real_reserve, real_read = context_mod.budget_reserve, context_mod._read
     b_in_activity, b_may_go, seen = threading.Event(), threading.Event(), {}
@@ -144,6 +148,85 @@ def test_a_worker_whose_transaction_was_ended_does_not_give_back_the_next_worker
     monkeypatch.setattr(context_mod, "budget_reserve", reserve_then_stall)
     monkeypatch.setattr(context_mod, "_read", read)
     _wakes(lambda: agent_run(task_id=task.pk, pool=TOOLS))  # worker A wakes up
+    during_b = _row(task.pk)
+    third = task_claim(task_id=task.pk, owner="host:worker-C")
+    b_may_go.set()
+    thread, out_b = seen["b"]
+    thread.join(30)
+    assert "error" not in out_b, out_b
+    assert seen["b_holds"][2] == seen["a_token"] + 1, "B got a fencing token of its own"
+    assert during_b[3] is not None and during_b[2] == seen["a_token"] + 1, "B still holds its lease"
+    assert third is None, "no third worker takes the task while B works on it"
+    row = Task.objects.get(pk=task.pk)
+    assert task_replay(row, use_snapshot=False).ok
+
+
+def test_a_reducer6_worker_whose_transaction_was_ended_writes_nothing_it_had_not_committed(requester, device,
+                                                                                           monkeypatch):
+    """reducer/6: A's run activates the plan and reserves its first read (not committed yet), then its
+    session is ended; B claims (a new fencing token) and dispatches the reads itself. A wakes: nothing
+    of its rolled-back transaction reaches the task row, and the log and the row stay replay-equal,
+    with no gap in the sequence and every event after retrieval.started B's."""
+    task = _retrieving(requester, device)
+    assert task.artifact_bundle["reducer"] == "reducer/6"
+    real_reserve = reads_mod.budget_reserve
+    seen = {}
+
+    def reserve_then_stall(**kwargs):
+        out = real_reserve(**kwargs)  # plan.activated and budget.reserved inserted, not committed
+        if threading.current_thread() is threading.main_thread() and "a_token" not in seen:
+            seen["a_token"] = kwargs["lease_generation"]
+            _end_this_session_and_expire_its_lease(task.pk)
+            t, out_b = _in_thread(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker B
+            t.join()
+            assert "error" not in out_b, out_b
+            seen["after_b"] = _row(task.pk)
+        return out
+
+    monkeypatch.setattr(reads_mod, "budget_reserve", reserve_then_stall)
+    _wakes(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker A wakes up here
+    assert seen["after_b"][2] == seen["a_token"] + 1, "B got a fencing token of its own"
+    row = Task.objects.get(pk=task.pk)
+    assert (row.version, row.status) == seen["after_b"][:2], "A wrote nothing after B"
+    events = list(TaskEvent.objects.filter(task=row).order_by("seq").values_list("seq", "type", "lease_generation"))
+    assert [e[0] for e in events] == list(range(1, row.version + 1)), "no gap in the sequence"
+    assert [e[1] for e in events[:3]] == ["task.accepted", "retrieval.started", "plan.activated"]
+    assert all(gen == seen["a_token"] + 1 for _, _, gen in events[2:]), events
+    # B's reads: the local two joined, the ticket read still reserved (its activity not run here)
+    [ticket] = [aid for aid, a in row.state["activities"].items() if a["step"] == "ticket"]
+    assert row.status == "RETRIEVING" and set(row.state["reservations"]) == {ticket}
+    assert {e[1] for e in events[6:]} == {"device.read", "evidence.retrieved"}
+    assert task_replay(row, use_snapshot=False).ok
+
+
+def test_a_reducer6_worker_whose_transaction_was_ended_does_not_give_back_the_next_workers_lease(
+        requester, device, monkeypatch):
+    """reducer/6: as above, with B still doing its local reads (holding its lease) when A wakes: A's
+    end of run must not release B's lease, and no third worker takes the task meanwhile."""
+    task = task_submit(principal=p(requester), device_id=device.pk, symptom="Paper jam in tray 2").task
+    assert task.artifact_bundle["reducer"] == "reducer/6"
+    real_reserve, real_read = reads_mod.budget_reserve, reads_mod.read_perform
+    b_in_activity, b_may_go, seen = threading.Event(), threading.Event(), {}
+
+    def read(task_, activity, *, timeout):
+        if threading.current_thread() is not threading.main_thread():  # worker B's reads take a while
+            b_in_activity.set()
+            b_may_go.wait(30)
+        return real_read(task_, activity, timeout=timeout)
+
+    def reserve_then_stall(**kwargs):
+        out = real_reserve(**kwargs)
+        if threading.current_thread() is threading.main_thread() and "a_token" not in seen:  # worker A
+            seen["a_token"] = kwargs["lease_generation"]
+            _end_this_session_and_expire_its_lease(task.pk)
+            seen["b"] = _in_thread(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker B
+            assert b_in_activity.wait(30)
+            seen["b_holds"] = _row(task.pk)
+        return out
+
+    monkeypatch.setattr(reads_mod, "budget_reserve", reserve_then_stall)
+    monkeypatch.setattr(reads_mod, "read_perform", read)
+    _wakes(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker A wakes up
     during_b = _row(task.pk)
     third = task_claim(task_id=task.pk, owner="host:worker-C")
     b_may_go.set()
