@@ -253,7 +253,7 @@ def settle_receipts() -> int:
 @pytest.fixture
 def plans_reducer(monkeypatch):
     """New tasks of the test are pinned to ``reducer/6`` (plan versions, the reads as parallel
-    activities) rather than the default version."""
+    activities) whatever the default version (``reducer/6`` too, since it became ``CURRENT``)."""
     from apps.tasks import reducer
 
     monkeypatch.setattr(reducer, "CURRENT", reducer.v6.VERSION)

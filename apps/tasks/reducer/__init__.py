@@ -56,9 +56,9 @@ REDUCERS: dict[str, Callable[[dict, str, dict], dict]] = {v1.VERSION: v1.reduce,
                                                           v3.VERSION: v3.reduce, v4.VERSION: v4.reduce,
                                                           v5.VERSION: v5.reduce, v6.VERSION: v6.reduce}
 
-#: The version new tasks are pinned to. ``reducer/6`` (plan versions, parallel reads) is carried and
-#: tested but not yet the default: with its reads as they stand the time to the proposal is no better
-#: (docs/performance.md, *Reads*), and the whole suite has not yet passed with it as the default.
+#: The version new tasks are pinned to: ``reducer/6`` (plan versions, the reads side by side; ADR 0023).
+#: Tasks pinned to an earlier version keep it, with their sequential reads; tests of what only those
+#: versions do pin ``CURRENT`` back for the tasks they create.
 CURRENT = v6.VERSION
 
 #: Explicit migrations: old version -> (target version, function mapping the old ``(type, payload)``
