@@ -63,6 +63,17 @@ def _embed_each_text_once():
     mp.undo()
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """pytest-django's test database, and at its end the tool gateway's own connection closed
+    first (it records each outbound call on a connection of its own, which would keep the test
+    database from being dropped)."""
+    yield
+    from apps.gateway import records
+
+    records.close()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_cache():
     """Each test starts with an empty cache: the API's throttle history (per user, per address)

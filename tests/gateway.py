@@ -1,0 +1,28 @@
+"""Tests' way to let the tool gateway reach a server they started: the same setting an operator
+uses (``FAULTDESK_GATEWAY_ALLOW_<TOOL>``), never the check turned off."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from django.conf import settings
+from django.test import override_settings
+
+
+@contextmanager
+def destinations_allowed(tool: str, *urls: str):
+    """Within the block, ``tool`` may also reach the destinations of ``urls`` (added to
+    ``FAULTDESK["GATEWAY_ALLOW"][tool]``)."""
+    conf = settings.FAULTDESK
+    allow = dict(conf.get("GATEWAY_ALLOW", {}))
+    allow[tool] = [*allow.get(tool, []), *urls]
+    with override_settings(FAULTDESK={**conf, "GATEWAY_ALLOW": allow}):
+        yield
+
+
+def allow(settings_fixture, tool: str, *urls: str) -> None:
+    """With pytest-django's ``settings`` fixture: ``tool`` may also reach ``urls`` for the test."""
+    conf = settings_fixture.FAULTDESK
+    allow_ = dict(conf.get("GATEWAY_ALLOW", {}))
+    allow_[tool] = [*allow_.get(tool, []), *urls]
+    settings_fixture.FAULTDESK = {**conf, "GATEWAY_ALLOW": allow_}
