@@ -31,8 +31,10 @@ from apps.gateway.records import call_record
 SMTP_BACKENDS = ("django.core.mail.backends.smtp.EmailBackend", "apps.gateway.smtp.GatewayEmailBackend")
 
 
-class ReplyTooLarge(smtplib.SMTPException):
-    """The server's reply was longer than the cap (``GATEWAY_SMTP_MAX_REPLY_BYTES``): not read further."""
+class ReplyTooLarge(Exception):  # noqa: N818 - the name says what happened
+    """The server's reply was longer than the cap (``GATEWAY_SMTP_MAX_REPLY_BYTES``): not read further.
+    Not an ``OSError`` (as smtplib's own errors are), so that smtplib does not turn it into "server
+    disconnected" on its way out."""
 
 
 class _CappedReader:
