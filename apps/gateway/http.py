@@ -17,7 +17,8 @@ For each call it
    server that trickles its headers or its body is cut at the deadline (``timeout``), not after a
    per-read timeout per byte;
 5. streams the answer and stops reading past the tool's cap (``too_large``): it is never buffered
-   whole;
+   whole; an answer that echoes the credential back has it replaced by ``[redacted]`` before the
+   caller sees it;
 6. records the outcome class (:func:`apps.gateway.records.call_record`).
 
 The answer comes back as an ``httpx.Response`` whose body is already read (at most the cap); failures
@@ -253,5 +254,9 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
     finally:
         _local.call = None
     record(_outcome_of(status), status, nbytes)
-    kept = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_HEADERS]
+    secret = injected.get("Authorization", "").partition(" ")[2].encode()
+    if secret and secret in body:  # an upstream that echoes the request's credential: the caller never sees it
+        body = body.replace(secret, b"[redacted]")
+    kept = [(k, v) for k, v in response.headers.multi_items()
+            if k.lower() not in _HOP_HEADERS and not (secret and secret in v.encode(errors="replace"))]
     return httpx.Response(status, headers=kept, content=body, request=request)

@@ -251,3 +251,22 @@ def test_keep_alive_connections_are_reused_under_the_gateway(settings, recorder)
         http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5, keep_alive=False)
     assert len({r["client_port"] for r in server.seen[5:]}) == 3, "a connection per request"
     assert GatewayCall.objects.filter(port=server.server_address[1], outcome="ok").count() == 8
+
+
+def test_an_answer_echoing_the_credential_reaches_the_caller_redacted(settings, recorder):
+    def echo(handler):
+        data = json.dumps({"error": "unauthorized", "detail": handler.headers["Authorization"]}).encode()
+        handler.send_response(401)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.send_header("X-Echo", handler.headers["Authorization"])
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    server = recorder({"GET /tickets": echo})
+    configure(settings, "ticket.reference", server.url, "echoed-s3cret-value")
+    _, outcome = use("ticket.reference", server.url)
+    assert isinstance(outcome, errors.Unauthorized)
+    assert "echoed-s3cret-value" not in repr(outcome.as_dict()) + repr(outcome.body)
+    assert "[redacted]" in repr(outcome.body)
+    response = http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5)
+    assert "echoed-s3cret-value" not in response.text + repr(response.headers)
