@@ -364,11 +364,14 @@ def json_lines():
 def real_model_server(tmp_path_factory):
     """The base URL (``http://127.0.0.1:<port>/v1``) of the real local model server — llama.cpp with
     SmolLM2-135M-Instruct, one for the session (tests/model_server.py). Skips when ``make model`` has
-    not run, and fails instead under ``make test-model`` (``FAULTDESK_REQUIRE_MODEL=1``)."""
+    not run, and fails instead under ``make test-model`` (``FAULTDESK_REQUIRE_MODEL=1``). The tool
+    gateway may reach it for the session (``FAULTDESK_GATEWAY_ALLOW_MODEL``)."""
     from django.conf import settings
 
+    from tests.gateway import destinations_allowed
     from tests.model_server import running_model_server
 
     with running_model_server(tmp_path_factory.mktemp("model-server"),
-                              api_key=settings.FAULTDESK["MODEL_API_KEY"]) as base_url:
+                              api_key=settings.FAULTDESK["MODEL_API_KEY"]) as base_url, \
+            destinations_allowed("model", base_url):
         yield base_url
