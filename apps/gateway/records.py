@@ -4,10 +4,12 @@ caller holds, so a caller that rolls back (a run's transaction, a refused event)
 record of what it sent.
 
 The connection is one per process (made again after a fork), shared by the process's threads under a
-lock: the outbox's sender threads record one at a time, each insert well under a millisecond
-(``apps/gateway/tests/test_records.py`` measures it). A record that cannot be written (the database is
-down, a test without database access) is logged and dropped: the call's own outcome never depends on
-its record.
+lock: the outbox's sender threads record one at a time, each insert a quarter of a millisecond or so
+(``apps/gateway/tests/test_records.py`` measures it). Its commits do not wait for the WAL to reach the
+disk (``synchronous_commit = off`` on that connection only): a record is operational, and waiting for a
+flush at every outbound call cost ~4 ms each. A record that cannot be written (the database is down, a
+test without database access) is logged and dropped, and none is tried for ``PAUSE_SECONDS``: the call's
+own outcome never depends on its record.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from datetime import datetime
 
@@ -34,6 +37,11 @@ _INSERT = (f"INSERT INTO {_TABLE} ({', '.join(_COLUMNS)}) "  # noqa: S608 - the 
 
 _lock = threading.Lock()
 _own: tuple[int, object] | None = None
+#: after a record fails, none is tried before this ``time.monotonic()`` (a database that is down is
+#: not reconnected to at every call: each try would cost the call a connection attempt)
+_pause_until = 0.0
+#: seconds without records after a failure
+PAUSE_SECONDS = 5.0
 
 
 def _connection():
@@ -49,7 +57,15 @@ def _connection():
         wrapper = connections.create_connection(DEFAULT_DB_ALIAS)
         wrapper.inc_thread_sharing()  # used from every thread of the process, one at a time (the lock)
         _own = (pid, wrapper)
-    return _own[1]
+    wrapper = _own[1]
+    if wrapper.connection is None:
+        wrapper.ensure_connection()
+        with wrapper.cursor() as cur:
+            # A record is operational, not a source of truth: its commit does not wait for the WAL to
+            # reach the disk (a crash of PostgreSQL may lose the last fraction of a second of records,
+            # never leave one half-written). The call's own outcome is the caller's to record durably.
+            cur.execute("SET synchronous_commit = off")
+    return wrapper
 
 
 def _bound_ids() -> tuple[int | None, uuid.UUID | None]:
@@ -73,20 +89,24 @@ def call_record(*, tool: str, destination: Destination, method: str, path: str, 
     """Record one call (see the module). ``path`` is cut at its query string and at 500 characters;
     ``at`` is when the call started; the tenant and task are the ones bound to the caller's context.
     Raises nothing."""
+    global _pause_until
     tenant_id, task_id = _bound_ids()
     path = path.split("?", 1)[0][:500]
     row = (at, tool, destination.scheme, destination.host[:255], destination.port, method[:10], path, outcome,
            http_status, int(bytes_received), max(0, int(duration_ms)), tenant_id, task_id)
+    if time.monotonic() < _pause_until:
+        log.debug("outbound call not recorded (recording paused after a failure): %s %s → %s", tool, method, outcome)
+        return
     try:
         with _lock:
             wrapper = _connection()
             try:
-                with wrapper.cursor() as cur:
-                    cur.execute(_INSERT, row)
+                wrapper.connection.execute(_INSERT, row)  # psycopg's own: one statement, autocommit
             except Exception:
                 wrapper.close()  # a broken connection is made again at the next record
                 raise
     except Exception as exc:  # noqa: BLE001 - a record must never change the call's outcome
+        _pause_until = time.monotonic() + PAUSE_SECONDS
         log.warning("outbound call not recorded (%s %s %s → %s): %s", tool, method, destination, outcome,
                     type(exc).__name__)
 

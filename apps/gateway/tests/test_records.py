@@ -75,9 +75,12 @@ def test_a_record_that_cannot_be_written_never_fails_the_call(monkeypatch, caplo
     def broken():
         raise RuntimeError("database down")
 
+    monkeypatch.setattr(records, "_pause_until", 0.0)  # put back as it was after the test
     monkeypatch.setattr(records, "_connection", broken)
     _record(path="/lost")
     assert "outbound call not recorded" in caplog.text
+    monkeypatch.setattr(records, "_connection", lambda: pytest.fail("no reconnect at every call while it fails"))
+    _record(path="/lost-too")  # paused: nothing tried
 
 
 def test_the_admin_shows_calls_read_only_and_only_of_the_admins_tenant(client, admin_user, tenant, other_tenant_user):
