@@ -298,7 +298,7 @@ class OpenAICompatibleProvider:
             result = CallResult(outcome="malformed", latency_ms=latency, http_status=box["error"].status,
                                 problems=[f"(response): the reply is larger than {limit} bytes; not read further"])
         elif "error" in box:
-            result = _transport_failure(box["error"], latency)
+            result = _transport_failure(box["error"], latency, timeout)
         else:
             result = _classify(box["response"], latency, self.output_parser)
         return self._redacted(result)
@@ -320,7 +320,7 @@ def _ms(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
 
 
-def _transport_failure(exc: Exception, latency: int) -> CallResult:
+def _transport_failure(exc: Exception, latency: int, timeout: float) -> CallResult:
     """The result of a call the gateway ended without an answer: a refused destination is an
     ``error`` that never left (charged nothing, not retried); no connection is ``unavailable``;
     anything after the request may have been sent is ``timeout`` (usage unknown)."""
@@ -330,8 +330,8 @@ def _transport_failure(exc: Exception, latency: int) -> CallResult:
     if isinstance(exc, gateway_errors.ConnectFailed):
         return CallResult(outcome="unavailable", latency_ms=latency, sent=False,
                           error=f"no connection: {exc.detail}"[:300])
-    if isinstance(exc, gateway_errors.CallTimedOut):
-        return CallResult(outcome="timeout", latency_ms=latency, error=f"timed out: {exc.detail}"[:300])
+    if isinstance(exc, gateway_errors.CallTimedOut):  # the whole call's deadline, as the poll below says it
+        return CallResult(outcome="timeout", latency_ms=latency, error=f"no complete answer within {timeout:.1f} s")
     # the request may have been sent: usage unknown
     return CallResult(outcome="timeout", latency_ms=latency, error=f"transport error: {exc}"[:300])
 
