@@ -26,3 +26,16 @@ def allow(settings_fixture, tool: str, *urls: str) -> None:
     allow_ = dict(conf.get("GATEWAY_ALLOW", {}))
     allow_[tool] = [*allow_.get(tool, []), *urls]
     settings_fixture.FAULTDESK = {**conf, "GATEWAY_ALLOW": allow_}
+
+
+def forget_calls() -> None:
+    """Delete every outbound call record. The gateway writes them on a connection of its own,
+    outside the test's transaction, so they outlive the test that made them (and a later test
+    that counts purged rows would count them): each test that used the database ends with this."""
+    from apps.gateway import records
+
+    try:
+        with records._lock:
+            records._connection().connection.execute("DELETE FROM gateway_gatewaycall")
+    except Exception:  # noqa: BLE001, S110 - no database for this test: nothing was recorded either
+        pass

@@ -6,7 +6,7 @@ record of what it sent.
 The connection is one per process (made again after a fork), shared by the process's threads under a
 lock: the outbox's sender threads record one at a time, each insert a quarter of a millisecond or so
 (``apps/gateway/tests/test_records.py`` measures it). Its commits do not wait for the WAL to reach the
-disk (``synchronous_commit = off`` on that connection only): a record is operational, and waiting for a
+disk (``synchronous_commit=off``, a startup option of that connection only): a record is operational, and waiting for a
 flush at every outbound call cost ~4 ms each. A record that cannot be written (the database is down, a
 test without database access) is logged and dropped, and none is tried for ``PAUSE_SECONDS``: the call's
 own outcome never depends on its record.
@@ -45,7 +45,9 @@ PAUSE_SECONDS = 5.0
 
 
 def _connection():
-    """The process's own connection wrapper (not the thread's: that one may be inside a transaction)."""
+    """The process's own connection wrapper (not the thread's: that one may be inside a transaction).
+    Its commits do not wait for the WAL's flush: ``synchronous_commit=off`` is a startup option of this
+    connection alone (never a ``SET`` on a connection another request or task reuses)."""
     global _own
     pid = os.getpid()
     default = connections[DEFAULT_DB_ALIAS]
@@ -54,17 +56,15 @@ def _connection():
             _own[1].close()
         _own = None  # a parent's connection (before a fork) is the parent's: never used or closed here
     if _own is None:
-        wrapper = connections.create_connection(DEFAULT_DB_ALIAS)
+        db = default.settings_dict
+        options = dict(db.get("OPTIONS") or {})
+        options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
+        wrapper = type(default)({**db, "OPTIONS": options}, DEFAULT_DB_ALIAS)
         wrapper.inc_thread_sharing()  # used from every thread of the process, one at a time (the lock)
         _own = (pid, wrapper)
     wrapper = _own[1]
     if wrapper.connection is None:
         wrapper.ensure_connection()
-        with wrapper.cursor() as cur:
-            # A record is operational, not a source of truth: its commit does not wait for the WAL to
-            # reach the disk (a crash of PostgreSQL may lose the last fraction of a second of records,
-            # never leave one half-written). The call's own outcome is the caller's to record durably.
-            cur.execute("SET synchronous_commit = off")
     return wrapper
 
 

@@ -81,6 +81,7 @@ def test_a_record_that_cannot_be_written_never_fails_the_call(monkeypatch, caplo
     assert "outbound call not recorded" in caplog.text
     monkeypatch.setattr(records, "_connection", lambda: pytest.fail("no reconnect at every call while it fails"))
     _record(path="/lost-too")  # paused: nothing tried
+    monkeypatch.undo()
 
 
 def test_the_admin_shows_calls_read_only_and_only_of_the_admins_tenant(client, admin_user, tenant, other_tenant_user):
