@@ -76,10 +76,9 @@ def django_db_setup(django_db_setup):
 
 @pytest.fixture(autouse=True)
 def forget_outbound_calls(request):
-    """After a test that used the database, the tool gateway's call records it left are deleted
-    (tests.gateway.forget_calls: they are written outside the test's transaction). Named without a
-    leading underscore so that ``from tests.conftest import *`` brings it to the apps' tests too."""
-    yield
+    """Before a test that uses the database, the tool gateway's call records earlier tests left are
+    deleted (tests.gateway.forget_calls: they are written outside each test's transaction). Named
+    without a leading underscore so that ``from tests.conftest import *`` brings it to the apps' tests."""
     if request.node.get_closest_marker("django_db") or {"db", "transactional_db"} & set(request.fixturenames):
         from tests.gateway import forget_calls
 

@@ -29,11 +29,17 @@ def allow(settings_fixture, tool: str, *urls: str) -> None:
 
 
 def forget_calls() -> None:
-    """Delete every outbound call record. The gateway writes them on a connection of its own,
-    outside the test's transaction, so they outlive the test that made them (and a later test
-    that counts purged rows would count them): each test that used the database ends with this."""
+    """Delete every outbound call record of the test database. The gateway writes them on a
+    connection of its own, outside the test's transaction, so they outlive the test that made them
+    (and a later test that counts purged rows would count them): each test that uses the database
+    starts with this — not at the end, where the test's own transaction may still hold some of them
+    locked (a purge inside the test)."""
+    from django.db import connections
+
     from apps.gateway import records
 
+    if not str(connections["default"].settings_dict.get("NAME", "")).startswith("test_"):
+        return  # the test database is not set up yet: nothing of a test is in it
     try:
         with records._lock:
             records._connection().connection.execute("DELETE FROM gateway_gatewaycall")
