@@ -13,6 +13,8 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
+from config.secrets import secret_value
+
 #: Shortest accepted secret key and webhook signing secret (characters).
 MIN_SECRET_KEY_LENGTH = 50
 MIN_WEBHOOK_SECRET_LENGTH = 32
@@ -37,6 +39,16 @@ def _secret_problem(name: str, value: str, *, min_length: int = 16) -> str | Non
     if len(set(value)) < MIN_DISTINCT_CHARACTERS:
         return f"{name} has fewer than {MIN_DISTINCT_CHARACTERS} distinct characters"
     return None
+
+
+def _configured_secret_problem(conf: dict, name: str, env_name: str, **kwargs) -> str | None:
+    """:func:`_secret_problem` of the secret ``conf[name]``, or of the file ``conf[name + "_FILE"]`` names
+    (``env_name`` + ``_FILE``; a mounted secret, read as the tool gateway reads it)."""
+    try:
+        value = secret_value(conf.get(name, ""), conf.get(f"{name}_FILE", ""))
+    except OSError as exc:
+        return f"{env_name}_FILE names a file that cannot be read ({type(exc).__name__})"
+    return _secret_problem(env_name, value, **kwargs)
 
 
 def _url_problem(name: str, value: str) -> str | None:
@@ -65,14 +77,14 @@ def deploy_problems() -> list[checks.CheckMessage]:
          "postgres://user:password@host:5432/faultdesk (PostgreSQL with pgvector)"),
         ("E006", "CELERY_BROKER_URL and REDIS_URL are not set (no broker)" if not settings.CELERY_BROKER_URL
          else None, "amqp://user:password@host:5672/vhost (RabbitMQ) or redis://host:6379/0"),
-        ("E007", _secret_problem("REFSERVICE_API_KEY", conf["REFSERVICE_API_KEY"]),
+        ("E007", _configured_secret_problem(conf, "REFSERVICE_API_KEY", "REFSERVICE_API_KEY"),
          "the reference ticket service's API key"),
         ("E008", _secret_problem("REFSERVICE_WEBHOOK_SECRET", conf["REFSERVICE_WEBHOOK_SECRET"],
                                  min_length=MIN_WEBHOOK_SECRET_LENGTH),
          "the secret the ticket service signs its webhooks with; anyone who knows it can close tickets"),
-        ("E009", _secret_problem("HELPDESK_API_TOKEN", conf["HELPDESK_API_TOKEN"]),
+        ("E009", _configured_secret_problem(conf, "HELPDESK_API_TOKEN", "HELPDESK_API_TOKEN"),
          "django-helpdesk's API token"),
-        ("E010", _secret_problem("FAULTDESK_MODEL_API_KEY", conf["MODEL_API_KEY"], min_length=1)
+        ("E010", _configured_secret_problem(conf, "MODEL_API_KEY", "FAULTDESK_MODEL_API_KEY", min_length=1)
          if conf["MODEL_PROVIDER"] == "openai_compatible" else None, "the model server's API key"),
         ("E011", _secret_problem("FAULTDESK_METRICS_TOKEN", conf["METRICS_TOKEN"]),
          "a bearer token Prometheus sends to scrape /metrics (without it /metrics is anonymous)"),

@@ -63,6 +63,28 @@ def _embed_each_text_once():
     mp.undo()
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """pytest-django's test database, and at its end the tool gateway's own connection closed
+    first (it records each outbound call on a connection of its own, which would keep the test
+    database from being dropped)."""
+    yield
+    from apps.gateway import records
+
+    records.close()
+
+
+@pytest.fixture(autouse=True)
+def forget_outbound_calls(request):
+    """Before a test that uses the database, the tool gateway's call records earlier tests left are
+    deleted (tests.gateway.forget_calls: they are written outside each test's transaction). Named
+    without a leading underscore so that ``from tests.conftest import *`` brings it to the apps' tests."""
+    if request.node.get_closest_marker("django_db") or {"db", "transactional_db"} & set(request.fixturenames):
+        from tests.gateway import forget_calls
+
+        forget_calls()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_cache():
     """Each test starts with an empty cache: the API's throttle history (per user, per address)
@@ -387,11 +409,14 @@ def json_lines():
 def real_model_server(tmp_path_factory):
     """The base URL (``http://127.0.0.1:<port>/v1``) of the real local model server — llama.cpp with
     SmolLM2-135M-Instruct, one for the session (tests/model_server.py). Skips when ``make model`` has
-    not run, and fails instead under ``make test-model`` (``FAULTDESK_REQUIRE_MODEL=1``)."""
+    not run, and fails instead under ``make test-model`` (``FAULTDESK_REQUIRE_MODEL=1``). The tool
+    gateway may reach it for the session (``FAULTDESK_GATEWAY_ALLOW_MODEL``)."""
     from django.conf import settings
 
+    from tests.gateway import destinations_allowed
     from tests.model_server import running_model_server
 
     with running_model_server(tmp_path_factory.mktemp("model-server"),
-                              api_key=settings.FAULTDESK["MODEL_API_KEY"]) as base_url:
+                              api_key=settings.FAULTDESK["MODEL_API_KEY"]) as base_url, \
+            destinations_allowed("model", base_url):
         yield base_url

@@ -14,6 +14,7 @@ import pytest
 from django.db import connection, transaction
 
 from apps.tickets.connectors import ReferenceTicketConnector
+from tests.gateway import destinations_allowed
 from tools.bench.harness import WalCommits, percentile
 from tools.bench.noop_remote import serve as noop_serve
 from tools.bench.profile import summarize
@@ -76,7 +77,9 @@ def _noop_remote():
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        with destinations_allowed("ticket.reference", url):
+            yield url
     finally:
         async def stop():
             server.close()
@@ -91,7 +94,7 @@ def _noop_remote():
 @pytest.mark.parametrize("keep_alive", [False, True])
 def test_the_noop_remote_answers_the_reference_connector_as_a_created_ticket(keep_alive):
     with _noop_remote() as url:
-        connector = ReferenceTicketConnector(base_url=url, api_key="k", timeout=5)
+        connector = ReferenceTicketConnector(base_url=url, timeout=5)
         connector.keep_alive = keep_alive
         first = connector.create_ticket(idempotency_key="k-1", fencing_token=1, params={"title": "t"})
         second = connector.create_ticket(idempotency_key="k-2", fencing_token=1, params={"title": "打印机"})
@@ -102,7 +105,7 @@ def test_the_noop_remote_answers_the_reference_connector_as_a_created_ticket(kee
 
 def test_the_noop_remote_answers_a_batch_with_a_ticket_per_item_key():
     with _noop_remote() as url:
-        connector = ReferenceTicketConnector(base_url=url, api_key="k", timeout=5)
+        connector = ReferenceTicketConnector(base_url=url, timeout=5)
         items = [("k-1", 1, {"title": "t"}), ("k-2", 1, {"title": "打印机"}), ("k-3", 2, {"title": "t"})]
         receipts = connector.create_tickets(items, timeout=5)
         assert [r.body["idempotency_key"] for r in receipts] == ["k-1", "k-2", "k-3"]

@@ -269,14 +269,19 @@ class _TLSServer(ThreadingHTTPServer):
 
 
 @pytest.fixture
-def https(certs):
-    """``https(name)`` starts a TLS server presenting certificate ``name`` of :func:`certs`."""
+def https(certs, settings):
+    """``https(name)`` starts a TLS server presenting certificate ``name`` of :func:`certs`, which
+    the tool gateway lets the connectors and the model provider reach."""
+    from tests.gateway import allow
+
     servers = []
 
     def start(name):
         server = _TLSServer(getattr(certs, name))
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
+        for tool in ("ticket.reference", "ticket.helpdesk", "model"):
+            allow(settings, tool, server.url)
         return server
 
     yield start
@@ -294,7 +299,7 @@ def fresh_tls():
 
 
 def _lookup(url):
-    return ReferenceTicketConnector(base_url=url, api_key="k", timeout=5).lookup_by_key(idempotency_key="k-1")
+    return ReferenceTicketConnector(base_url=url, timeout=5).lookup_by_key(idempotency_key="k-1")
 
 
 def test_connectors_and_provider_still_reject_a_self_signed_certificate(https, fresh_tls):
@@ -304,10 +309,10 @@ def test_connectors_and_provider_still_reject_a_self_signed_certificate(https, f
     tls_context()  # the cached context, as after the process's first call
     with pytest.raises(errors.DefinitelyNotExecuted, match="CERTIFICATE_VERIFY_FAILED"):
         _lookup(server.url)
-    helpdesk = HelpdeskConnector(base_url=server.url, token="t", timeout=5)
+    helpdesk = HelpdeskConnector(base_url=server.url, timeout=5)
     with pytest.raises(errors.DefinitelyNotExecuted, match="CERTIFICATE_VERIFY_FAILED"):
         helpdesk._send("GET", "/api/tickets/", what="list")
-    provider = OpenAICompatibleProvider(base_url=server.url + "/v1", model="m", api_key="secret",
+    provider = OpenAICompatibleProvider(base_url=server.url + "/v1", model="m",
                                         max_output_tokens=100, units_per_1k=1.0)
     result = provider.complete([{"role": "user", "content": "hi"}], timeout=5)
     assert result.outcome == "unavailable" and "CERTIFICATE_VERIFY_FAILED" in (result.error or "")

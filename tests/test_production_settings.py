@@ -154,3 +154,17 @@ def test_every_page_carries_a_content_security_policy(client, requester):
     for path in ("/login/", "/", "/requests/"):
         csp = client.get(path)["Content-Security-Policy"]
         assert "script-src 'self'" in csp and "object-src 'none'" in csp and "frame-ancestors 'none'" in csp, path
+
+
+def test_a_credential_from_a_mounted_secret_file_passes_and_an_unreadable_one_is_named(tmp_path):
+    """The tool gateway reads ``*_FILE`` (a mounted secret); the deploy checks read it the same way."""
+    key = tmp_path / "refservice_api_key"
+    key.write_text(secrets.token_urlsafe(24) + "\n")
+    env = {k: v for k, v in REAL.items() if k != "REFSERVICE_API_KEY"}
+    done = _run([sys.executable, "manage.py", "check", "--deploy"],
+                {"DJANGO_SETTINGS_MODULE": "config.settings.production", **env, "REFSERVICE_API_KEY_FILE": str(key)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = _run([sys.executable, "manage.py", "check", "--deploy"],
+                {"DJANGO_SETTINGS_MODULE": "config.settings.production", **env,
+                 "REFSERVICE_API_KEY_FILE": str(tmp_path / "missing")})
+    assert done.returncode != 0 and "REFSERVICE_API_KEY_FILE names a file that cannot be read" in done.stderr

@@ -144,7 +144,9 @@ def test_a_prompt_change_re_driven_live_shows_what_it_changes(requester, device,
     assert task.status == reducer.WAITING_APPROVAL
     # the candidate's model is the real server: its key and a timeout a 135M model on 2 cores needs
     settings.FAULTDESK = {**settings.FAULTDESK, "MODEL_API_KEY": test_settings.FAULTDESK["MODEL_API_KEY"],
-                          "MODEL_TIMEOUT_SECONDS": 120.0}
+                          "MODEL_TIMEOUT_SECONDS": 120.0,
+                          # the candidate's model server is not the configured one: listed for the gateway
+                          "GATEWAY_ALLOW": {**settings.FAULTDESK["GATEWAY_ALLOW"], "model": [real_model_server]}}
     candidate = {"prompt_template": "ticket-draft/2", "model_provider": "openai_compatible",
                  "model_base_url": real_model_server, "model": modelserver.MODEL_ALIAS,
                  "response_format": "json_object", "max_output_tokens": 400}

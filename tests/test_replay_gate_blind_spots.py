@@ -249,7 +249,10 @@ def test_model_parts_equal_to_the_pinned_ones_are_no_change(proposed):
     assert code == 0 and f"task {proposed.pk}: 1 decision point(s), same decisions" in out, out
 
 
-def test_a_new_model_asked_live_is_judged(proposed):
+def test_a_new_model_asked_live_is_judged(proposed, settings):
+    from tests.gateway import allow
+
+    allow(settings, "model", "http://127.0.0.1:9")  # a candidate server is listed for the tool gateway
     code, out = _run("--bundle", "model_base_url=http://127.0.0.1:9/v1", "--live")
     assert code == 1 and "termination 'proposal' -> 'model_failed'" in out and "live model call: unavailable" in out
 

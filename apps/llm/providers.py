@@ -23,6 +23,7 @@ the tool, its target and its approval are the controller's and the policy's.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import re
@@ -35,8 +36,10 @@ import httpx
 import jsonschema
 from django.conf import settings
 
+from apps.gateway import credentials, tools
+from apps.gateway import errors as gateway_errors
+from apps.gateway.http import http_request
 from apps.llm.drafter import LOCAL_MODEL_ID
-from config.tls import tls_context
 
 LOCAL = "local"
 OPENAI_COMPATIBLE = "openai_compatible"
@@ -170,7 +173,8 @@ class CallResult:
     """One model call. ``outcome`` is one of ``ok``, ``malformed``, ``rate_limited``,
     ``unavailable``, ``timeout``, ``cancelled``, ``error``. ``usage`` is
     ``{"prompt_tokens", "completion_tokens"}`` as the server reported it, or None when unknown.
-    ``output`` is the parsed reply (``ok`` only), ``content`` the raw text."""
+    ``output`` is the parsed reply (``ok`` only), ``content`` the raw text. ``sent`` is False when
+    the request certainly never left the process (the tool gateway refused its destination)."""
 
     outcome: str
     content: str | None = None
@@ -181,16 +185,19 @@ class CallResult:
     http_status: int | None = None
     retry_after: float | None = None
     error: str | None = None
+    sent: bool | None = None
 
 
 class OpenAICompatibleProvider:
     """Chat completions with JSON-schema structured output at ``base_url`` (e.g.
-    ``http://127.0.0.1:8767/v1``). ``api_key`` is injected here and never recorded.
-    ``units_per_1k`` prices tokens in the ledger's cost units."""
+    ``http://127.0.0.1:8767/v1``), through the tool gateway (tool ``model``): the gateway checks that
+    ``base_url`` is a destination the model may be reached at, injects the API key (the provider never
+    holds it), caps the reply at ``MODEL_MAX_REPLY_BYTES`` and records the call. ``units_per_1k``
+    prices tokens in the ledger's cost units."""
 
     name = OPENAI_COMPATIBLE
 
-    def __init__(self, *, base_url: str, model: str, api_key: str, max_output_tokens: int, units_per_1k: float,
+    def __init__(self, *, base_url: str, model: str, max_output_tokens: int, units_per_1k: float,
                  response_format: str = "json_schema", output_parser: str = OUTPUT_PARSER_VERSION):
         if output_parser not in OUTPUT_PARSERS:
             raise ValueError(f"output parser {output_parser!r} is not in this build")
@@ -200,7 +207,6 @@ class OpenAICompatibleProvider:
         self.response_format = response_format
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.api_key = api_key
         self.max_output_tokens = int(max_output_tokens)
         self.units_per_1k = float(units_per_1k)
 
@@ -226,7 +232,8 @@ class OpenAICompatibleProvider:
     def cost(self, result: CallResult, reserved: dict) -> tuple[dict, dict | None]:
         """``(used, overrun)``: what ``result`` is charged — at most ``reserved`` per dimension —
         and, when the server reported more tokens than the bound, the overrun it reported."""
-        if result.outcome in NOT_PROCESSED or (result.outcome == "error" and result.http_status is not None):
+        if result.outcome in NOT_PROCESSED or result.sent is False \
+                or (result.outcome == "error" and result.http_status is not None):
             return {"tokens": 0, "money": 0}, None
         if result.usage is None:
             return {"tokens": reserved["tokens"], "money": reserved["money"]}, None  # unknown: the worst case
@@ -265,25 +272,15 @@ class OpenAICompatibleProvider:
 
         def run() -> None:
             try:
-                with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-                                  verify=tls_context()) as client, \
-                        client.stream("POST", f"{self.base_url}/chat/completions", json=body,
-                                      headers={"Authorization": f"Bearer {self.api_key}"}) as streamed:
-                    # Read at most ``limit`` bytes of the reply: a server that sends more is cut off.
-                    chunks, size = [], 0
-                    for chunk in streamed.iter_bytes():
-                        size += len(chunk)
-                        if size > limit:
-                            box["too_large"] = size
-                            return
-                        chunks.append(chunk)
-                    headers = {k: v for k, v in streamed.headers.items()
-                               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
-                    box["response"] = httpx.Response(streamed.status_code, headers=headers, content=b"".join(chunks))
+                # The gateway reads at most ``limit`` bytes of the reply (a server that sends more is
+                # cut off) and ends the whole call at ``timeout``.
+                box["response"] = http_request(tools.MODEL, "POST", f"{self.base_url}/chat/completions", json=body,
+                                               timeout=timeout, connect_timeout=5.0)
             except Exception as exc:  # noqa: BLE001 - classified below
                 box["error"] = exc
 
-        worker = threading.Thread(target=run, name="model-call", daemon=True)
+        # the call's thread carries this context (the task's ids bound for the logs and the gateway's record)
+        worker = threading.Thread(target=contextvars.copy_context().run, args=(run,), name="model-call", daemon=True)
         worker.start()
         while worker.is_alive():
             worker.join(poll_seconds)
@@ -293,27 +290,26 @@ class OpenAICompatibleProvider:
                 return CallResult(outcome="cancelled", latency_ms=_ms(started),
                                   error="the task was cancelled while the model call was in flight")
             if time.monotonic() - started > timeout:
-                # httpx's timeout bounds each read, not the whole call: a trickling body is cut here.
+                # the whole call's deadline (the gateway's own ends the request on its thread)
                 return CallResult(outcome="timeout", latency_ms=_ms(started),
                                   error=f"no complete answer within {timeout:.1f} s")
         latency = _ms(started)
-        if "too_large" in box:
-            result = CallResult(outcome="malformed", latency_ms=latency,
+        if isinstance(box.get("error"), gateway_errors.ResponseTooLarge):
+            result = CallResult(outcome="malformed", latency_ms=latency, http_status=box["error"].status,
                                 problems=[f"(response): the reply is larger than {limit} bytes; not read further"])
         elif "error" in box:
-            result = _transport_failure(box["error"], latency)
+            result = _transport_failure(box["error"], latency, timeout)
         else:
             result = _classify(box["response"], latency, self.output_parser)
         return self._redacted(result)
 
     def _redacted(self, result: CallResult) -> CallResult:
         """The result with the API key removed from every text that is recorded (an upstream may
-        echo the request's Authorization header in an error or a reply)."""
-        if not self.api_key:
-            return result
+        echo the request's Authorization header in an error or a reply): the gateway, which holds
+        the key, redacts it."""
 
         def clean(text):
-            return text.replace(self.api_key, "[redacted]") if isinstance(text, str) else text
+            return credentials.redact(tools.MODEL, text)
 
         result.content, result.error = clean(result.content), clean(result.error)
         result.problems = [clean(pr) for pr in result.problems]
@@ -324,11 +320,18 @@ def _ms(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
 
 
-def _transport_failure(exc: Exception, latency: int) -> CallResult:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return CallResult(outcome="unavailable", latency_ms=latency, error=f"no connection: {exc}"[:300])
-    if isinstance(exc, httpx.TimeoutException):
-        return CallResult(outcome="timeout", latency_ms=latency, error=f"timed out: {type(exc).__name__}")
+def _transport_failure(exc: Exception, latency: int, timeout: float) -> CallResult:
+    """The result of a call the gateway ended without an answer: a refused destination is an
+    ``error`` that never left (charged nothing, not retried); no connection is ``unavailable``;
+    anything after the request may have been sent is ``timeout`` (usage unknown)."""
+    if isinstance(exc, gateway_errors.DestinationRefused):
+        return CallResult(outcome="error", latency_ms=latency, sent=False,
+                          error=f"refused by the tool gateway: {exc.detail}"[:300])
+    if isinstance(exc, gateway_errors.ConnectFailed):
+        return CallResult(outcome="unavailable", latency_ms=latency, sent=False,
+                          error=f"no connection: {exc.detail}"[:300])
+    if isinstance(exc, gateway_errors.CallTimedOut):  # the whole call's deadline, as the poll below says it
+        return CallResult(outcome="timeout", latency_ms=latency, error=f"no complete answer within {timeout:.1f} s")
     # the request may have been sent: usage unknown
     return CallResult(outcome="timeout", latency_ms=latency, error=f"transport error: {exc}"[:300])
 
@@ -401,15 +404,16 @@ def _usage(raw) -> dict | None:
 
 def provider_for(bundle: dict, conf: dict) -> OpenAICompatibleProvider | None:
     """The provider pinned in a task's artifact ``bundle``: None for ``local``; the
-    OpenAI-compatible provider at the pinned base URL and model otherwise (the API key and price
-    come from ``conf``, settings.FAULTDESK). Raises ValueError for an unknown provider."""
+    OpenAI-compatible provider at the pinned base URL and model otherwise (the price comes from
+    ``conf``, settings.FAULTDESK; the API key is the tool gateway's). Raises ValueError for an
+    unknown provider."""
     name = bundle.get("model_provider", LOCAL)
     if name == LOCAL:
         return None
     if name != OPENAI_COMPATIBLE:
         raise ValueError(f"unknown model provider {name!r}")
     return OpenAICompatibleProvider(
-        base_url=bundle["model_base_url"], model=bundle["model"], api_key=conf["MODEL_API_KEY"],
+        base_url=bundle["model_base_url"], model=bundle["model"],
         max_output_tokens=bundle.get("max_output_tokens", conf["MODEL_MAX_OUTPUT_TOKENS"]),
         units_per_1k=bundle.get("units_per_1k_tokens", conf["MODEL_UNITS_PER_1K_TOKENS"]),
         response_format=bundle.get("response_format", "json_schema"),

@@ -8,9 +8,10 @@ its own:
 1. **claim** (:func:`claim_due`): ``SELECT … FOR UPDATE SKIP LOCKED`` the due rows — ``PENDING`` and
    due, or ``SENDING`` with an expired lease (a sender that died) — and lease them: owner, expiry,
    one more attempt, and a new fencing token (``lease_generation``);
-2. **send**: compose the e-mail in the recipient's saved language and hand it to Django's e-mail
-   backend (``EMAIL_BACKEND``: SMTP in production). A sender whose lease ran out before the send
-   does not send (the next claim does);
+2. **send**: compose the e-mail in the recipient's saved language and hand it to the e-mail backend
+   (``EMAIL_BACKEND``; SMTP in production, through the tool gateway, which checks the relay's
+   address, logs in with the credential it holds and records each send). A sender whose lease ran
+   out before the send does not send (the next claim does);
 3. **mark**, fenced by the token: ``SENT`` once the SMTP server accepted the message; back to
    ``PENDING`` with exponential backoff and jitter after a temporary failure (a 4xx reply, a refused
    or dropped connection); ``FAILED`` after a permanent refusal (5xx) or the last of
@@ -36,13 +37,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.mail import EmailMultiAlternatives, get_connection
+from django.core.mail import EmailMultiAlternatives
 from django.db import connection, transaction
 from django.utils import timezone, translation
 
 from apps.accounts.language import supported
 from apps.accounts.models import LanguagePreference, Membership
 from apps.core.failpoints import failpoint
+from apps.gateway.smtp import email_connection
 from apps.notifications.compose import email_parts
 from apps.notifications.models import DeliveryStatus, Notification
 
@@ -186,7 +188,7 @@ def send_claimed(rows: list[Notification]) -> dict[str, int]:
     if not rows:
         return counts
     members, languages = _recipients_now(rows)
-    backend = get_connection(fail_silently=False)
+    backend = email_connection(fail_silently=False)  # SMTP through the tool gateway (apps/gateway/smtp.py)
     opened = False
     try:
         for n in rows:

@@ -10,7 +10,7 @@ class RetentionPolicyAdmin(TenantScopedAdmin):
     tenant's; an empty field is the installation's default."""
 
     list_display = ("tenant", "excerpts_days", "payloads_days", "webhooks_days", "attempts_days", "outbox_days",
-                    "notifications_days", "updated_at")
+                    "notifications_days", "gateway_calls_days", "updated_at")
 
 
 @admin.register(PurgeRun)

@@ -10,7 +10,7 @@ from apps.accounts.scoping import TenantScopedManager
 
 #: the policy's fields, each a number of days, and the FAULTDESK["RETENTION"] default it falls back to
 DAY_FIELDS = ("excerpts_days", "payloads_days", "webhooks_days", "attempts_days", "outbox_days",
-              "notifications_days")
+              "notifications_days", "gateway_calls_days")
 
 _days = [MinValueValidator(1), MaxValueValidator(36500)]
 
@@ -37,6 +37,9 @@ class RetentionPolicy(models.Model):
     notifications_days = models.PositiveIntegerField(
         null=True, blank=True, validators=_days,
         help_text=_("The words of a notification once it was sent (or given up): its questions and reasons."))
+    gateway_calls_days = models.PositiveIntegerField(
+        null=True, blank=True, validators=_days,
+        help_text=_("The records of outbound calls (tool, destination, outcome, time) made for the tenant's work."))
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = TenantScopedManager()

@@ -21,6 +21,8 @@ One run, started by beat (``purge_expired``) or ``manage.py purge``:
      (:mod:`apps.attachments.retention`; a file an open delivery still sends stays);
    - ``notifications``: the free text of finished notifications emptied
      (:mod:`apps.notifications.retention`);
+   - ``gateway_calls``: the records of outbound calls deleted (:mod:`apps.gateway.retention`; with the
+     webhooks, also for rows of no tenant);
 3. stops when nothing is left or its time budget (``PURGE_TIME_BUDGET_SECONDS``) is spent (the next
    run goes on), and records a :class:`~apps.retention.models.PurgeRun` with the rows and bytes per
    table.
@@ -51,6 +53,7 @@ from apps.approvals import retention as approvals
 from apps.attachments import retention as attachments
 from apps.core.retention import PurgeCounts, Purged
 from apps.events.retention import EXCERPTS, PAYLOAD
+from apps.gateway import retention as gateway_calls
 from apps.notifications import retention as notifications
 from apps.outbox import retention as outbox
 from apps.retention.models import DAY_FIELDS, PurgeRun, RetentionPolicy
@@ -77,6 +80,7 @@ class Cutoffs:
     attempts: datetime
     outbox: datetime
     notifications: datetime
+    gateway_calls: datetime
     keys: datetime
 
 
@@ -169,6 +173,7 @@ def _batched(run: _Run, tally: _Tally, step: str, table: str | None,
 def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) -> None:
     from apps.actions.models import ActionAttempt
     from apps.approvals.models import ApprovalRequest
+    from apps.gateway.models import GatewayCall
     from apps.notifications.models import Notification
     from apps.outbox.models import OutboxMessage
     from apps.tickets.models import InboundWebhook
@@ -201,6 +206,8 @@ def _tenant_steps(run: _Run, tenant_id: int | None, cut: Cutoffs, at: datetime) 
                                                     limit=b, at=at)))
     _batched(run, tally, "webhooks", InboundWebhook._meta.db_table, lambda: _rows(webhooks.purge_webhooks_batch(
         tenant_id, before=cut.webhooks, keys_before=cut.keys, limit=b)))
+    _batched(run, tally, "gateway_calls", GatewayCall._meta.db_table, lambda: _rows(
+        gateway_calls.purge_calls_batch(tenant_id, before=cut.gateway_calls, limit=b)))
 
 
 def _rows(purged: Purged) -> tuple[int, Purged]:

@@ -1,7 +1,9 @@
 """Connectors to external ticket systems (DESIGN.md §11): which connector executes a write tool on
 which ticket system. The connectors are :mod:`apps.tickets.reference` (the reference ticket
 service) and :mod:`apps.tickets.helpdesk` (django-helpdesk), over :mod:`apps.tickets.transport`.
-The tool gateway injects credentials; nothing here is visible to the model.
+Every request goes through the tool gateway (:mod:`apps.gateway`), which checks its destination,
+injects the credential, caps the answer and records the call; no connector holds a credential, and
+nothing here is visible to the model.
 
 Every transport or HTTP failure is mapped to exactly one class of :mod:`apps.actions.errors`:
 
@@ -9,7 +11,9 @@ Every transport or HTTP failure is mapped to exactly one class of :mod:`apps.act
 what happened                              error class
 =========================================  ================================
 connection refused / connect timeout       ``DefinitelyNotExecuted``
-read timeout, dropped connection, 5xx      ``OutcomeUnknown``
+destination refused by the tool gateway    ``DefinitelyNotExecuted`` (nothing left the process)
+read timeout, deadline, dropped connection ``OutcomeUnknown``
+answer over the gateway's cap, 3xx, 5xx    ``OutcomeUnknown``
 503 / 429                                  ``TemporarilyUnavailable``
 400 / 422                                  ``InvalidParams``
 401 / 403                                  ``Unauthorized``

@@ -28,7 +28,8 @@ def _with_extension(name: str, content_type: str) -> str:
 
 
 class HelpdeskConnector(HttpConnector):
-    """django-helpdesk 2.6 over its REST API (``Authorization: Token``), DESIGN.md §11.
+    """django-helpdesk 2.6 over its REST API (``Authorization: Token``, injected by the tool gateway),
+    DESIGN.md §11.
 
     It has no idempotency support: the action's key goes into the custom field
     ``faultdesk_key``, and :meth:`lookup_by_key` finds it through the deployment's bridge view.
@@ -50,16 +51,16 @@ class HelpdeskConnector(HttpConnector):
     #: a comment or an update (the agent files a new ticket, a compensation waits for a person).
     supports_conditional_writes = False
 
-    def __init__(self, *, base_url: str | None = None, token: str | None = None, timeout: float | None = None):
+    tool = "ticket.helpdesk"
+
+    def __init__(self, *, base_url: str | None = None, timeout: float | None = None):
+        """``base_url`` (default ``HELPDESK_URL``) must be a destination the gateway allows
+        ``ticket.helpdesk``; the API token is the gateway's to inject (``HELPDESK_API_TOKEN``)."""
         conf = settings.FAULTDESK
         self.base_url = (base_url or conf["HELPDESK_URL"]).rstrip("/")
-        self.token = token if token is not None else conf["HELPDESK_API_TOKEN"]
         self.timeout = timeout if timeout is not None else conf["HELPDESK_TIMEOUT_SECONDS"]
         self.queue_id = conf["HELPDESK_QUEUE_ID"]
         self.request_lifetime_seconds = conf["HELPDESK_REQUEST_LIFETIME_SECONDS"]
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Token {self.token}"}
 
     def _receipt(self, body: dict, *, replayed: bool) -> Receipt:
         status = HELPDESK_STATUS.get(body.get("status"), str(body.get("status")))

@@ -60,15 +60,15 @@ class ReferenceTicketConnector(HttpConnector):
     #: Comments and updates are conditional on the ticket's version (``If-Match``, 412).
     supports_conditional_writes = True
 
-    def __init__(self, *, base_url: str | None = None, api_key: str | None = None, timeout: float | None = None):
+    tool = "ticket.reference"
+
+    def __init__(self, *, base_url: str | None = None, timeout: float | None = None):
+        """``base_url`` (default ``REFSERVICE_URL``) must be a destination the gateway allows
+        ``ticket.reference``; the bearer key is the gateway's to inject (``REFSERVICE_API_KEY``)."""
         conf = settings.FAULTDESK
         self.base_url = (base_url or conf["REFSERVICE_URL"]).rstrip("/")
-        self.api_key = api_key if api_key is not None else conf["REFSERVICE_API_KEY"]
         self.timeout = timeout if timeout is not None else conf["REFSERVICE_TIMEOUT_SECONDS"]
         self.keep_alive = conf["REFSERVICE_KEEPALIVE"]
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def create_ticket(self, *, idempotency_key: str, fencing_token: int, params: dict,
                       timeout: float | None = None) -> Receipt:

@@ -1,19 +1,17 @@
-"""The HTTP transport the ticket-system connectors share (DESIGN.md §11): a pooled client per
-process and remote, one call with every transport failure mapped to exactly one class of
+"""The HTTP transport the ticket-system connectors share (DESIGN.md §11): one call through the tool
+gateway (ADR 0022) with every failure mapped to exactly one class of
 :mod:`apps.core.tool_errors` (the table in :mod:`apps.tickets.connectors`), and the readings of an
 answer every connector needs — its error class, its JSON, a lookup's result, a ticket's receipt."""
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass
 
 import httpx
-from django.conf import settings
 
 from apps.core import tool_errors as errors
-from config.tls import tls_context
+from apps.gateway import errors as gateway_errors
+from apps.gateway.http import http_request
 
 
 @dataclass(frozen=True)
@@ -83,69 +81,39 @@ def error_for(code: int, body: dict) -> errors.ToolError:
     return errors.OutcomeUnknown(detail, status=code, body=body)
 
 
-#: one client per process, ticket system and credential (see :func:`pooled_client`)
-_CLIENTS: dict[tuple, httpx.Client] = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
-def pooled_client(base_url: str, headers: dict[str, str], *, keep_alive: bool = False) -> httpx.Client:
-    """The process's shared ``httpx.Client`` for ``base_url`` with ``headers`` (thread-safe; a
-    child process after a fork gets its own), instead of a new client per request.
-
-    ``keep_alive`` False: each request opens and closes its own connection. Against a server that
-    writes a response's headers and body in separate packets without TCP_NODELAY (``http.server``,
-    Django's development server), a reused connection waits out the peer's delayed ACK, about 40 ms
-    per request. ``keep_alive`` True reuses idle connections (as many as the outbox's sender threads,
-    ``OUTBOX_SEND_CONCURRENCY``) for 5 s (well under the reference service's 60 s idle timeout, so a
-    connection is not reused as the server drops it):
-    a request to a server that sets TCP_NODELAY costs about a third of the CPU and wall time
-    (docs/performance.md). A pooled connection the server closed is seen before reuse and dropped;
-    a request on one that closes mid-request is ``OutcomeUnknown``, as any lost answer is."""
-    key = (os.getpid(), base_url, tuple(sorted(headers.items())), id(tls_context()), keep_alive)
-    client = _CLIENTS.get(key)
-    if client is None:
-        with _CLIENTS_LOCK:
-            client = _CLIENTS.get(key)
-            if client is None:
-                if len(_CLIENTS) >= 32:  # remotes come and go (a reconfigured URL, a test's server)
-                    for stale in _CLIENTS.values():
-                        stale.close()
-                    _CLIENTS.clear()
-                width = max(1, settings.FAULTDESK["OUTBOX_SEND_CONCURRENCY"])
-                limits = httpx.Limits(max_connections=width, max_keepalive_connections=width if keep_alive else 0,
-                                      keepalive_expiry=5.0)
-                client = httpx.Client(base_url=base_url, headers=headers, verify=tls_context(), limits=limits)
-                _CLIENTS[key] = client
-    return client
-
-
 class HttpConnector:
-    """Shared transport for the connectors: one call, every transport failure mapped to exactly
-    one error class (the module table). Subclasses set ``base_url``, ``timeout`` and
-    ``_headers()``."""
+    """Shared transport for the connectors: one call through the tool gateway
+    (:func:`apps.gateway.http.http_request`: destination checked, credential injected, answer capped,
+    whole-call deadline, outcome recorded), every failure mapped to exactly one error class (the module
+    table of :mod:`apps.tickets.connectors`). Subclasses set ``tool`` (the gateway's tool name),
+    ``base_url`` and ``timeout``; they never hold a credential."""
 
+    tool: str
     base_url: str
     timeout: float
-    #: reuse connections (see :func:`pooled_client`): only for a server known to set TCP_NODELAY
+    #: reuse connections (the gateway's pooled client): only for a server known to set TCP_NODELAY —
+    #: against one that writes headers and body in separate packets without it (``http.server``), a
+    #: reused connection waits out the peer's delayed ACK, ~40 ms per request
     keep_alive: bool = False
 
-    def _headers(self) -> dict[str, str]:  # pragma: no cover - abstract
-        raise NotImplementedError
-
     def _send(self, method: str, path: str, *, what: str, timeout: float | None = None, **kwargs) -> httpx.Response:
-        """Send one request (``timeout`` seconds, default the connector's; connecting at most 3 s).
-        Raises ``DefinitelyNotExecuted`` when it never reached the remote and ``OutcomeUnknown``
-        when it was sent and no answer came back."""
+        """Send one request to ``base_url + path`` (``timeout`` seconds for the whole call, default the
+        connector's; connecting at most 3 s). Raises ``DefinitelyNotExecuted`` when it never left
+        (no connection, or a destination the gateway refuses: nothing left the process) and
+        ``OutcomeUnknown`` when it was sent and no whole answer came back (a timeout, a dropped
+        connection, an answer over the gateway's cap)."""
         t = timeout if timeout is not None else self.timeout
-        client = pooled_client(self.base_url, self._headers(), keep_alive=self.keep_alive)
         try:
-            return client.request(method, path, timeout=httpx.Timeout(t, connect=min(t, 3.0)), **kwargs)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise errors.DefinitelyNotExecuted(f"{what} not delivered: {exc!r}") from exc
-        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise errors.OutcomeUnknown(f"{what}: sent, no answer: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise errors.OutcomeUnknown(f"{what} failed: {exc!r}") from exc
+            return http_request(self.tool, method, self.base_url + path, timeout=t, keep_alive=self.keep_alive,
+                                **kwargs)
+        except gateway_errors.DestinationRefused as exc:
+            raise errors.DefinitelyNotExecuted(f"{what} not sent: the tool gateway refused it ({exc.detail})") from exc
+        except gateway_errors.ConnectFailed as exc:
+            raise errors.DefinitelyNotExecuted(f"{what} not delivered: {exc.detail}") from exc
+        except gateway_errors.ResponseTooLarge as exc:
+            raise errors.OutcomeUnknown(f"{what}: HTTP {exc.status}, {exc.detail}", status=exc.status) from exc
+        except gateway_errors.GatewayError as exc:
+            raise errors.OutcomeUnknown(f"{what}: sent, no answer: {exc.detail}") from exc
 
 
 def lookup_results(body) -> list:

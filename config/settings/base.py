@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "apps.traces",
     "apps.notifications",
     "apps.retention",
+    "apps.gateway",
     "config.apps.FaultdeskConfig",
 ]
 
@@ -322,9 +323,11 @@ FAULTDESK = {
     # Sending attachments to the ticket system: attempts before FAILED, the lease of one send.
     "ATTACHMENT_DELIVERY_MAX_ATTEMPTS": env.int("FAULTDESK_ATTACHMENT_DELIVERY_MAX_ATTEMPTS", default=8),
     "ATTACHMENT_DELIVERY_LEASE_SECONDS": env.float("FAULTDESK_ATTACHMENT_DELIVERY_LEASE_SECONDS", default=60.0),
-    # Reference ticket service (DESIGN.md §11); the tool gateway injects this credential.
+    # Reference ticket service (DESIGN.md §11); the tool gateway (apps/gateway) injects this credential,
+    # read from the value or from the file *_FILE names (a mounted secret; the file wins).
     "REFSERVICE_URL": env("REFSERVICE_URL", default="http://127.0.0.1:8765"),
     "REFSERVICE_API_KEY": env("REFSERVICE_API_KEY", default=DEV_SECRETS["REFSERVICE_API_KEY"]),
+    "REFSERVICE_API_KEY_FILE": env("REFSERVICE_API_KEY_FILE", default=""),
     "REFSERVICE_TIMEOUT_SECONDS": env.float("REFSERVICE_TIMEOUT_SECONDS", default=5.0),
     # reuse connections to the reference service (it sets TCP_NODELAY; see tickets.connectors: a
     # connection the service closed is seen before reuse and dropped)
@@ -337,6 +340,7 @@ FAULTDESK = {
     # (its gunicorn --timeout 30 s plus a margin).
     "HELPDESK_URL": env("HELPDESK_URL", default="http://127.0.0.1:8766"),
     "HELPDESK_API_TOKEN": env("HELPDESK_API_TOKEN", default=DEV_SECRETS["HELPDESK_API_TOKEN"]),
+    "HELPDESK_API_TOKEN_FILE": env("HELPDESK_API_TOKEN_FILE", default=""),
     "HELPDESK_QUEUE_ID": env.int("HELPDESK_QUEUE_ID", default=1),
     "HELPDESK_TIMEOUT_SECONDS": env.float("HELPDESK_TIMEOUT_SECONDS", default=10.0),
     "HELPDESK_REQUEST_LIFETIME_SECONDS": env.float("HELPDESK_REQUEST_LIFETIME_SECONDS", default=45.0),
@@ -407,9 +411,10 @@ FAULTDESK = {
     # Model layer (DESIGN.md §10): the local deterministic drafter needs no network.
     "MODEL_PROVIDER": env("FAULTDESK_MODEL_PROVIDER", default="local"),
     # openai_compatible: any chat-completions endpoint with JSON-schema structured output. The key
-    # is injected by the provider and never recorded; base URL and model are pinned on each task.
+    # is injected by the tool gateway and never recorded; base URL and model are pinned on each task.
     "MODEL_BASE_URL": env("FAULTDESK_MODEL_BASE_URL", default="http://127.0.0.1:8767/v1"),
     "MODEL_API_KEY": env("FAULTDESK_MODEL_API_KEY", default=DEV_SECRETS["FAULTDESK_MODEL_API_KEY"]),
+    "MODEL_API_KEY_FILE": env("FAULTDESK_MODEL_API_KEY_FILE", default=""),
     "MODEL_NAME": env("FAULTDESK_MODEL_NAME", default="scripted-model"),
     "MODEL_TIMEOUT_SECONDS": env.float("FAULTDESK_MODEL_TIMEOUT_SECONDS", default=30.0),
     "MODEL_MAX_OUTPUT_TOKENS": env.int("FAULTDESK_MODEL_MAX_OUTPUT_TOKENS", default=1200),
@@ -427,6 +432,10 @@ FAULTDESK = {
     # use-multilingual-v3 (default; English and Chinese), all-MiniLM-L6-v2 (English only) or
     # openai:<base URL>#<model> (an OpenAI-compatible /v1/embeddings); `manage.py reembed` after a change.
     "EMBEDDING_MODEL": env.str("FAULTDESK_EMBEDDING_MODEL", default="use-multilingual-v3"),
+    # the remote embedding model's bearer key (openai:…; injected by the tool gateway) and its call's deadline
+    "EMBEDDING_API_KEY": env("FAULTDESK_EMBEDDING_API_KEY", default=""),
+    "EMBEDDING_API_KEY_FILE": env("FAULTDESK_EMBEDDING_API_KEY_FILE", default=""),
+    "EMBEDDING_TIMEOUT_SECONDS": env.float("FAULTDESK_EMBEDDING_TIMEOUT_SECONDS", default=30.0),
     # torch intra-op threads for embedding one query with all-MiniLM-L6-v2 (0 = torch's default, one per core).
     # One sentence is too small to split: on this 2-core machine, next to the web, PostgreSQL and
     # the other workers, two threads spin-wait on each other and a query took ~175 ms instead of
@@ -451,6 +460,7 @@ FAULTDESK = {
         "attempts_days": env.int("FAULTDESK_RETENTION_ATTEMPTS_DAYS", default=90),
         "outbox_days": env.int("FAULTDESK_RETENTION_OUTBOX_DAYS", default=7),
         "notifications_days": env.int("FAULTDESK_RETENTION_NOTIFICATIONS_DAYS", default=90),
+        "gateway_calls_days": env.int("FAULTDESK_RETENTION_GATEWAY_CALLS_DAYS", default=30),
     },
     "PURGE_BATCH": env.int("FAULTDESK_PURGE_BATCH", default=200),
     "PURGE_LOCK_TIMEOUT_MS": env.int("FAULTDESK_PURGE_LOCK_TIMEOUT_MS", default=500),
@@ -475,6 +485,24 @@ FAULTDESK = {
     "NOTIFY_DRAIN_SECONDS": env.float("FAULTDESK_NOTIFY_DRAIN_SECONDS", default=20.0),
     # the domain of the notification e-mails' Message-IDs (<notification.<id>@domain>)
     "NOTIFY_MESSAGE_ID_DOMAIN": env("FAULTDESK_NOTIFY_MESSAGE_ID_DOMAIN", default="faultdesk.localhost"),
+    # The tool gateway (apps/gateway, ADR 0022): each tool reaches its configured base URL's destination
+    # (scheme, host, port) and those of the URLs listed here, nothing else (a fault proxy in front of a
+    # ticket system, a model server a pinned task still uses).
+    "GATEWAY_ALLOW": {
+        "ticket.reference": env.list("FAULTDESK_GATEWAY_ALLOW_TICKET_REFERENCE", default=[]),
+        "ticket.helpdesk": env.list("FAULTDESK_GATEWAY_ALLOW_TICKET_HELPDESK", default=[]),
+        "model": env.list("FAULTDESK_GATEWAY_ALLOW_MODEL", default=[]),
+        "embeddings": env.list("FAULTDESK_GATEWAY_ALLOW_EMBEDDINGS", default=[]),
+        "notifications.smtp": env.list("FAULTDESK_GATEWAY_ALLOW_NOTIFICATIONS_SMTP", default=[]),
+    },
+    # the most of an answer the gateway reads (bytes; past it the call is "too_large"): a ticket system's
+    # (a batch of 50 tickets is ~100 KB), the remote embedding model's; the model's is MODEL_MAX_REPLY_BYTES
+    "GATEWAY_TICKET_MAX_RESPONSE_BYTES": env.int("FAULTDESK_GATEWAY_TICKET_MAX_RESPONSE_BYTES", default=4 * 2**20),
+    "GATEWAY_EMBEDDINGS_MAX_RESPONSE_BYTES": env.int("FAULTDESK_GATEWAY_EMBEDDINGS_MAX_RESPONSE_BYTES",
+                                                     default=32 * 2**20),
+    # an SMTP server's reply (bytes), and the deadline of one whole SMTP step (a connect and login, a send)
+    "GATEWAY_SMTP_MAX_REPLY_BYTES": env.int("FAULTDESK_GATEWAY_SMTP_MAX_REPLY_BYTES", default=64 * 2**10),
+    "GATEWAY_SMTP_DEADLINE_SECONDS": env.float("FAULTDESK_GATEWAY_SMTP_DEADLINE_SECONDS", default=60.0),
 }
 
 # E-mail (notifications): SMTP when EMAIL_HOST is set; otherwise each message is written as a file
@@ -483,10 +511,12 @@ EMAIL_HOST = env("EMAIL_HOST", default="")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
 EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
+EMAIL_HOST_PASSWORD_FILE = env("EMAIL_HOST_PASSWORD_FILE", default="")
 EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
 EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
 EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)
-EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
+# SMTP goes through the tool gateway (apps/gateway/smtp.py), which injects the login.
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="apps.gateway.smtp.GatewayEmailBackend" if EMAIL_HOST
                     else "django.core.mail.backends.filebased.EmailBackend")
 EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="faultdesk <faultdesk@localhost>")

@@ -150,6 +150,7 @@ def _run_calls(inputs: list[dict], calls: list[dict], used: dict, *, log_path: P
     """Start the server, make the warm-up call, then one call per input, appending each to ``calls``
     as it ends; ``used`` gets the provider's output parser."""
     from django.conf import settings
+    from django.test import override_settings
 
     from apps.llm.drafter import render_prompt
     from apps.llm.providers import OpenAICompatibleProvider, output_schema_for
@@ -157,10 +158,12 @@ def _run_calls(inputs: list[dict], calls: list[dict], used: dict, *, log_path: P
 
     conf = settings.FAULTDESK
     n = len(inputs)
-    with modelserver.ModelServer(log_path=log_path, n_threads=threads) as server:
+    with modelserver.ModelServer(log_path=log_path, n_threads=threads) as server, \
+            override_settings(FAULTDESK={**conf, "MODEL_BASE_URL": server.base_url, "MODEL_API_KEY": server.api_key}):
+        # the tool gateway reaches the server it was configured with, and injects its key
         print(f"• server up on {server.base_url} in {time.monotonic() - started:.1f} s", flush=True)
         provider = OpenAICompatibleProvider(
-            base_url=server.base_url, model=modelserver.MODEL_ALIAS, api_key=server.api_key,
+            base_url=server.base_url, model=modelserver.MODEL_ALIAS,
             max_output_tokens=conf["MODEL_MAX_OUTPUT_TOKENS"], units_per_1k=conf["MODEL_UNITS_PER_1K_TOKENS"],
             response_format=response_format)
         used["output_parser"] = provider.output_parser

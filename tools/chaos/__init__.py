@@ -147,16 +147,18 @@ def check() -> None:
 
 def _remote_effects(system: str, connector) -> list[str]:
     """The idempotency key of every effect the ticket system holds: one entry per ticket and, at
-    the reference service, one per comment (a second report on an open ticket is a comment)."""
+    the reference service, one per comment (a second report on an open ticket is a comment). The
+    credential is the one the tool gateway injects (the connector holds none)."""
+    from apps.gateway.credentials import authorization
+
     if system == "reference":
-        resp = httpx.get(f"{connector.base_url}/_admin/tickets",
-                         headers={"Authorization": f"Bearer {connector.api_key}"}, timeout=30)
+        resp = httpx.get(f"{connector.base_url}/_admin/tickets", headers=authorization("ticket.reference"), timeout=30)
         tickets = resp.json()["results"]
         return [t["idempotency_key"] for t in tickets] + [
             c["idempotency_key"] for t in tickets for c in t.get("comments", []) if c.get("idempotency_key")]
     keys, url = [], f"{connector.base_url}/helpdesk/api/tickets/"
     while url:
-        page = httpx.get(url, headers={"Authorization": f"Token {connector.token}"}, timeout=60).json()
+        page = httpx.get(url, headers=authorization("ticket.helpdesk"), timeout=60).json()
         keys += [t.get("custom_faultdesk_key") or "" for t in page["results"]]
         url = page.get("next")
     return keys

@@ -252,7 +252,7 @@ def test_the_schema_is_asked_for_in_the_form_the_server_applies():
     from apps.llm.providers import OpenAICompatibleProvider, bundle_entries, provider_for
 
     schema = output_schema_for(["7"])
-    kwargs = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key": "k", "max_output_tokens": 10,
+    kwargs = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "max_output_tokens": 10,
               "units_per_1k": 1.0}
     openai = OpenAICompatibleProvider(**kwargs).request_body([], schema)["response_format"]
     assert openai == {"type": "json_schema", "json_schema": {"name": "ticket_draft", "strict": True, "schema": schema}}

@@ -4,12 +4,15 @@ import pytest
 
 
 @pytest.fixture
-def server_answering():
+def server_answering(settings):
     """A loopback HTTP server answering ``"METHOD /path"`` (query string aside) with a fixed
-    ``(status, JSON body)`` (``bytes``: sent as they are); returns its URL."""
+    ``(status, JSON body)`` (``bytes``: sent as they are); returns its URL, which the tool gateway
+    lets both ticket systems' connectors reach (``FAULTDESK_GATEWAY_ALLOW_*``)."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.gateway import allow
 
     servers = []
 
@@ -36,7 +39,10 @@ def server_answering():
         httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         servers.append(httpd)
-        return f"http://127.0.0.1:{httpd.server_address[1]}"
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        allow(settings, "ticket.reference", url)
+        allow(settings, "ticket.helpdesk", url)
+        return url
 
     yield start
     for httpd in servers:

@@ -13,6 +13,7 @@ import pytest
 from apps.core import tool_errors as errors
 from apps.tickets.connectors import Receipt, ReferenceTicketConnector
 from apps.tickets.tests.test_connectors import PARAMS
+from tests.gateway import destinations_allowed
 
 KEYS = ["acme:ticket.create:a", "acme:ticket.create:b", "globex:ticket.create:c"]
 
@@ -59,7 +60,7 @@ def _result(key, status=201, ticket_key=None, number=1, **extra):
 
 def _outcomes(server_answering, results, keys=KEYS):
     url = server_answering({"POST /ticket-batches": (200, {"results": results})})
-    return ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(keys), timeout=5)
+    return ReferenceTicketConnector(base_url=url).create_tickets(_items(keys), timeout=5)
 
 
 def test_a_ticket_answering_another_key_or_a_key_answered_twice_is_unknown(server_answering):
@@ -115,7 +116,7 @@ def test_one_unreadable_result_makes_that_item_unknown_and_no_other(server_answe
                                     (201, {"results": []}), (204, {})])
 def test_a_batch_answer_without_results_is_unknown_for_every_item(server_answering, answer):
     url = server_answering({"POST /ticket-batches": answer})
-    outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
+    outcomes = ReferenceTicketConnector(base_url=url).create_tickets(_items(), timeout=5)
     assert [type(o) for o in outcomes] == [errors.OutcomeUnknown] * 3
 
 
@@ -124,13 +125,13 @@ def test_a_batch_answer_without_results_is_unknown_for_every_item(server_answeri
                                                      (401, errors.Unauthorized)])
 def test_a_batch_refused_whole_gives_every_item_that_refusal(server_answering, status, error_class):
     url = server_answering({"POST /ticket-batches": (status, {"error": "no"})})
-    outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
+    outcomes = ReferenceTicketConnector(base_url=url).create_tickets(_items(), timeout=5)
     assert [type(o) for o in outcomes] == [error_class] * 3
 
 
 def test_a_service_without_the_batch_endpoint_gets_each_create_alone(server_answering):
     url = server_answering({"POST /tickets": (201, _ticket(KEYS[0]))})  # /ticket-batches: 404
-    connector = ReferenceTicketConnector(base_url=url, api_key="k")
+    connector = ReferenceTicketConnector(base_url=url)
     assert connector.batch_size > 1
     outcomes = connector.create_tickets(_items(KEYS[:2]), timeout=5)
     # each went alone to POST /tickets, which answered with the first key's ticket both times
@@ -154,7 +155,8 @@ def test_a_batch_that_goes_unanswered_is_unknown_and_one_that_never_left_is_not_
     threading.Thread(target=swallow, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=2)
+        with destinations_allowed("ticket.reference", url):
+            outcomes = ReferenceTicketConnector(base_url=url).create_tickets(_items(), timeout=2)
         assert [type(o) for o in outcomes] == [errors.OutcomeUnknown] * 3
     finally:
         listener.close()
@@ -162,8 +164,8 @@ def test_a_batch_that_goes_unanswered_is_unknown_and_one_that_never_left_is_not_
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()  # nothing listens there
-    outcomes = ReferenceTicketConnector(base_url=f"http://127.0.0.1:{port}", api_key="k").create_tickets(
-        _items(), timeout=2)
+    with destinations_allowed("ticket.reference", f"http://127.0.0.1:{port}"):
+        outcomes = ReferenceTicketConnector(base_url=f"http://127.0.0.1:{port}").create_tickets(_items(), timeout=2)
     assert [type(o) for o in outcomes] == [errors.DefinitelyNotExecuted] * 3
 
 
@@ -181,7 +183,7 @@ def test_an_answer_that_cannot_be_read_never_escapes_the_batch(server_answering)
     nested = b"[" * 100_000 + b"]" * 100_000
     for status in (200, 503):
         url = server_answering({"POST /ticket-batches": (status, nested)})
-        outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
+        outcomes = ReferenceTicketConnector(base_url=url).create_tickets(_items(), timeout=5)
         assert len(outcomes) == 3 and all(isinstance(o, errors.ToolError) for o in outcomes)
         assert all(isinstance(o, (errors.OutcomeUnknown, errors.TemporarilyUnavailable)) for o in outcomes)
 
@@ -191,5 +193,5 @@ def test_an_unreadable_single_answer_after_a_refused_batch_is_that_items_alone(s
     with a proxy's page: every item is unknown, and every item was sent."""
     url = server_answering({"POST /ticket-batches": (400, {"error": "invalid_params"}),
                             "POST /tickets": (201, b"<html>gateway</html>")})
-    outcomes = ReferenceTicketConnector(base_url=url, api_key="k").create_tickets(_items(), timeout=5)
+    outcomes = ReferenceTicketConnector(base_url=url).create_tickets(_items(), timeout=5)
     assert [type(o) for o in outcomes] == [errors.OutcomeUnknown] * 3

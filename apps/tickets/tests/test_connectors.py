@@ -19,6 +19,7 @@ from apps.tasks.services import task_submit
 from apps.tickets.connectors import ReferenceTicketConnector
 from tests.conftest import p, reads_run
 from tests.factories import DeviceFactory
+from tests.gateway import allow
 
 PARAMS = {"title": "Fuser error on PRN-0417", "description": "Smeared pages after warm-up.", "priority": "P2",
           "device": "PRN-0417", "tenant": "acme", "requester": "riley", "labels": [], "evidence": ["kb/fuser"]}
@@ -112,7 +113,7 @@ def test_an_answer_naming_another_idempotency_key_is_never_a_receipt(server_answ
     url = server_answering({"POST /tickets": (201, other), "GET /tickets": (200, {"results": [other]}),
                             "POST /fences": (200, {"idempotency_key": "globex:ticket.create:mine",
                                                    "highest_fencing_token": 2, "ticket": other})})
-    connector = ReferenceTicketConnector(base_url=url, api_key="k")
+    connector = ReferenceTicketConnector(base_url=url)
     with pytest.raises(errors.OutcomeUnknown, match="another idempotency key"):
         connector.create_ticket(idempotency_key="globex:ticket.create:mine", fencing_token=1, params={"title": "x"})
     with pytest.raises(errors.OutcomeUnknown, match="another idempotency key"):
@@ -121,7 +122,7 @@ def test_an_answer_naming_another_idempotency_key_is_never_a_receipt(server_answ
         connector.fence(idempotency_key="globex:ticket.create:mine", fencing_token=2)
     mine = {**other, "idempotency_key": "globex:ticket.create:mine"}
     url = server_answering({"POST /tickets": (201, mine)})
-    receipt = ReferenceTicketConnector(base_url=url, api_key="k").create_ticket(
+    receipt = ReferenceTicketConnector(base_url=url).create_ticket(
         idempotency_key="globex:ticket.create:mine", fencing_token=1, params={"title": "x"})
     assert receipt.external_id == "REF-000001"
 
@@ -170,7 +171,9 @@ def test_an_interim_answer_is_never_taken_for_the_answer_or_left_for_the_next_re
 
     threading.Thread(target=accept, daemon=True).start()
     try:
-        connector = ReferenceTicketConnector(base_url=f"http://127.0.0.1:{listener.getsockname()[1]}", api_key="k")
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        allow(settings, "ticket.reference", url)
+        connector = ReferenceTicketConnector(base_url=url)
         connector.keep_alive = True
         for key in ("acme:ticket.create:a", "globex:ticket.create:b"):
             receipt = connector.create_ticket(idempotency_key=key, fencing_token=1, params={"title": "x"})
@@ -193,11 +196,11 @@ def test_nothing_found_is_only_read_from_this_keys_fence_at_this_token(server_an
     the fence of this key at this token (or above) is ``OutcomeUnknown``, never "nothing found"."""
     url = server_answering({"POST /fences": (200, answer)})
     with pytest.raises(errors.OutcomeUnknown):
-        ReferenceTicketConnector(base_url=url, api_key="k").fence(idempotency_key="acme:ticket.create:mine",
+        ReferenceTicketConnector(base_url=url).fence(idempotency_key="acme:ticket.create:mine",
                                                                   fencing_token=5)
     mine = {"idempotency_key": "acme:ticket.create:mine", "highest_fencing_token": 6, "ticket": None}
     url = server_answering({"POST /fences": (200, mine)})
-    assert ReferenceTicketConnector(base_url=url, api_key="k").fence(
+    assert ReferenceTicketConnector(base_url=url).fence(
         idempotency_key="acme:ticket.create:mine", fencing_token=5) is None
 
 
@@ -209,13 +212,13 @@ def test_nothing_found_is_only_read_from_a_lookup_answer_that_says_so(server_ans
 
     url = server_answering({"GET /tickets": (200, answer)})
     with pytest.raises(errors.OutcomeUnknown):
-        ReferenceTicketConnector(base_url=url, api_key="k").lookup_by_key(idempotency_key="acme:ticket.create:mine")
+        ReferenceTicketConnector(base_url=url).lookup_by_key(idempotency_key="acme:ticket.create:mine")
     helpdesk_answer = answer
     if isinstance(answer, dict) and isinstance(answer.get("results"), list):
         helpdesk_answer = {"results": [{"id": 9, "status": 1, "custom_faultdesk_key": "acme:ticket.create:other"}]}
     url = server_answering({"GET /helpdesk/api/faultdesk/tickets/by-custom-field/": (200, helpdesk_answer)})
     with pytest.raises(errors.OutcomeUnknown):
-        HelpdeskConnector(base_url=url, token="t").lookup_by_key(idempotency_key="acme:ticket.create:mine")
+        HelpdeskConnector(base_url=url).lookup_by_key(idempotency_key="acme:ticket.create:mine")
     url = server_answering({"GET /tickets": (200, {"results": []})})
-    assert ReferenceTicketConnector(base_url=url, api_key="k").lookup_by_key(
+    assert ReferenceTicketConnector(base_url=url).lookup_by_key(
         idempotency_key="acme:ticket.create:mine") is None

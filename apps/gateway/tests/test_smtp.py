@@ -1,0 +1,215 @@
+"""SMTP through the tool gateway (ADR 0022): the relay's address is the only one a connection is made
+to, the login is the gateway's (a real SMTP server on loopback, aiosmtpd, sees it; the sender never
+holds it), a reply larger than the cap or slower than the deadline is cut and classed, and every
+connect and send is recorded."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from email.message import EmailMessage
+
+import pytest
+from django.core.mail import EmailMessage as DjangoEmail
+
+from apps.gateway.errors import DestinationRefused
+from apps.gateway.models import GatewayCall
+from apps.gateway.smtp import GatewayEmailBackend, email_connection
+from apps.gateway.tests.servers import CountingListener
+
+pytestmark = [pytest.mark.django_db,
+              pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")]
+
+
+class _Sink:
+    def __init__(self):
+        self.logins: list[tuple[str, str]] = []
+        self.messages: list[bytes] = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        self.messages.append(envelope.original_content or envelope.content)
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp_relay(settings):
+    """aiosmtpd on loopback requiring AUTH (over plain text, loopback only), configured as the relay."""
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import AuthResult
+
+    sink = _Sink()
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        sink.logins.append((auth_data.login.decode(), auth_data.password.decode()))
+        return AuthResult(success=True)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    controller = Controller(sink, hostname="127.0.0.1", port=port, authenticator=authenticator,
+                            auth_required=True, auth_require_tls=False)
+    controller.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD = "faultdesk-mailer", "smtp-pa55word-distinct"
+    settings.EMAIL_HOST_PASSWORD_FILE = ""
+    settings.EMAIL_TIMEOUT = 5
+    yield sink, port
+    controller.stop()
+
+
+def _message(connection=None) -> DjangoEmail:
+    return DjangoEmail(subject="hello", body="body", from_email="faultdesk@example.test", to=["a@example.test"],
+                       connection=connection)
+
+
+def test_the_relay_sees_the_login_the_sender_was_never_handed(smtp_relay, tmp_path, settings):
+    sink, port = smtp_relay
+    backend = email_connection(fail_silently=False)
+    assert isinstance(backend, GatewayEmailBackend)
+    assert backend.send_messages([_message(backend)]) == 1
+    assert sink.logins == [("faultdesk-mailer", "smtp-pa55word-distinct")] and len(sink.messages) == 1
+    # from a mounted secret file, and a password passed in by a caller is never used
+    path = tmp_path / "smtp-password"
+    path.write_text("from-the-file-pa55\n")
+    settings.EMAIL_HOST_PASSWORD, settings.EMAIL_HOST_PASSWORD_FILE = "", str(path)
+    backend = email_connection(fail_silently=False, password="a-caller-s-own")
+    backend.send_messages([_message(backend)])
+    assert sink.logins[-1] == ("faultdesk-mailer", "from-the-file-pa55")
+    rows = list(GatewayCall.objects.filter(tool="notifications.smtp", port=port).order_by("at", "id"))
+    assert [(r.method, r.outcome) for r in rows] == [("SEND", "ok"), ("CONNECT", "ok")] * 2 or \
+        sorted((r.method, r.outcome) for r in rows) == [("CONNECT", "ok")] * 2 + [("SEND", "ok")] * 2
+    assert all(r.scheme == "smtp" and r.host == "127.0.0.1" and r.bytes_received > 0 for r in rows)
+
+
+def test_the_notification_sender_never_names_the_smtp_credential():
+    import inspect
+
+    from apps.notifications import sending
+
+    source = inspect.getsource(sending)
+    assert "EMAIL_HOST_PASSWORD" not in source and "EMAIL_HOST_USER" not in source
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "mail.elsewhere.invalid"])
+def test_an_unlisted_relay_is_refused_before_any_connection_and_recorded(smtp_relay, host):
+    sink, _port = smtp_relay
+    listener = CountingListener()
+    try:
+        backend = GatewayEmailBackend(host=host, port=listener.port)
+        with pytest.raises(DestinationRefused):
+            backend.send_messages([_message(backend)])
+        time.sleep(0.1)
+        assert listener.accepts == 0 and sink.logins == []
+    finally:
+        listener.close()
+    row = GatewayCall.objects.get(tool="notifications.smtp", host=host, port=listener.port)
+    assert row.outcome == "refused_destination"
+
+
+def _raw_smtp(script):
+    """A raw TCP server running ``script(conn)`` for each connection; returns its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=lambda c=conn: _run(script, c), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def _run(script, conn):
+    try:
+        script(conn)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def _configure_raw(settings, port):
+    settings.EMAIL_BACKEND = "apps.gateway.smtp.GatewayEmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+    settings.EMAIL_TIMEOUT = 5
+
+
+def test_a_reply_over_the_cap_is_cut_and_classed(settings):
+    def flood(conn):
+        for _ in range(1000):
+            conn.sendall(b"220-" + b"x" * 1000 + b"\r\n")
+        conn.sendall(b"220 ready\r\n")
+        time.sleep(1)
+
+    server = _raw_smtp(flood)
+    port = server.getsockname()[1]
+    try:
+        _configure_raw(settings, port)
+        settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_SMTP_MAX_REPLY_BYTES": 16384}
+        backend = email_connection(fail_silently=False)
+        with pytest.raises(Exception) as caught:
+            backend.open()
+        assert "longer than 16384 bytes" in str(caught.value)
+    finally:
+        server.close()
+    row = GatewayCall.objects.get(tool="notifications.smtp", port=port)
+    assert row.outcome == "too_large" and 16384 < row.bytes_received < 16384 + 2048
+
+
+def test_a_trickling_reply_is_cut_at_the_deadline(settings):
+    def trickle(conn):
+        conn.sendall(b"220-")
+        for _ in range(200):
+            conn.sendall(b"x")
+            time.sleep(0.05)
+
+    server = _raw_smtp(trickle)
+    port = server.getsockname()[1]
+    try:
+        _configure_raw(settings, port)
+        settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_SMTP_DEADLINE_SECONDS": 0.5}
+        started = time.monotonic()
+        with pytest.raises(Exception):  # noqa: B017 - smtplib's own error for the shut connection
+            email_connection(fail_silently=False).open()
+        assert time.monotonic() - started < 1.5
+    finally:
+        server.close()
+    assert GatewayCall.objects.get(tool="notifications.smtp", port=port).outcome == "timeout"
+
+
+def test_a_temporary_refusal_is_classed_smtp_4xx(smtp_relay, settings):
+    class Refusing(_Sink):
+        async def handle_DATA(self, server, session, envelope):  # noqa: N802
+            return "451 4.3.0 try again later"
+
+    from aiosmtpd.controller import Controller
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    controller = Controller(Refusing(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        _configure_raw(settings, port)
+        backend = email_connection(fail_silently=False)
+        with pytest.raises(Exception):  # noqa: B017 - smtplib.SMTPDataError
+            backend.send_messages([_message(backend)])
+    finally:
+        controller.stop()
+    outcomes = sorted(GatewayCall.objects.filter(port=port).values_list("method", "outcome"))
+    assert outcomes == [("CONNECT", "ok"), ("SEND", "smtp_4xx")]
+
+
+def test_other_backends_make_no_call(settings):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    backend = email_connection()
+    assert not isinstance(backend, GatewayEmailBackend)
+    assert EmailMessage  # the standard library's message type is not the gateway's concern
