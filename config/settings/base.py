@@ -12,6 +12,7 @@ from config import embedded
 from config.cache import coordination_cache
 from config.database import binding_options, timeout_options
 from config.env import BASE_DIR, VAR_DIR, env
+from config.gateway import gateway_settings
 from config.logs import configure_structlog, logging_config
 from config.storage import attachment_storage
 
@@ -485,41 +486,12 @@ FAULTDESK = {
     "NOTIFY_DRAIN_SECONDS": env.float("FAULTDESK_NOTIFY_DRAIN_SECONDS", default=20.0),
     # the domain of the notification e-mails' Message-IDs (<notification.<id>@domain>)
     "NOTIFY_MESSAGE_ID_DOMAIN": env("FAULTDESK_NOTIFY_MESSAGE_ID_DOMAIN", default="faultdesk.localhost"),
-    # The tool gateway (apps/gateway, ADR 0022): each tool reaches its configured base URL's destination
-    # (scheme, host, port) and those of the URLs listed here, nothing else (a fault proxy in front of a
-    # ticket system, a model server a pinned task still uses).
-    "GATEWAY_ALLOW": {
-        "ticket.reference": env.list("FAULTDESK_GATEWAY_ALLOW_TICKET_REFERENCE", default=[]),
-        "ticket.helpdesk": env.list("FAULTDESK_GATEWAY_ALLOW_TICKET_HELPDESK", default=[]),
-        "model": env.list("FAULTDESK_GATEWAY_ALLOW_MODEL", default=[]),
-        "embeddings": env.list("FAULTDESK_GATEWAY_ALLOW_EMBEDDINGS", default=[]),
-        "notifications.smtp": env.list("FAULTDESK_GATEWAY_ALLOW_NOTIFICATIONS_SMTP", default=[]),
-    },
-    # the most of an answer the gateway reads (bytes; past it the call is "too_large"): a ticket system's
-    # (a batch of 50 tickets is ~100 KB), the remote embedding model's; the model's is MODEL_MAX_REPLY_BYTES
-    "GATEWAY_TICKET_MAX_RESPONSE_BYTES": env.int("FAULTDESK_GATEWAY_TICKET_MAX_RESPONSE_BYTES", default=4 * 2**20),
-    "GATEWAY_EMBEDDINGS_MAX_RESPONSE_BYTES": env.int("FAULTDESK_GATEWAY_EMBEDDINGS_MAX_RESPONSE_BYTES",
-                                                     default=32 * 2**20),
-    # an SMTP server's reply (bytes), and the deadline of one whole SMTP step (a connect and login, a send)
-    "GATEWAY_SMTP_MAX_REPLY_BYTES": env.int("FAULTDESK_GATEWAY_SMTP_MAX_REPLY_BYTES", default=64 * 2**10),
-    "GATEWAY_SMTP_DEADLINE_SECONDS": env.float("FAULTDESK_GATEWAY_SMTP_DEADLINE_SECONDS", default=60.0),
+    # the tool gateway's destinations, answer caps and SMTP deadline (config/gateway.py)
+    **gateway_settings(env),
 }
 
-# E-mail (notifications): SMTP when EMAIL_HOST is set; otherwise each message is written as a file
-# under var/mail/ (development). EMAIL_BACKEND names another backend outright (e.g. the console's).
-EMAIL_HOST = env("EMAIL_HOST", default="")
-EMAIL_PORT = env.int("EMAIL_PORT", default=25)
-EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
-EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
-EMAIL_HOST_PASSWORD_FILE = env("EMAIL_HOST_PASSWORD_FILE", default="")
-EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
-EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
-EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)
-# SMTP goes through the tool gateway (apps/gateway/smtp.py), which injects the login.
-EMAIL_BACKEND = env("EMAIL_BACKEND", default="apps.gateway.smtp.GatewayEmailBackend" if EMAIL_HOST
-                    else "django.core.mail.backends.filebased.EmailBackend")
-EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))
-DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="faultdesk <faultdesk@localhost>")
+# E-mail (notifications): config/settings/mail.py
+from config.settings.mail import *  # noqa: E402, F403
 
 # Structured logs (config/logs.py): JSON lines by default, LOG_FORMAT=console for a terminal.
 LOGGING = logging_config(fmt=env("LOG_FORMAT", default="json"), level=env("LOG_LEVEL", default="INFO"))
