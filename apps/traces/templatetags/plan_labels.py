@@ -169,14 +169,20 @@ def read_error(text: object) -> object:
     return text
 
 
+def _label(table: dict, code: object) -> object:
+    """``code``'s name in ``table`` (a label, lazily translated), the code itself when unknown or
+    not a string."""
+    return table.get(code, code) if isinstance(code, str) else code
+
+
 @register.filter
 def step_label(code: object) -> object:
-    return STEP_LABELS.get(code, code) if isinstance(code, str) else code
+    return _label(STEP_LABELS, code)
 
 
 @register.filter
 def premise_label(code: object) -> object:
-    return PREMISE_LABELS.get(code, code) if isinstance(code, str) else code
+    return _label(PREMISE_LABELS, code)
 
 
 @register.filter
@@ -187,17 +193,17 @@ def premises_label(codes: object) -> object:
 
 @register.filter
 def verdict_label(code: object) -> object:
-    return VERDICT_LABELS.get(code, code) if isinstance(code, str) else code
+    return _label(VERDICT_LABELS, code)
 
 
 @register.filter
 def continuing_label(code: object) -> object:
-    return CONTINUING_LABELS.get(code, code) if isinstance(code, str) else code
+    return _label(CONTINUING_LABELS, code)
 
 
 @register.filter
 def chunk_label(code: object) -> object:
-    return CHUNK_LABELS.get(code, code) if isinstance(code, str) else code
+    return _label(CHUNK_LABELS, code)
 
 
 @register.filter
