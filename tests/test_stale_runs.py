@@ -148,17 +148,7 @@ def test_a_worker_whose_transaction_was_ended_does_not_give_back_the_next_worker
     monkeypatch.setattr(context_mod, "budget_reserve", reserve_then_stall)
     monkeypatch.setattr(context_mod, "_read", read)
     _wakes(lambda: agent_run(task_id=task.pk, pool=TOOLS))  # worker A wakes up
-    during_b = _row(task.pk)
-    third = task_claim(task_id=task.pk, owner="host:worker-C")
-    b_may_go.set()
-    thread, out_b = seen["b"]
-    thread.join(30)
-    assert "error" not in out_b, out_b
-    assert seen["b_holds"][2] == seen["a_token"] + 1, "B got a fencing token of its own"
-    assert during_b[3] is not None and during_b[2] == seen["a_token"] + 1, "B still holds its lease"
-    assert third is None, "no third worker takes the task while B works on it"
-    row = Task.objects.get(pk=task.pk)
-    assert task_replay(row, use_snapshot=False).ok
+    _b_kept_its_lease(task, seen, b_may_go)
 
 
 def test_a_reducer6_worker_whose_transaction_was_ended_writes_nothing_it_had_not_committed(requester, device,
@@ -227,17 +217,7 @@ def test_a_reducer6_worker_whose_transaction_was_ended_does_not_give_back_the_ne
     monkeypatch.setattr(reads_mod, "budget_reserve", reserve_then_stall)
     monkeypatch.setattr(reads_mod, "read_perform", read)
     _wakes(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker A wakes up
-    during_b = _row(task.pk)
-    third = task_claim(task_id=task.pk, owner="host:worker-C")
-    b_may_go.set()
-    thread, out_b = seen["b"]
-    thread.join(30)
-    assert "error" not in out_b, out_b
-    assert seen["b_holds"][2] == seen["a_token"] + 1, "B got a fencing token of its own"
-    assert during_b[3] is not None and during_b[2] == seen["a_token"] + 1, "B still holds its lease"
-    assert third is None, "no third worker takes the task while B works on it"
-    row = Task.objects.get(pk=task.pk)
-    assert task_replay(row, use_snapshot=False).ok
+    _b_kept_its_lease(task, seen, b_may_go)
 
 
 def test_a_row_image_is_written_before_a_savepoint_that_then_rolls_back(requester, device):
@@ -258,4 +238,21 @@ def test_a_row_image_is_written_before_a_savepoint_that_then_rolls_back(requeste
         task_release(lease=lease)
     row = Task.objects.get(pk=task.pk)
     assert row.version == 3 and row.state["limits"]["tool_calls"]["reserved"] == 1
+    assert task_replay(row, use_snapshot=False).ok
+
+
+def _b_kept_its_lease(task, seen: dict, b_may_go: threading.Event) -> None:
+    """Worker A has ended its run while worker B (``seen["b"]``: its thread and outcome) is in its
+    reads: B still holds the lease A's end did not give back, no third worker can take the task,
+    and once B is let go it finishes without error and the task replays."""
+    during_b = _row(task.pk)
+    third = task_claim(task_id=task.pk, owner="host:worker-C")
+    b_may_go.set()
+    thread, out_b = seen["b"]
+    thread.join(30)
+    assert "error" not in out_b, out_b
+    assert seen["b_holds"][2] == seen["a_token"] + 1, "B got a fencing token of its own"
+    assert during_b[3] is not None and during_b[2] == seen["a_token"] + 1, "B still holds its lease"
+    assert third is None, "no third worker takes the task while B works on it"
+    row = Task.objects.get(pk=task.pk)
     assert task_replay(row, use_snapshot=False).ok
