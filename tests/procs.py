@@ -285,3 +285,35 @@ def demo_stack(log_dir: Path, *, helpdesk: bool = False):
         yield stack, credentials
     finally:
         stack.stop_all()
+
+
+@contextmanager
+def helpdesk_running(var: Path, token: str):
+    """A real django-helpdesk (gunicorn, its own SQLite under ``var``) whose API answers ``token``;
+    yields its base URL once its ticket API answers 200 (within 60 s, else the test fails with the
+    end of its log), and stops it afterwards."""
+    from tools.helpdesk_site import run as helpdesk
+
+    helpdesk.prepare(var, token)
+    port = free_port()
+    log = open(var / "gunicorn.log", "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(helpdesk.gunicorn_command(port), cwd=helpdesk.ROOT,  # noqa: S603
+                            env=helpdesk.helpdesk_env(var), stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                if httpx.get(f"{base}/helpdesk/api/tickets/", headers={"Authorization": f"Token {token}"},
+                             timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, (var / "gunicorn.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "helpdesk did not start"
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()

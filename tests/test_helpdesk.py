@@ -7,7 +7,6 @@ helpdesk has no idempotency support: the connector writes the action key into th
 
 from __future__ import annotations
 
-import subprocess
 import time
 from datetime import datetime
 
@@ -27,9 +26,8 @@ from apps.tasks.models import Task
 from apps.tasks.services import task_cancel, task_submit
 from apps.tickets.connectors import HelpdeskConnector
 from tests.conftest import drive, p
-from tests.procs import free_port
+from tests.procs import helpdesk_running
 from tools import faultproxy
-from tools.helpdesk_site import run as helpdesk
 
 TOKEN = "helpdesktesttoken0000000000000000000000"[:40].ljust(40, "0")
 SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner."
@@ -38,31 +36,11 @@ SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner.
 @pytest.fixture(scope="module")
 def helpdesk_server(tmp_path_factory):
     """A real django-helpdesk (gunicorn, own SQLite) for this module, and a fault proxy before it."""
-    var = tmp_path_factory.mktemp("helpdesk")
-    helpdesk.prepare(var, TOKEN)
-    port = free_port()
-    log = open(var / "gunicorn.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(helpdesk.gunicorn_command(port), cwd=helpdesk.ROOT,  # noqa: S603
-                            env=helpdesk.helpdesk_env(var), stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/helpdesk/api/tickets/", headers={"Authorization": f"Token {TOKEN}"},
-                         timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (var / "gunicorn.log").read_text()[-2000:]
-        assert time.monotonic() < deadline, "helpdesk did not start"
-        time.sleep(0.2)
-    proxy = faultproxy.serve_in_thread(0, base, fault_prefix="/helpdesk/api/tickets/")
-    yield proxy
-    proxy.shutdown()
-    proxy.server_close()
-    proc.terminate()
-    proc.wait(10)
-    log.close()
+    with helpdesk_running(tmp_path_factory.mktemp("helpdesk"), TOKEN) as base:
+        proxy = faultproxy.serve_in_thread(0, base, fault_prefix="/helpdesk/api/tickets/")
+        yield proxy
+        proxy.shutdown()
+        proxy.server_close()
 
 
 @pytest.fixture

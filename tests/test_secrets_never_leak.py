@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import subprocess
-import time
 
 import httpx
 import pytest
@@ -30,7 +28,7 @@ from apps.tasks.services import task_submit
 from apps.tickets.connectors import ReferenceTicketConnector
 from tests.conftest import KB, SMALL_KB, drive, p
 from tests.factories import DeviceFactory
-from tests.procs import free_port
+from tests.procs import free_port, helpdesk_running
 
 SECRETS = {
     "ticket.reference": "refLEAKprobe-7f3a9c51-ref",
@@ -45,30 +43,8 @@ SYMPTOM = "Fuser error after warm-up, pages come out smeared with unfused toner.
 @pytest.fixture(scope="module")
 def helpdesk_site(tmp_path_factory):
     """A real django-helpdesk (gunicorn, own SQLite) whose API token is the distinctive secret."""
-    from tools.helpdesk_site import run as helpdesk
-
-    var = tmp_path_factory.mktemp("helpdesk-leak")
-    token = SECRETS["ticket.helpdesk"]
-    helpdesk.prepare(var, token)
-    port = free_port()
-    log = open(var / "gunicorn.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(helpdesk.gunicorn_command(port), cwd=helpdesk.ROOT,  # noqa: S603
-                            env=helpdesk.helpdesk_env(var), stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/helpdesk/api/tickets/", headers={"Authorization": f"Token {token}"},
-                         timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "helpdesk did not start"
-        time.sleep(0.2)
-    yield base
-    proc.terminate()
-    proc.wait(10)
-    log.close()
+    with helpdesk_running(tmp_path_factory.mktemp("helpdesk-leak"), SECRETS["ticket.helpdesk"]) as base:
+        yield base
 
 
 @pytest.fixture
