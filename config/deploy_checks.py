@@ -60,9 +60,29 @@ def _url_problem(name: str, value: str) -> str | None:
     return None
 
 
+#: the tools whose listed destinations get a credential over HTTP (SMTP's is guarded by EMAIL_USE_TLS/SSL)
+_HTTP_TOOLS = ("ticket.reference", "ticket.helpdesk", "model", "embeddings", "telemetry")
+
+
+def _allow_list_problem(conf: dict) -> str | None:
+    """Why a destination listed for a tool (``FAULTDESK_GATEWAY_ALLOW_<TOOL>``) or the span export's
+    endpoint, when it carries headers, cannot be used in production: the gateway injects the tool's
+    credential into every call to it, so it must be https."""
+    for tool in _HTTP_TOOLS:
+        for url in conf.get("GATEWAY_ALLOW", {}).get(tool, ()):
+            if not url.lower().startswith("https://"):
+                env_name = "FAULTDESK_GATEWAY_ALLOW_" + tool.upper().replace(".", "_")
+                return f"{env_name} lists {url}, not https (the credential sent to it would travel in clear)"
+    endpoint = conf.get("OTLP_TRACES_ENDPOINT", "")
+    if endpoint and (conf.get("OTLP_HEADERS") or conf.get("OTLP_HEADERS_FILE")) \
+            and not endpoint.lower().startswith("https://"):
+        return "the OTLP traces endpoint is not https, and the OTLP headers sent to it would travel in clear"
+    return None
+
+
 def deploy_problems() -> list[checks.CheckMessage]:
     """Every reason the current settings cannot serve production, as check messages
-    (``faultdesk.E001``–``E019``; errors, so ``check --deploy`` exits non-zero)."""
+    (``faultdesk.E001``–``E020``; errors, so ``check --deploy`` exits non-zero)."""
     conf = settings.FAULTDESK
     secret_key = "" if settings.SECRET_KEY == getattr(settings, "MISSING_SECRET_KEY", None) else settings.SECRET_KEY
     found: list[tuple[str, str | None, str]] = [
@@ -103,6 +123,8 @@ def deploy_problems() -> list[checks.CheckMessage]:
          "the SMTP relay notifications are sent through (EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, …)"),
         ("E019", _url_problem("FAULTDESK_PUBLIC_BASE_URL", conf["PUBLIC_BASE_URL"]),
          "the site's https address: the links in API answers and in notification e-mails start with it"),
+        ("E020", _allow_list_problem(conf),
+         "https destinations only: the tool gateway injects the tool's credential into every call to them"),
     ]
     return [checks.Error(problem, hint=hint, id=f"faultdesk.{code}") for code, problem, hint in found if problem]
 

@@ -5,6 +5,16 @@ reads, and how long one SMTP step may take."""
 from __future__ import annotations
 
 
+def _otlp_traces_endpoint(env) -> str:
+    """The URL spans are exported to, as the OTLP exporter resolves it: the traces endpoint, or
+    ``/v1/traces`` under the base endpoint; empty when neither is set (no export)."""
+    traces = env.str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", default="")
+    if traces:
+        return traces
+    base = env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="")
+    return f"{base.removesuffix('/')}/v1/traces" if base else ""
+
+
 def gateway_settings(env) -> dict:
     """The ``FAULTDESK`` entries of the tool gateway, read from the environment with ``env``
     (django-environ's ``Env``): ``GATEWAY_ALLOW`` ({tool: [URL, ...]}), the answer caps (bytes) and
@@ -19,7 +29,17 @@ def gateway_settings(env) -> dict:
             "model": env.list("FAULTDESK_GATEWAY_ALLOW_MODEL", default=[]),
             "embeddings": env.list("FAULTDESK_GATEWAY_ALLOW_EMBEDDINGS", default=[]),
             "notifications.smtp": env.list("FAULTDESK_GATEWAY_ALLOW_NOTIFICATIONS_SMTP", default=[]),
+            "telemetry": env.list("FAULTDESK_GATEWAY_ALLOW_TELEMETRY", default=[]),
         },
+        # span export (config/tracing.py) is a tool of the gateway too: its destination is the OTLP traces
+        # endpoint, its credential the OTLP headers (``k=v,k2=v2``, e.g. an API key header of a hosted
+        # collector) the gateway injects — the exporter's own reading of them is never sent
+        "OTLP_TRACES_ENDPOINT": _otlp_traces_endpoint(env),
+        "OTLP_HEADERS": env.str("OTEL_EXPORTER_OTLP_TRACES_HEADERS", default="")
+        or env.str("OTEL_EXPORTER_OTLP_HEADERS", default=""),
+        "OTLP_HEADERS_FILE": env.str("FAULTDESK_OTLP_HEADERS_FILE", default=""),
+        "GATEWAY_TELEMETRY_MAX_RESPONSE_BYTES": env.int("FAULTDESK_GATEWAY_TELEMETRY_MAX_RESPONSE_BYTES",
+                                                        default=64 * 2**10),
         # the most of an answer the gateway reads (bytes; past it the call is "too_large"): a ticket system's
         # (a batch of 50 tickets is ~100 KB), the remote embedding model's; the model's is MODEL_MAX_REPLY_BYTES
         "GATEWAY_TICKET_MAX_RESPONSE_BYTES": env.int("FAULTDESK_GATEWAY_TICKET_MAX_RESPONSE_BYTES", default=4 * 2**20),

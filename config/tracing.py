@@ -1,5 +1,6 @@
 """OpenTelemetry spans: a span for every web request, every Celery task and every outbound HTTP call
-(ticket systems, the model endpoint), exported over OTLP/HTTP — only when an endpoint is configured
+(ticket systems, the model endpoint), exported over OTLP/HTTP through the tool gateway (tool
+``telemetry``: apps/gateway/telemetry.py) — only when an endpoint is configured
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``). With none, nothing is
 instrumented and nothing is exported: tracing costs nothing by default.
 
@@ -44,7 +45,10 @@ def setup_tracing(role: str, *, exporter=None) -> bool:
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        from apps.gateway.telemetry import export_session
+
+        # through the tool gateway, as every outbound call (tool ``telemetry``, ADR 0022)
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(session=export_session())))
     else:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     if exporter is None:

@@ -706,3 +706,28 @@ def test_the_credential_check_finds_a_broker_url_without_the_redis_password():
         compose_interpolate("${REDIS_PASSWORD:?set it}", {"REDIS_PASSWORD": ""})
     assert compose_interpolate("${A:-x${B}y}", {"B": "b"}) == "xby"
     assert compose_interpolate("$${A}", {"A": "a"}) == "${A}"
+
+
+def test_an_http_destination_listed_for_a_credentialed_tool_is_refused_in_production():
+    """The gateway injects a tool's credential into every call to a destination listed for it, so a
+    listed destination must be https, as the configured URLs must (E012–E014)."""
+    env = verify.fill_env(verify.read_env_example(ENV_EXAMPLE))
+    assert _deploy_problems(env) == []
+    env["FAULTDESK_GATEWAY_ALLOW_TICKET_REFERENCE"] = "http://tickets-proxy.example:8080"
+    env["FAULTDESK_GATEWAY_ALLOW_MODEL"] = "http://old-model.example:8000/v1"
+    problems = _deploy_problems(env)
+    assert any("FAULTDESK_GATEWAY_ALLOW_TICKET_REFERENCE lists http://tickets-proxy.example:8080" in p
+               for p in problems), problems
+    env["FAULTDESK_GATEWAY_ALLOW_TICKET_REFERENCE"] = "https://tickets-proxy.example:8443"
+    env["FAULTDESK_GATEWAY_ALLOW_MODEL"] = "https://old-model.example/v1"
+    assert _deploy_problems(env) == []
+
+
+def test_span_export_with_headers_to_an_http_endpoint_is_refused_in_production():
+    env = verify.fill_env(verify.read_env_example(ENV_EXAMPLE))
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://collector.example:4318"
+    assert _deploy_problems(env) == []  # no headers: nothing secret travels
+    env["OTEL_EXPORTER_OTLP_HEADERS"] = "x-api-key=abc"
+    assert any("OTLP traces endpoint is not https" in p for p in _deploy_problems(env))
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "https://collector.example:4318"
+    assert _deploy_problems(env) == []

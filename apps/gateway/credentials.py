@@ -7,6 +7,8 @@ names (a mounted secret; :func:`config.secrets.secret_value`).
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 from django.conf import settings
 
 from apps.gateway import tools
@@ -20,6 +22,8 @@ _SOURCES = {
     tools.MODEL: ("MODEL_API_KEY", "MODEL_API_KEY_FILE", "FAULTDESK", "Bearer"),
     tools.EMBEDDINGS: ("EMBEDDING_API_KEY", "EMBEDDING_API_KEY_FILE", "FAULTDESK", "Bearer"),
     tools.SMTP: ("EMAIL_HOST_PASSWORD", "EMAIL_HOST_PASSWORD_FILE", "settings", None),
+    # the OTLP headers (``k=v,k2=v2``, values percent-encoded as the OTLP exporter spec has them)
+    tools.TELEMETRY: ("OTLP_HEADERS", "OTLP_HEADERS_FILE", "FAULTDESK", "headers"),
 }
 
 
@@ -38,23 +42,30 @@ def authorization(tool: str) -> dict[str, str]:
     when it has none configured. Raises as :func:`secret`."""
     scheme = _SOURCES[tool][3]
     value = secret(tool)
+    if scheme == "headers":
+        return _headers_of(value)
     return {"Authorization": f"{scheme} {value}"} if value and scheme else {}
+
+
+def _headers_of(value: str) -> dict[str, str]:
+    """The headers of an OTLP headers setting ``k=v,k2=v2`` (values percent-decoded; an entry
+    without ``=`` is skipped)."""
+    found = {}
+    for item in value.split(","):
+        name, eq, val = item.partition("=")
+        if eq and name.strip():
+            found[unquote(name.strip())] = unquote(val.strip())
+    return found
+
+
+def secret_values(tool: str) -> list[str]:
+    """The secret parts of what :func:`authorization` injects for ``tool`` (the token of an
+    ``Authorization`` header, the value of any other), for redaction. Raises as :func:`secret`."""
+    return [v.partition(" ")[2] if k.lower() == "authorization" and " " in v else v
+            for k, v in authorization(tool).items() if v]
 
 
 def smtp_login() -> tuple[str, str]:
     """``(user, password)`` for the SMTP relay's ``AUTH`` (``EMAIL_HOST_USER`` and
     ``EMAIL_HOST_PASSWORD`` or ``EMAIL_HOST_PASSWORD_FILE``); empty strings: no login."""
     return getattr(settings, "EMAIL_HOST_USER", "") or "", secret(tools.SMTP)
-
-
-def redact(tool: str, text):
-    """``text`` with ``tool``'s credential replaced by ``[redacted]`` wherever it occurs (an upstream
-    may echo the request's ``Authorization`` header in an error or a reply that is then recorded).
-    Anything that is not a string is returned as it is."""
-    if not isinstance(text, str):
-        return text
-    try:
-        value = secret(tool)
-    except OSError:
-        return text
-    return text.replace(value, "[redacted]") if value else text

@@ -8,7 +8,8 @@ For each call it
    at the socket, where the connection is made (:class:`_GuardedBackend`): a refused destination is
    :class:`~apps.gateway.errors.DestinationRefused`, recorded, and nothing leaves the process;
 2. injects the tool's credential (:func:`apps.gateway.credentials.authorization`), which the caller
-   never sees;
+   never sees — a credential that cannot travel in a header (a line break, a character outside
+   ASCII: a mounted file holding two keys) is refused before anything is sent (``bad_credential``);
 3. sends without following redirects (a 3xx is an answer: outcome ``redirect``), without
    environment proxies or ``.netrc`` (``trust_env`` off), over one pooled client per process and tool
    (keep-alive where the caller asks for it) with the process's TLS context (``config.tls``);
@@ -17,8 +18,10 @@ For each call it
    server that trickles its headers or its body is cut at the deadline (``timeout``), not after a
    per-read timeout per byte;
 5. streams the answer and stops reading past the tool's cap (``too_large``): it is never buffered
-   whole; an answer that echoes the credential back has it replaced by ``[redacted]`` before the
-   caller sees it;
+   whole, and a compressed answer (which it did not ask for) is inflated a bounded step at a time,
+   the cap counting decoded bytes (:mod:`apps.gateway.decoding`); an answer that echoes the
+   credential back, in any spelling the caller could decode, has it replaced by ``[redacted]``
+   before the caller sees it (:mod:`apps.gateway.redaction`), and so has the message of any error;
 6. records the outcome class (:func:`apps.gateway.records.call_record`).
 
 The answer comes back as an ``httpx.Response`` whose body is already read (at most the cap); failures
@@ -28,8 +31,10 @@ raise the classes of :mod:`apps.gateway.errors`.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import httpcore
@@ -38,6 +43,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.gateway import credentials, tools
+from apps.gateway.decoding import TooLarge, UnsupportedEncoding, decoded
 from apps.gateway.destinations import Destination, destination_of
 from apps.gateway.errors import (
     CallTimedOut,
@@ -48,10 +54,13 @@ from apps.gateway.errors import (
     TransportFailed,
 )
 from apps.gateway.records import call_record
+from apps.gateway.redaction import scrub, scrub_body
 from config.tls import tls_context
 
 #: headers of the streamed answer that no longer hold for the body handed back (read, decoded)
 _HOP_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+#: a header value HTTP can carry: visible ASCII, spaces and tabs inside, none around it (RFC 9110 §5.5)
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e\t]*[\x21-\x7e])?")
 
 
 @dataclass
@@ -170,6 +179,13 @@ def _client(tool: str, keep_alive: bool) -> httpx.Client:
     return client
 
 
+def _scrubbed(text: str, secrets: list[str]) -> str:
+    """``text`` with each of ``secrets`` (in every spelling) replaced by ``[redacted]``."""
+    for secret in secrets:
+        text = scrub(text, secret)
+    return text
+
+
 def _outcome_of(status: int) -> str:
     if 200 <= status < 300:
         return "ok"
@@ -211,8 +227,14 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
     try:
         injected = credentials.authorization(tool)
     except OSError as exc:
-        record("connect_error")
+        record("bad_credential")
         raise ConnectFailed(tool, f"its credential could not be read ({type(exc).__name__}); nothing sent") from None
+    secrets = [v.partition(" ")[2] if k.lower() == "authorization" and " " in v else v
+               for k, v in injected.items() if v]
+    if any(not _HEADER_VALUE.fullmatch(v) for v in injected.values()):
+        record("bad_credential")
+        raise ConnectFailed(tool, "its credential cannot be sent in a header (a line break or a character "
+                                  "outside ASCII: check the secret's file); nothing sent") from None
     cap = tools.caps(tool).max_bytes
     client = _client(tool, keep_alive)
     request = client.build_request(
@@ -226,11 +248,10 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
         status = response.status_code
         try:
             chunks = []
-            for chunk in response.iter_bytes():
+            for chunk in decoded(response.iter_raw(), response.headers.get("content-encoding", ""), cap):
                 nbytes += len(chunk)
                 if nbytes > cap:
-                    raise ResponseTooLarge(tool, f"the answer is larger than {cap} bytes; not read further",
-                                           status=status)
+                    raise TooLarge
                 chunks.append(chunk)
             body = b"".join(chunks)
         finally:
@@ -238,25 +259,42 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
     except GatewayError as exc:
         record(exc.outcome, status, nbytes)
         raise
+    except TooLarge:
+        record("too_large", status, nbytes)
+        raise ResponseTooLarge(tool, f"the answer is larger than {cap} bytes; not read further",
+                               status=status) from None
+    except (UnsupportedEncoding, zlib.error) as exc:
+        record("transport_error", status, nbytes)
+        raise TransportFailed(tool, f"{dest}: the answer could not be decoded: {exc}", status=status) from None
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         if call.refused:
             record("refused_destination")
             raise DestinationRefused(tool, f"the connection to {call.refused[0]} was refused at the socket") from None
         record("connect_error")
-        raise ConnectFailed(tool, f"no connection to {dest}: {type(exc).__name__}: {exc}") from exc
+        raise ConnectFailed(tool, f"no connection to {dest}: {type(exc).__name__}: {_scrubbed(str(exc), secrets)}") \
+            from None
     except httpx.TimeoutException as exc:
         record("timeout", status, nbytes)
         raise CallTimedOut(tool, f"no complete answer from {dest} within {timeout:.1f} s ({type(exc).__name__})",
                            status=status) from exc
     except (httpx.HTTPError, httpcore.ConnectionNotAvailable, OSError) as exc:
         record("transport_error", status, nbytes)
-        raise TransportFailed(tool, f"{dest}: sent, no answer: {type(exc).__name__}: {exc}", status=status) from exc
+        raise TransportFailed(tool, f"{dest}: sent, no answer: {type(exc).__name__}: {_scrubbed(str(exc), secrets)}",
+                              status=status) from None
     finally:
         _local.call = None
     record(_outcome_of(status), status, nbytes)
-    secret = injected.get("Authorization", "").partition(" ")[2].encode()
-    if secret and secret in body:  # an upstream that echoes the request's credential: the caller never sees it
-        body = body.replace(secret, b"[redacted]")
     kept = [(k, v) for k, v in response.headers.multi_items()
-            if k.lower() not in _HOP_HEADERS and not (secret and secret in v.encode(errors="replace"))]
-    return httpx.Response(status, headers=kept, content=body, request=request)
+            if k.lower() not in _HOP_HEADERS and _scrubbed(v, secrets) == v]
+    answer = httpx.Response(status, headers=kept, content=body, request=request)
+    clean, text = None, answer.text
+    for secret in secrets:  # an upstream echoing the credential: the caller never sees it
+        cleaned = scrub_body(body if clean is None else clean, text, secret)
+        if cleaned is not None:
+            clean, text = cleaned, cleaned.decode("utf-8", "replace")
+    if clean is None:
+        return answer
+    kept = [(k, v) for k, v in kept if k.lower() != "content-type"]
+    kind = answer.headers.get("content-type", "application/octet-stream").split(";")[0].strip()
+    return httpx.Response(status, headers=[*kept, ("Content-Type", f"{kind}; charset=utf-8")], content=clean,
+                          request=request)

@@ -23,6 +23,7 @@ class Outcome(models.TextChoices):
     TRANSPORT_ERROR = "transport_error", _("sent, the answer was lost")
     TOO_LARGE = "too_large", _("answer over the size cap (cut, not read further)")
     REFUSED_DESTINATION = "refused_destination", _("destination not allowed (no connection opened)")
+    BAD_CREDENTIAL = "bad_credential", _("credential unreadable or not sendable (nothing was sent)")
 
 
 class GatewayCall(models.Model):

@@ -11,6 +11,7 @@ are handed out as they are.
 
 from __future__ import annotations
 
+import base64
 import functools
 import smtplib
 import socket
@@ -26,6 +27,7 @@ from apps.gateway import credentials, tools
 from apps.gateway.destinations import DEFAULT_PORTS, Destination
 from apps.gateway.errors import DestinationRefused
 from apps.gateway.records import call_record
+from apps.gateway.redaction import scrub
 
 #: the backends that talk SMTP; :func:`email_connection` hands out the gateway's in their place
 SMTP_BACKENDS = ("django.core.mail.backends.smtp.EmailBackend", "apps.gateway.smtp.GatewayEmailBackend")
@@ -65,7 +67,10 @@ class _GuardedSMTPMixin:
 
     def _get_socket(self, host, port, timeout):
         self._gateway._at_socket(host, port)
-        sock = super()._get_socket(host, port, timeout)
+        # the connect (and, for SMTPS, the whole TLS handshake: CPython bounds it by the socket's
+        # timeout) runs before the deadline's shutdown knows the socket: bound it by the time left
+        sock = super()._get_socket(host, port, self._gateway._time_left(timeout))
+        sock.settimeout(timeout)
         self._gateway._smtp = self
         return sock
 
@@ -83,6 +88,32 @@ class _GuardedSMTP(_GuardedSMTPMixin, smtplib.SMTP):
 
 class _GuardedSMTPSSL(_GuardedSMTPMixin, smtplib.SMTP_SSL):
     pass
+
+
+def _scrubbed(exc: BaseException, user: str, password: str) -> None:
+    """Remove the relay's password from ``exc`` in place (a relay's reply may quote the login it was
+    sent, as text or as the base64 of ``AUTH PLAIN``/``LOGIN``): its reply text, its recipients'
+    replies, its arguments. What the sender records and logs is built from these."""
+    if not password:
+        return
+    spellings = [password, base64.b64encode(password.encode()).decode(),
+                 base64.b64encode(f"\0{user}\0{password}".encode()).decode()]
+
+    def clean(value):
+        if isinstance(value, bytes):
+            text = value.decode("utf-8", "replace")
+            cleaned = clean(text)
+            return value if cleaned == text else cleaned.encode()
+        if isinstance(value, str):
+            for spelling in spellings:
+                value = scrub(value, spelling)
+        return value
+
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        exc.recipients = {rcpt: (code, clean(msg)) for rcpt, (code, msg) in exc.recipients.items()}
+    if isinstance(exc, smtplib.SMTPResponseException):
+        exc.smtp_error = clean(exc.smtp_error)
+    exc.args = tuple(clean(a) for a in exc.args)
 
 
 def _outcome_of(exc: BaseException, *, expired: bool, connected: bool) -> str:
@@ -125,6 +156,7 @@ class GatewayEmailBackend(django_smtp.EmailBackend):
         self._smtp = None
         self._bytes = 0
         self._expired = False
+        self._deadline_at = None
 
     @property
     def connection_class(self):
@@ -134,6 +166,17 @@ class GatewayEmailBackend(django_smtp.EmailBackend):
         """The second check, where the socket is opened."""
         if (str(host).lower().strip("[]"), int(port)) != (self._destination.host, self._destination.port):
             raise DestinationRefused(tools.SMTP, f"the connection to {host}:{port} was refused at the socket")
+
+    def _time_left(self, timeout: float | None) -> float | None:
+        """``timeout`` shortened to the time left in the current step; raises ``TimeoutError`` when
+        none is left."""
+        if self._deadline_at is None:
+            return timeout
+        left = self._deadline_at - time.monotonic()
+        if left <= 0:
+            self._expired = True
+            raise TimeoutError("the SMTP step's deadline passed")
+        return left if timeout is None else min(timeout, left)
 
     def _expire(self) -> None:
         self._expired = True
@@ -158,6 +201,7 @@ class GatewayEmailBackend(django_smtp.EmailBackend):
             record("refused_destination")
             raise DestinationRefused(tools.SMTP, f"{self._destination} is not a destination notifications.smtp "
                                                  "may reach")
+        self._deadline_at = time.monotonic() + self._deadline_seconds
         timer = threading.Timer(self._deadline_seconds, self._expire)
         timer.daemon = True
         timer.start()
@@ -166,9 +210,11 @@ class GatewayEmailBackend(django_smtp.EmailBackend):
         except BaseException as exc:
             connected = connected_before or getattr(self._smtp, "sock", None) is not None or self.connection is not None
             record(_outcome_of(exc, expired=self._expired, connected=connected))
+            _scrubbed(exc, self.username or "", self.password or "")
             raise
         finally:
             timer.cancel()
+            self._deadline_at = None
         record("ok")
         return result
 

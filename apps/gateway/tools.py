@@ -17,6 +17,9 @@ tool                   destinations (besides the list of   credential (``*_FILE`
 ``notifications.smtp`` ``EMAIL_HOST``:``EMAIL_PORT``       ``EMAIL_HOST_USER`` +       ``GATEWAY_SMTP_MAX_
                        (``smtps`` with ``EMAIL_USE_SSL``)  ``EMAIL_HOST_PASSWORD``     REPLY_BYTES``
                                                            (SMTP ``AUTH``)
+``telemetry``          the OTLP traces endpoint            ``OTEL_EXPORTER_OTLP_       ``GATEWAY_TELEMETRY_
+                       (``OTEL_EXPORTER_OTLP_[TRACES_]     [TRACES_]HEADERS``          MAX_RESPONSE_BYTES``
+                       ENDPOINT``)                         (``k=v,…``: those headers)
 =====================  ==================================  ==========================  ===================
 """
 
@@ -33,7 +36,8 @@ TICKET_HELPDESK = "ticket.helpdesk"
 MODEL = "model"
 EMBEDDINGS = "embeddings"
 SMTP = "notifications.smtp"
-TOOLS = (TICKET_REFERENCE, TICKET_HELPDESK, MODEL, EMBEDDINGS, SMTP)
+TELEMETRY = "telemetry"
+TOOLS = (TICKET_REFERENCE, TICKET_HELPDESK, MODEL, EMBEDDINGS, SMTP, TELEMETRY)
 
 
 def _embedding_base() -> str:
@@ -60,6 +64,7 @@ def configured_url(tool: str) -> str:
         MODEL: lambda: conf["MODEL_BASE_URL"],
         EMBEDDINGS: _embedding_base,
         SMTP: _smtp_base,
+        TELEMETRY: lambda: conf.get("OTLP_TRACES_ENDPOINT", ""),
     }[tool]()
 
 
@@ -89,4 +94,5 @@ def caps(tool: str) -> Caps:
         MODEL: conf["MODEL_MAX_REPLY_BYTES"],
         EMBEDDINGS: conf["GATEWAY_EMBEDDINGS_MAX_RESPONSE_BYTES"],
         SMTP: conf["GATEWAY_SMTP_MAX_REPLY_BYTES"],
+        TELEMETRY: conf.get("GATEWAY_TELEMETRY_MAX_RESPONSE_BYTES", 64 * 2**10),
     }[tool]))

@@ -36,9 +36,10 @@ import httpx
 import jsonschema
 from django.conf import settings
 
-from apps.gateway import credentials, tools
 from apps.gateway import errors as gateway_errors
+from apps.gateway import tools
 from apps.gateway.http import http_request
+from apps.gateway.redaction import redact
 from apps.llm.drafter import LOCAL_MODEL_ID
 
 LOCAL = "local"
@@ -309,7 +310,7 @@ class OpenAICompatibleProvider:
         the key, redacts it."""
 
         def clean(text):
-            return credentials.redact(tools.MODEL, text)
+            return redact(tools.MODEL, text)
 
         result.content, result.error = clean(result.content), clean(result.error)
         result.problems = [clean(pr) for pr in result.problems]

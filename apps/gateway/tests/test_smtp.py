@@ -213,3 +213,93 @@ def test_other_backends_make_no_call(settings):
     backend = email_connection()
     assert not isinstance(backend, GatewayEmailBackend)
     assert EmailMessage  # the standard library's message type is not the gateway's concern
+
+
+def test_an_smtp_reply_echoing_the_password_is_redacted(settings):
+    """An SMTP relay's 535 may quote what it was sent; the sender stores the reply (Notification.error,
+    a log line): the gateway redacts HTTP echoes but not SMTP ones."""
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import AuthResult
+
+    from apps.notifications.sending import failure_of
+
+    class Sink:
+        async def handle_DATA(self, server, session, envelope):  # noqa: N802
+            return "250 OK"
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        return AuthResult(success=False, handled=False,
+                          message=f"535 5.7.8 bad credentials for {auth_data.login.decode()}"
+                                  f" / {auth_data.password.decode()}")
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    controller = Controller(Sink(), hostname="127.0.0.1", port=port, authenticator=authenticator,
+                            auth_required=True, auth_require_tls=False)
+    controller.start()
+    try:
+        settings.EMAIL_BACKEND = "apps.gateway.smtp.GatewayEmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+        settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+        settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD = "mailer", "smtpLEAK-pa55word"
+        settings.EMAIL_HOST_PASSWORD_FILE = ""
+        settings.EMAIL_TIMEOUT = 5
+        backend = email_connection(fail_silently=False)
+        with pytest.raises(Exception) as caught:
+            backend.open()
+    finally:
+        controller.stop()
+    stored = failure_of(caught.value).error  # what Notification.error and the log line get
+    assert "smtpLEAK-pa55word" not in stored, stored
+
+
+
+
+def test_an_smtps_handshake_trickled_by_the_relay_is_cut_at_the_deadline(settings):
+    """``GATEWAY_SMTP_DEADLINE_SECONDS`` bounds "connect and log in" as a whole; with ``EMAIL_USE_SSL``
+    the TLS handshake runs inside ``_get_socket``, before the backend knows the socket, so the
+    deadline's shutdown finds nothing to shut: the handshake ends at EMAIL_TIMEOUT (CPython's own
+    handshake deadline), not at the gateway's (here 3 s against 0.5 s)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = srv.accept()
+        try:
+            conn.recv(4096)  # the ClientHello
+            conn.sendall(b"\x16\x03\x03\x40\x00")  # a handshake record of 16 KiB is coming …
+            while not stop.is_set():
+                conn.sendall(b"\x02")  # … one byte at a time
+                time.sleep(0.2)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    settings.EMAIL_BACKEND = "apps.gateway.smtp.GatewayEmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+    settings.EMAIL_USE_TLS, settings.EMAIL_USE_SSL = False, True
+    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD, settings.EMAIL_HOST_PASSWORD_FILE = "", "", ""
+    settings.EMAIL_TIMEOUT = 3
+    settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_SMTP_DEADLINE_SECONDS": 0.5}
+    backend = email_connection(fail_silently=False)
+    result: dict = {}
+
+    def run():
+        started = time.monotonic()
+        try:
+            backend.open()
+        except Exception as exc:  # noqa: BLE001
+            result["exc"] = exc
+        result["took"] = time.monotonic() - started
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(5.0)
+    stop.set()
+    worker.join(3.0)
+    srv.close()
+    assert result.get("took", 99) < 1.5, f"the 0.5 s deadline held the open for {result.get('took')}"
