@@ -214,7 +214,10 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
         dest = destination_of(url)
     except ValueError:
         dest = Destination("?", "", 0)
-    path = httpx.URL(url).path if dest.port else ""
+    try:
+        path = httpx.URL(url).path if dest.port else ""
+    except httpx.InvalidURL:  # a control character in it: refused below, as a URL nothing can be sent to
+        dest, path = Destination("?", "", 0), ""
 
     def record(outcome: str, status: int | None = None, nbytes: int = 0) -> None:
         call_record(tool=tool, destination=dest, method=method, path=path, outcome=outcome, at=at,
@@ -237,10 +240,14 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
                                   "outside ASCII: check the secret's file); nothing sent") from None
     cap = tools.caps(tool).max_bytes
     client = _client(tool, keep_alive)
-    request = client.build_request(
-        method, url, params=params, json=json, content=content, data=data, files=files,
-        headers={**(headers or {}), "Accept-Encoding": "identity", **injected},
-        timeout=httpx.Timeout(timeout, connect=min(timeout, connect_timeout)))
+    try:
+        request = client.build_request(
+            method, url, params=params, json=json, content=content, data=data, files=files,
+            headers={**(headers or {}), "Accept-Encoding": "identity", **injected},
+            timeout=httpx.Timeout(timeout, connect=min(timeout, connect_timeout)))
+    except (httpx.InvalidURL, UnicodeError, ValueError, TypeError) as exc:  # a URL or header that cannot be sent
+        record("connect_error")
+        raise ConnectFailed(tool, f"the request cannot be built ({type(exc).__name__}); nothing sent") from None
     call = _local.call = _Call(deadline=started + timeout, hosts=frozenset({(dest.host, dest.port)}))
     status, nbytes = None, 0
     try:

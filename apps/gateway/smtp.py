@@ -138,13 +138,16 @@ class GatewayEmailBackend(django_smtp.EmailBackend):
     """Django's SMTP backend through the gateway (see the module). ``host`` and ``port`` default to
     ``EMAIL_HOST`` and ``EMAIL_PORT`` and must be a destination of ``notifications.smtp``; a
     ``username``/``password`` passed in is ignored — the login is always the gateway's
-    (:func:`apps.gateway.credentials.smtp_login`). Each ``open()`` and each ``send_messages()`` is
+    (:func:`apps.gateway.credentials.smtp_login`) — and so, when there is a password, are ``use_tls`` and
+    ``use_ssl`` (the settings' ``EMAIL_USE_TLS``/``EMAIL_USE_SSL`` hold). Each ``open()`` and each ``send_messages()`` is
     bounded by ``GATEWAY_SMTP_DEADLINE_SECONDS`` as a whole (the connection is shut down when it
     passes) and recorded. Raises what Django's backend raises, and :class:`DestinationRefused`."""
 
     def __init__(self, host=None, port=None, username=None, password=None, use_tls=None, fail_silently=False,
                  use_ssl=None, timeout=None, ssl_keyfile=None, ssl_certfile=None, **kwargs):
         user, secret = credentials.smtp_login()
+        if secret:  # the login travels only as the settings have it protected: a caller cannot turn TLS off
+            use_tls, use_ssl = None, None
         super().__init__(host=host, port=port, username=user, password=secret, use_tls=use_tls,
                          fail_silently=fail_silently, use_ssl=use_ssl, timeout=timeout, ssl_keyfile=ssl_keyfile,
                          ssl_certfile=ssl_certfile, **kwargs)

@@ -303,3 +303,14 @@ def test_an_smtps_handshake_trickled_by_the_relay_is_cut_at_the_deadline(setting
     worker.join(3.0)
     srv.close()
     assert result.get("took", 99) < 1.5, f"the 0.5 s deadline held the open for {result.get('took')}"
+
+
+def test_a_caller_cannot_turn_tls_off_for_the_login(settings):
+    settings.EMAIL_BACKEND = "apps.gateway.smtp.GatewayEmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "mail.example", 587
+    settings.EMAIL_USE_TLS, settings.EMAIL_USE_SSL = True, False
+    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD, settings.EMAIL_HOST_PASSWORD_FILE = "mailer", "pw", ""
+    backend = GatewayEmailBackend(use_tls=False, use_ssl=False)
+    assert (backend.use_tls, backend.use_ssl) == (True, False)
+    settings.EMAIL_HOST_PASSWORD = ""  # no login: nothing to protect, the caller's choice holds
+    assert GatewayEmailBackend(use_tls=False).use_tls is False

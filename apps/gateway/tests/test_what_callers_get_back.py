@@ -232,3 +232,14 @@ def test_an_echo_in_a_header_or_a_percent_encoded_body_is_redacted_too(settings,
     assert got.status_code == 401
     assert "x-echo" not in got.headers
     assert got.text == "token=[redacted]&again=[redacted]"
+
+
+@pytest.mark.parametrize("url_tail", ["/tick\tets", "/tickets\x00", "/ticket s\r\nX-Injected: 1"])
+def test_a_url_that_cannot_be_sent_is_refused_unsent_and_recorded(settings, recorder, url_tail):
+    server = recorder({})
+    configure(settings, "ticket.reference", server.url, "k3y-value")
+    with pytest.raises(gateway_errors.GatewayError) as caught:
+        http_request("ticket.reference", "GET", f"{server.url}{url_tail}", timeout=5)
+    assert caught.value.sent is False  # a definite "not executed", never a crash or "outcome unknown"
+    assert server.seen == []
+    assert GatewayCall.objects.get(tool="ticket.reference").outcome in {"connect_error", "refused_destination"}
