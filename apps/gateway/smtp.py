@@ -139,8 +139,8 @@ class GatewayEmailBackend(django_smtp.EmailBackend):
     ``EMAIL_HOST`` and ``EMAIL_PORT`` and must be a destination of ``notifications.smtp``; a
     ``username``/``password`` passed in is ignored — the login is always the gateway's
     (:func:`apps.gateway.credentials.smtp_login`) — and so, when there is a password, are ``use_tls`` and
-    ``use_ssl`` (the settings' ``EMAIL_USE_TLS``/``EMAIL_USE_SSL`` hold). Each ``open()`` and each ``send_messages()`` is
-    bounded by ``GATEWAY_SMTP_DEADLINE_SECONDS`` as a whole (the connection is shut down when it
+    ``use_ssl`` (the settings' ``EMAIL_USE_TLS``/``EMAIL_USE_SSL`` hold). Each ``open()`` and each
+    ``send_messages()`` is bounded by ``GATEWAY_SMTP_DEADLINE_SECONDS`` as a whole (the connection is shut down when it
     passes) and recorded. Raises what Django's backend raises, and :class:`DestinationRefused`."""
 
     def __init__(self, host=None, port=None, username=None, password=None, use_tls=None, fail_silently=False,
