@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 
 import httpx
 import pytest
@@ -22,6 +21,7 @@ from apps.events.models import TaskEvent
 from apps.evidence.embedding import USE_MODEL, embed_texts
 from apps.evidence.services import document_ingest
 from apps.gateway.models import GatewayCall
+from apps.gateway.tests.servers import smtp_relay_on_loopback, use_relay
 from apps.notifications.services import notifications_drain
 from apps.tasks import reducer
 from apps.tasks.services import task_submit
@@ -73,7 +73,6 @@ def embedding_server():
 
 @pytest.fixture
 def smtp_relay(settings):
-    from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import AuthResult
 
     seen = {"logins": [], "messages": []}
@@ -87,19 +86,9 @@ def smtp_relay(settings):
         seen["logins"].append(auth_data.password.decode())
         return AuthResult(success=auth_data.password.decode() == SECRETS["notifications.smtp"])
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    controller = Controller(Sink(), hostname="127.0.0.1", port=port, authenticator=authenticator,
-                            auth_required=True, auth_require_tls=False)
-    controller.start()
-    settings.EMAIL_BACKEND = "apps.gateway.smtp.GatewayEmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD = "faultdesk", SECRETS["notifications.smtp"]
-    settings.EMAIL_TIMEOUT = 5
-    yield seen
-    controller.stop()
+    with smtp_relay_on_loopback(Sink(), authenticator) as port:
+        use_relay(settings, port, "faultdesk", SECRETS["notifications.smtp"])
+        yield seen
 
 
 def _pages(client, admin_user, approver, tasks) -> dict[str, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from urllib.parse import quote
 
+from apps.core.jsonwalk import strings_of
 from apps.gateway import credentials
 
 MASK = "[redacted]"
@@ -56,20 +57,9 @@ def _unescaped_json_holds(text: str, value: str) -> bool:
     escapes of plain letters, say); False when ``text`` is not JSON."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if value in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
+    return any(value in text for text in strings_of(data))
 
 
 def _json_scrubbed(data, value: str):
@@ -95,7 +85,10 @@ def scrub_body(body: bytes, text: str, value: str) -> bytes | None:
     if not (in_bytes or in_json or clean_text != text):
         return None
     if in_json:
-        return json.dumps(_json_scrubbed(json.loads(text), value), ensure_ascii=False).encode("utf-8")
+        try:
+            return json.dumps(_json_scrubbed(json.loads(text), value), ensure_ascii=False).encode("utf-8")
+        except RecursionError:  # nested too deep to rebuild: the whole answer is withheld
+            return MASK.encode()
     if clean_text != text:
         return clean_text.encode("utf-8")
     for form in forms(value):  # bytes no decoding shows (a body that is not text)

@@ -31,6 +31,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from apps.core.jsonwalk import strings_of
 from apps.tickets.models import InboundWebhook, TicketMirror, WebhookOutcome
 from apps.tickets.webhook_signature import verify
 
@@ -108,18 +109,7 @@ def _finite_float(text: str) -> float:
 
 def _holds_nul(value) -> bool:
     """Whether any key or string in ``value`` (parsed JSON) holds NUL, which PostgreSQL cannot store."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
+    return any("\x00" in text for text in strings_of(value))
 
 
 def _apply(event: dict, event_id: str, version: int) -> tuple[int, dict]:

@@ -1,11 +1,12 @@
 """Real servers on loopback for the gateway tests: an HTTP server that records what it was sent and
-answers from a script, and a listener that only counts the connections that reach it."""
+answers from a script, a listener that only counts the connections that reach it, and an SMTP relay."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -114,3 +115,32 @@ def trickled_headers(every: float, count: int = 200):
         handler.close_connection = True
 
     return answer
+
+
+@contextmanager
+def smtp_relay_on_loopback(handler, authenticator=None):
+    """An aiosmtpd relay on a free loopback port, handing its messages to ``handler`` (aiosmtpd's
+    handler object); with ``authenticator`` it requires ``AUTH`` (over plain text: loopback only).
+    Yields the port; stops the relay on the way out."""
+    from aiosmtpd.controller import Controller
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    auth = {"authenticator": authenticator, "auth_required": True, "auth_require_tls": False} if authenticator else {}
+    controller = Controller(handler, hostname="127.0.0.1", port=port, **auth)
+    controller.start()
+    try:
+        yield port
+    finally:
+        controller.stop()
+
+
+def use_relay(settings, port: int, user: str = "", password: str = "",
+              backend: str = "apps.gateway.smtp.GatewayEmailBackend") -> None:
+    """Point the e-mail settings at the loopback relay on ``port``, with that login (none when empty)."""
+    settings.EMAIL_BACKEND = backend
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD, settings.EMAIL_HOST_PASSWORD_FILE = user, password, ""
+    settings.EMAIL_TIMEOUT = 5

@@ -16,7 +16,7 @@ from apps.evidence.embedding import embed_texts
 from apps.gateway import errors as gateway_errors
 from apps.gateway.http import http_request
 from apps.gateway.models import GatewayCall
-from apps.gateway.tests.servers import CountingListener, Recorder, trickle, trickled_headers
+from apps.gateway.tests.servers import CountingListener, trickle, trickled_headers
 from apps.llm.providers import OpenAICompatibleProvider
 from apps.tickets.connectors import HelpdeskConnector, ReferenceTicketConnector
 
@@ -88,23 +88,9 @@ def listener():
     server.close()
 
 
-@pytest.fixture
-def recorder():
-    servers = []
-
-    def start(answers=ANSWERS):
-        server = Recorder(answers)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
-
-
 @pytest.mark.parametrize("tool", HTTP_TOOLS)
 def test_another_port_on_loopback_is_refused_before_any_connection_and_recorded(tool, settings, recorder, listener):
-    configured = recorder()
+    configured = recorder(ANSWERS)
     configure(settings, tool, configured.url, "s3cret-value")
     _, outcome = use(tool, listener.url)
     assert refused(tool, outcome), outcome
@@ -118,7 +104,7 @@ def test_another_port_on_loopback_is_refused_before_any_connection_and_recorded(
 
 @pytest.mark.parametrize("tool", HTTP_TOOLS)
 def test_another_host_is_refused_and_recorded(tool, settings, recorder):
-    configured = recorder()
+    configured = recorder(ANSWERS)
     configure(settings, tool, configured.url, "s3cret-value")
     port = configured.server_address[1]
     _, outcome = use(tool, f"http://elsewhere.invalid:{port}")
@@ -147,7 +133,7 @@ def test_a_redirect_to_an_unlisted_address_is_not_followed(tool, settings, recor
 @pytest.mark.parametrize("tool", HTTP_TOOLS)
 def test_the_server_sees_the_credential_the_code_was_never_handed(tool, from_file, settings, recorder, tmp_path):
     secret = f"dist1nct-{tool}-secret-{'file' if from_file else 'env'}"
-    configured = recorder()
+    configured = recorder(ANSWERS)
     if from_file:
         path = tmp_path / "secret"
         path.write_text(secret + "\n")
@@ -165,7 +151,7 @@ def test_the_server_sees_the_credential_the_code_was_never_handed(tool, from_fil
 
 
 def test_a_rotated_secret_file_is_read_again(settings, recorder, tmp_path):
-    configured = recorder()
+    configured = recorder(ANSWERS)
     path = tmp_path / "key"
     path.write_text("first-key-value")
     configure(settings, "ticket.reference", configured.url, "", secret_file=str(path))
@@ -177,7 +163,7 @@ def test_a_rotated_secret_file_is_read_again(settings, recorder, tmp_path):
 
 
 def test_an_unreadable_secret_file_sends_nothing(settings, recorder, tmp_path):
-    configured = recorder()
+    configured = recorder(ANSWERS)
     configure(settings, "ticket.reference", configured.url, "", secret_file=str(tmp_path / "missing"))
     _, outcome = use("ticket.reference", configured.url)
     assert isinstance(outcome, errors.DefinitelyNotExecuted) and configured.seen == []
@@ -186,7 +172,7 @@ def test_an_unreadable_secret_file_sends_nothing(settings, recorder, tmp_path):
 def test_a_listed_destination_is_reached_without_being_the_configured_one(settings, recorder):
     """A fault proxy in front of a ticket system (chaos, the end-to-end stack) is allowed by
     configuration: FAULTDESK_GATEWAY_ALLOW_TICKET_REFERENCE."""
-    configured, proxy = recorder(), recorder()
+    configured, proxy = recorder(ANSWERS), recorder(ANSWERS)
     configure(settings, "ticket.reference", configured.url, "k3y-value")
     settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_ALLOW": {**settings.FAULTDESK["GATEWAY_ALLOW"],
                                                                   "ticket.reference": [proxy.url]}}
@@ -241,7 +227,7 @@ def test_a_trickling_answer_is_cut_at_the_whole_calls_deadline(answer, settings,
 
 def test_keep_alive_connections_are_reused_under_the_gateway(settings, recorder):
     """The ticket systems' pooled, kept-alive connections stay (the dispatcher's throughput)."""
-    server = recorder()
+    server = recorder(ANSWERS)
     configure(settings, "ticket.reference", server.url, "k3y-value")
     for _ in range(5):
         http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5, keep_alive=True)

@@ -16,7 +16,7 @@ from django.core.mail import EmailMessage as DjangoEmail
 from apps.gateway.errors import DestinationRefused
 from apps.gateway.models import GatewayCall
 from apps.gateway.smtp import GatewayEmailBackend, email_connection
-from apps.gateway.tests.servers import CountingListener
+from apps.gateway.tests.servers import CountingListener, smtp_relay_on_loopback, use_relay
 
 pytestmark = [pytest.mark.django_db,
               pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")]
@@ -35,7 +35,6 @@ class _Sink:
 @pytest.fixture
 def smtp_relay(settings):
     """aiosmtpd on loopback requiring AUTH (over plain text, loopback only), configured as the relay."""
-    from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import AuthResult
 
     sink = _Sink()
@@ -44,20 +43,10 @@ def smtp_relay(settings):
         sink.logins.append((auth_data.login.decode(), auth_data.password.decode()))
         return AuthResult(success=True)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    controller = Controller(sink, hostname="127.0.0.1", port=port, authenticator=authenticator,
-                            auth_required=True, auth_require_tls=False)
-    controller.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD = "faultdesk-mailer", "smtp-pa55word-distinct"
-    settings.EMAIL_HOST_PASSWORD_FILE = ""
-    settings.EMAIL_TIMEOUT = 5
-    yield sink, port
-    controller.stop()
+    with smtp_relay_on_loopback(sink, authenticator) as port:
+        use_relay(settings, port, "faultdesk-mailer", "smtp-pa55word-distinct",
+                  backend="django.core.mail.backends.smtp.EmailBackend")
+        yield sink, port
 
 
 def _message(connection=None) -> DjangoEmail:
@@ -134,14 +123,6 @@ def _run(script, conn):
         conn.close()
 
 
-def _configure_raw(settings, port):
-    settings.EMAIL_BACKEND = "apps.gateway.smtp.GatewayEmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
-    settings.EMAIL_TIMEOUT = 5
-
-
 def test_a_reply_over_the_cap_is_cut_and_classed(settings):
     def flood(conn):
         for _ in range(1000):
@@ -152,7 +133,7 @@ def test_a_reply_over_the_cap_is_cut_and_classed(settings):
     server = _raw_smtp(flood)
     port = server.getsockname()[1]
     try:
-        _configure_raw(settings, port)
+        use_relay(settings, port)
         settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_SMTP_MAX_REPLY_BYTES": 16384}
         backend = email_connection(fail_silently=False)
         with pytest.raises(Exception) as caught:
@@ -174,7 +155,7 @@ def test_a_trickling_reply_is_cut_at_the_deadline(settings):
     server = _raw_smtp(trickle)
     port = server.getsockname()[1]
     try:
-        _configure_raw(settings, port)
+        use_relay(settings, port)
         settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_SMTP_DEADLINE_SECONDS": 0.5}
         started = time.monotonic()
         with pytest.raises(Exception):  # noqa: B017 - smtplib's own error for the shut connection
@@ -190,20 +171,11 @@ def test_a_temporary_refusal_is_classed_smtp_4xx(smtp_relay, settings):
         async def handle_DATA(self, server, session, envelope):  # noqa: N802
             return "451 4.3.0 try again later"
 
-    from aiosmtpd.controller import Controller
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    controller = Controller(Refusing(), hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        _configure_raw(settings, port)
+    with smtp_relay_on_loopback(Refusing()) as port:
+        use_relay(settings, port)
         backend = email_connection(fail_silently=False)
         with pytest.raises(Exception):  # noqa: B017 - smtplib.SMTPDataError
             backend.send_messages([_message(backend)])
-    finally:
-        controller.stop()
     outcomes = sorted(GatewayCall.objects.filter(port=port).values_list("method", "outcome"))
     assert outcomes == [("CONNECT", "ok"), ("SEND", "smtp_4xx")]
 
@@ -217,43 +189,24 @@ def test_other_backends_make_no_call(settings):
 
 def test_an_smtp_reply_echoing_the_password_is_redacted(settings):
     """An SMTP relay's 535 may quote what it was sent; the sender stores the reply (Notification.error,
-    a log line): the gateway redacts HTTP echoes but not SMTP ones."""
-    from aiosmtpd.controller import Controller
+    a log line): the gateway removes the password from it, as it does from an HTTP echo."""
     from aiosmtpd.smtp import AuthResult
 
     from apps.notifications.sending import failure_of
-
-    class Sink:
-        async def handle_DATA(self, server, session, envelope):  # noqa: N802
-            return "250 OK"
 
     def authenticator(server, session, envelope, mechanism, auth_data):
         return AuthResult(success=False, handled=False,
                           message=f"535 5.7.8 bad credentials for {auth_data.login.decode()}"
                                   f" / {auth_data.password.decode()}")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    controller = Controller(Sink(), hostname="127.0.0.1", port=port, authenticator=authenticator,
-                            auth_required=True, auth_require_tls=False)
-    controller.start()
-    try:
-        settings.EMAIL_BACKEND = "apps.gateway.smtp.GatewayEmailBackend"
-        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-        settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-        settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD = "mailer", "smtpLEAK-pa55word"
-        settings.EMAIL_HOST_PASSWORD_FILE = ""
-        settings.EMAIL_TIMEOUT = 5
+    with smtp_relay_on_loopback(_Sink(), authenticator) as port:
+        use_relay(settings, port, "mailer", "smtpLEAK-pa55word")
         backend = email_connection(fail_silently=False)
-        with pytest.raises(Exception) as caught:
+        with pytest.raises(Exception) as caught:  # noqa: B017 - smtplib.SMTPAuthenticationError
             backend.open()
-    finally:
-        controller.stop()
     stored = failure_of(caught.value).error  # what Notification.error and the log line get
     assert "smtpLEAK-pa55word" not in stored, stored
-
-
+    assert "535" in stored and "[redacted]" in stored
 
 
 def test_an_smtps_handshake_trickled_by_the_relay_is_cut_at_the_deadline(settings):

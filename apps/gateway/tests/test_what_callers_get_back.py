@@ -17,27 +17,12 @@ from apps.core import tool_errors as errors
 from apps.gateway import errors as gateway_errors
 from apps.gateway.http import http_request
 from apps.gateway.models import GatewayCall
-from apps.gateway.tests.servers import Recorder
 from apps.gateway.tests.test_http import configure, use
 
 pytestmark = [pytest.mark.django_db,
               pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")]
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def recorder():
-    servers = []
-
-    def start(answers):
-        server = Recorder(answers)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
 
 
 # --- caps: a compressed answer ------------------------------------------------------------------------
