@@ -1,0 +1,211 @@
+"""More of what a caller (and a trace) gets back from the tool gateway (ADR 0022; spec §16.6): an
+echoed credential in a header's *name*, inside a JSON string the caller parses again, in the message
+of an exception the httpx instrumentation puts on a span; request headers captured on spans; an
+answer in several gzip members; a listed URL the gateway cannot read; a name that takes long to
+resolve."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import time
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from apps.gateway import errors as gateway_errors
+from apps.gateway.http import http_request
+from apps.gateway.models import GatewayCall
+from apps.gateway.tests.servers import Recorder
+from apps.gateway.tests.test_http import configure, use
+from config.tracing import setup_tracing, teardown_tracing
+
+pytestmark = pytest.mark.django_db
+
+#: a django-helpdesk (DRF) token: 40 lower-case hex digits — also a valid header *name*
+HEX_TOKEN = "9f2c4e6a8b0d1f3e5a7c9b1d3f5e7a9c0b2d4f6e"
+
+
+@pytest.fixture
+def recorder():
+    servers = []
+
+    def start(answers):
+        server = Recorder(answers)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    assert setup_tracing("test", exporter=exporter) is True
+    yield exporter
+    teardown_tracing()
+
+
+def _span_text(exporter) -> str:
+    out = []
+    for s in exporter.get_finished_spans():
+        out.append(repr(dict(s.attributes or {})))
+        out.append(repr(s.status.description))
+        out.extend(repr(dict(e.attributes or {})) for e in s.events)
+    return "\n".join(out)
+
+
+def test_a_credential_echoed_as_a_response_header_name_does_not_reach_the_caller(settings, recorder):
+    """Only header *values* are checked: a server answering ``<token>: 1`` (a hex token is a valid
+    header name) hands the caller the credential in ``resp.headers``."""
+
+    def answer(handler):
+        token = handler.headers["Authorization"].partition(" ")[2]
+        handler.send_response(200)
+        handler.send_header(token, "1")
+        handler.send_header("Content-Length", "2")
+        handler.end_headers()
+        handler.wfile.write(b"{}")
+
+    server = recorder({"GET /helpdesk/api/x": answer})
+    configure(settings, "ticket.helpdesk", server.url, HEX_TOKEN)
+    resp = http_request("ticket.helpdesk", "GET", f"{server.url}/helpdesk/api/x", timeout=5)
+    assert HEX_TOKEN not in repr(resp.headers.multi_items())
+
+
+def test_a_credential_escaped_inside_the_model_content_string_never_reaches_the_parsed_output(settings, recorder):
+    """The model's ``content`` is a JSON string the provider parses again. An echo written as
+    ``\\u`` escapes *inside* that inner JSON survives the gateway's scrub (it parses the outer JSON
+    only) and the provider's ``redact`` (raw forms), and comes out in ``CallResult.output`` — the
+    draft that becomes a ticket sent to the ticket system and events."""
+    secret = "sk-model-LEAK-0123456789"
+
+    def answer(handler):
+        key = handler.headers["Authorization"].partition(" ")[2]
+        escaped = "".join(f"\\u{ord(c):04x}" for c in key)
+        inner = ('{"title": "Printer jam", "description": "key ' + escaped + '", "priority": "P3", '
+                 '"alert_summary": "jam", "evidence": [], "missing_information": []}')
+        data = json.dumps({"choices": [{"finish_reason": "stop", "message": {"content": inner}}],
+                           "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    server = recorder({"POST /v1/chat/completions": answer})
+    configure(settings, "model", server.url, secret)
+    _, result = use("model", server.url)
+    assert result.outcome == "ok", (result.outcome, result.problems)
+    assert secret not in repr(result.output) + repr(result.content)
+
+
+def test_an_http_error_quoting_an_echoed_credential_never_reaches_a_span(settings, recorder, spans):
+    """The gateway scrubs the messages it raises, but the httpx instrumentation records the raw
+    exception on the client span first: h11's "illegal header line: b'…'" quotes the server's line,
+    and the span (exported to the collector) keeps the credential."""
+    secret = "ref-span-LEAK-abcdef123456"
+
+    def answer(handler):
+        auth = handler.headers["Authorization"]
+        handler.wfile.write(b"HTTP/1.1 401 Unauthorized\r\nyou sent " + auth.encode() + b"\r\n\r\n")
+        handler.close_connection = True
+
+    server = recorder({"GET /tickets": answer})
+    configure(settings, "ticket.reference", server.url, secret)
+    with pytest.raises(gateway_errors.TransportFailed) as caught:
+        http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5)
+    assert secret not in str(caught.value)  # holds: the gateway's own message is scrubbed
+    assert secret not in _span_text(spans)
+
+
+def test_capturing_client_request_headers_on_spans_never_exports_the_injected_credential(settings, recorder,
+                                                                                          monkeypatch):
+    """``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST`` (a standard OTel setting an
+    operator may set to debug a connector) makes the httpx instrumentation copy request headers onto
+    the span — the gateway's ``Authorization`` included, unsanitised, exported to the collector."""
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST", ".*")
+    exporter = InMemorySpanExporter()
+    assert setup_tracing("test", exporter=exporter) is True
+    try:
+        secret = "ref-hdr-LEAK-abcdef123456"
+        server = recorder({"GET /tickets": (200, {}, b'{"results": []}')})
+        configure(settings, "ticket.reference", server.url, secret)
+        http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5)
+        text = _span_text(exporter)
+    finally:
+        teardown_tracing()
+    assert "/tickets" in text  # the span is there
+    assert secret not in text
+
+
+def test_an_answer_in_several_gzip_members_is_read_whole_or_refused(settings, recorder):
+    """A gzip body may hold several members (RFC 1952 §2.2; ``cat a.gz b.gz``, streaming servers).
+    The gateway's inflater stops at the end of the first and drops the rest: the caller gets a cut
+    answer, outcome ``ok``, with nothing saying so."""
+    first, second = b'{"results": [', b'{"id": "T-1", "version": 1}]}'
+    data = gzip.compress(first) + gzip.compress(second)
+
+    def answer(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Encoding", "gzip")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    server = recorder({"GET /tickets": answer})
+    configure(settings, "ticket.reference", server.url, "k3y")
+    try:
+        resp = http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5)
+    except gateway_errors.GatewayError:
+        return  # refusing it is fine too
+    assert resp.content == first + second
+
+
+def test_a_listed_url_the_gateway_cannot_read_is_a_recorded_gateway_error_not_a_crash(settings, recorder):
+    """``FAULTDESK_GATEWAY_ALLOW_TICKET_REFERENCE=https://proxy.example:99999`` passes the deploy
+    check (E020 only looks at the scheme); every call of the tool then raises a bare ``ValueError``
+    out of ``allowed_destinations`` — not a gateway error the connector maps, and no record."""
+    server = recorder({"GET /tickets": (200, {}, b'{"results": []}')})
+    configure(settings, "ticket.reference", server.url, "k3y")
+    allow = {**settings.FAULTDESK.get("GATEWAY_ALLOW", {}), "ticket.reference": ["https://proxy.example:99999"]}
+    settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_ALLOW": allow}
+    from config.deploy_checks import _allow_list_problem
+    assert _allow_list_problem(settings.FAULTDESK) is None  # the deploy check lets it through
+    try:
+        http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5)
+    except gateway_errors.GatewayError:
+        pass
+    except ValueError as exc:
+        pytest.fail(f"an unclassified {exc!r} escaped the gateway")
+    assert GatewayCall.objects.filter(tool="ticket.reference").exists()
+
+
+def test_a_slow_name_resolution_is_bounded_by_the_calls_deadline(settings, recorder, monkeypatch):
+    """Every wait of a call is meant to be bounded by its deadline; the name lookup of
+    ``socket.create_connection`` is not (getaddrinfo takes no timeout: resolv.conf's 5 s × attempts ×
+    servers). A resolver that takes 3 s holds a 0.5 s call for 3 s."""
+    server = recorder({"GET /tickets": (200, {}, b'{"results": []}')})
+    port = server.server_address[1]
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host == "tickets.slow-dns.test":
+            time.sleep(3)
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    url = f"http://tickets.slow-dns.test:{port}"
+    configure(settings, "ticket.reference", url, "k3y")
+    started = time.monotonic()
+    try:
+        http_request("ticket.reference", "GET", f"{url}/tickets", timeout=0.5)
+    except gateway_errors.GatewayError:
+        pass
+    took = time.monotonic() - started
+    assert took < 1.5, f"a 0.5 s call took {took:.1f} s"
