@@ -6,14 +6,18 @@ resolve."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
+import re
 import socket
 import time
+from urllib.parse import unquote
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from apps.core import tool_errors as errors
 from apps.gateway import errors as gateway_errors
 from apps.gateway.http import http_request
 from apps.gateway.models import GatewayCall
@@ -209,3 +213,81 @@ def test_a_slow_name_resolution_is_bounded_by_the_calls_deadline(settings, recor
         pass
     took = time.monotonic() - started
     assert took < 1.5, f"a 0.5 s call took {took:.1f} s"
+
+
+# --- spellings not yet covered ----------------------------------------------------------------------
+
+_B64_SECRET = "AbC/dEf+ref-s3cret/LEAK"
+
+
+def _lower_percent(text: str) -> str:
+    """Percent-encoding with lower-case hex digits (RFC 3986 §2.1: equivalent to upper case; Go's and
+    several proxies' encoders write it so)."""
+    from urllib.parse import quote
+    return re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quote(text, safe=""))
+
+
+def _echo_body(encode):
+    def answer(handler):
+        data = json.dumps({"error": "unauthorized", "detail": encode(handler.headers["Authorization"])}).encode()
+        handler.send_response(401)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    return answer
+
+
+@pytest.mark.parametrize("encode", [
+    lambda auth: _lower_percent(auth),
+    lambda auth: base64.b64encode(auth.encode()).decode(),
+], ids=["lower-case-percent", "base64"])
+def test_an_echo_the_caller_could_decode_is_not_stored_in_the_connectors_error(encode, settings, recorder):
+    """The redaction knows ``quote()``'s upper-case escapes and (for SMTP only) base64; an answer
+    echoing ``Authorization`` percent-encoded in lower case, or base64-encoded, keeps a decodable
+    credential in the Unauthorized error the dispatcher records (detail and body)."""
+    server = recorder({"GET /tickets": _echo_body(encode)})
+    configure(settings, "ticket.reference", server.url, _B64_SECRET)
+    _, outcome = use("ticket.reference", server.url)
+    assert isinstance(outcome, errors.Unauthorized), outcome
+    stored = repr(outcome.as_dict()) + repr(outcome.body)
+    assert _B64_SECRET not in stored  # holds: not raw
+    decoded = [unquote(stored)]
+    decoded += [base64.b64decode(t + "==").decode("latin-1") for t in re.findall(r"[A-Za-z0-9+/]{16,}", stored)]
+    assert not any(_B64_SECRET in d for d in decoded), "the stored error decodes back to the credential"
+
+
+def test_a_redirect_location_echoing_the_credential_is_not_handed_to_the_caller(settings, recorder):
+    """A 3xx is an answer whose headers reach the caller; a ``Location`` carrying the key
+    percent-encoded in lower case passes the header filter."""
+
+    def answer(handler):
+        key = handler.headers["Authorization"].partition(" ")[2]
+        handler.send_response(302)
+        handler.send_header("Location", f"https://sso.example/login?api_key={_lower_percent(key)}")
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    server = recorder({"GET /tickets": answer})
+    configure(settings, "ticket.reference", server.url, _B64_SECRET)
+    resp = http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5)
+    assert resp.status_code == 302
+    assert _B64_SECRET not in unquote(repr(resp.headers.multi_items()))
+
+
+# --- what the model is sent -------------------------------------------------------------------------
+
+def test_no_other_tools_credential_is_sent_to_the_model(settings, recorder):
+    """§16.6: credentials never in the model's context. The gateway injects and scrubs per tool, but
+    sends a model request body as the caller built it: a device's ``alert_message`` or a ticket
+    comment quoting the helpdesk token (a monitoring agent's "auth failed for token …") goes to the
+    model server as it is — the gateway, which knows every credential, never looks."""
+    server = recorder({"POST /v1/chat/completions": (200, {}, b'{"choices": []}')})
+    configure(settings, "model", server.url, "sk-model-key")
+    settings.FAULTDESK = {**settings.FAULTDESK, "HELPDESK_API_TOKEN": HEX_TOKEN}
+    alert = f"helpdesk sync failed: 401 for token {HEX_TOKEN}"
+    http_request("model", "POST", f"{server.url}/v1/chat/completions", timeout=5,
+                 json={"model": "m", "messages": [{"role": "user", "content": f"Device alert: {alert}"}]})
+    assert server.seen, "the model server was called"
+    assert HEX_TOKEN not in server.seen[-1]["body"].decode()
