@@ -68,10 +68,16 @@ def _allow_list_problem(conf: dict) -> str | None:
     """Why a destination listed for a tool (``FAULTDESK_GATEWAY_ALLOW_<TOOL>``) or the span export's
     endpoint, when it carries headers, cannot be used in production: the gateway injects the tool's
     credential into every call to it, so it must be https."""
-    for tool in _HTTP_TOOLS:
-        for url in conf.get("GATEWAY_ALLOW", {}).get(tool, ()):
-            if not url.lower().startswith("https://"):
-                env_name = "FAULTDESK_GATEWAY_ALLOW_" + tool.upper().replace(".", "_")
+    from apps.gateway.destinations import destination_of
+
+    for tool, urls in conf.get("GATEWAY_ALLOW", {}).items():
+        env_name = "FAULTDESK_GATEWAY_ALLOW_" + tool.upper().replace(".", "_")
+        for url in (u for u in urls if u and u.strip()):
+            try:
+                destination_of(url)
+            except ValueError as exc:
+                return f"{env_name} lists {url}, which cannot be read ({exc}): every call of {tool} would be refused"
+            if tool in _HTTP_TOOLS and not url.lower().startswith("https://"):
                 return f"{env_name} lists {url}, not https (the credential sent to it would travel in clear)"
     endpoint = conf.get("OTLP_TRACES_ENDPOINT", "")
     if endpoint and (conf.get("OTLP_HEADERS") or conf.get("OTLP_HEADERS_FILE")) \

@@ -17,17 +17,33 @@ import os
 log = logging.getLogger(__name__)
 
 _DONE = False
+_PROVIDER = None
 
 
 def endpoint_configured() -> bool:
     return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
+#: request and response headers never copied onto a span, whatever the capture settings ask
+#: (``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*``): a signed-in user's basic auth, session cookies
+_SANITIZED = ("authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", ".*token.*",
+              ".*secret.*", ".*password.*", ".*key.*")
+
+
+def provider():
+    """The tracer provider spans go to (the gateway starts its own client spans on it), or None when
+    tracing is off."""
+    return _PROVIDER
+
+
 def setup_tracing(role: str, *, exporter=None) -> bool:
-    """Instrument Django, Celery and httpx and export their spans. ``exporter``: a span exporter
-    to use instead of OTLP (tests pass an in-memory one). Returns True when tracing is on; False
-    (and does nothing) without an exporter or a configured endpoint. Idempotent per process."""
-    global _DONE
+    """Instrument Django and Celery and export their spans and the tool gateway's (one client span per
+    outbound call, made by the gateway itself with no header, body or error text on it: the httpx
+    instrumentation is not used, as it would record the raw exceptions and captured headers of
+    requests that carry a credential). ``exporter``: a span exporter to use instead of OTLP (tests
+    pass an in-memory one). Returns True when tracing is on; False (and does nothing) without an
+    exporter or a configured endpoint. Idempotent per process."""
+    global _DONE, _PROVIDER
     if _DONE:
         return True
     if exporter is None and not endpoint_configured():
@@ -35,7 +51,6 @@ def setup_tracing(role: str, *, exporter=None) -> bool:
     from opentelemetry import trace
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.django import DjangoInstrumentor
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -53,9 +68,12 @@ def setup_tracing(role: str, *, exporter=None) -> bool:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     if exporter is None:
         trace.set_tracer_provider(provider)  # once per process; tests pass their provider explicitly
+    asked = os.environ.get("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS", "")
+    os.environ["OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS"] = ",".join(
+        [f for f in asked.split(",") if f.strip()] + list(_SANITIZED))
     DjangoInstrumentor().instrument(tracer_provider=provider)
     CeleryInstrumentor().instrument(tracer_provider=provider)
-    HTTPXClientInstrumentor().instrument(tracer_provider=provider)
+    _PROVIDER = provider
     _DONE = True
     log.info("tracing on: spans of %s exported", role)
     return True
@@ -63,12 +81,12 @@ def setup_tracing(role: str, *, exporter=None) -> bool:
 
 def teardown_tracing() -> None:
     """Undo :func:`setup_tracing` (tests)."""
-    global _DONE
+    global _DONE, _PROVIDER
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.django import DjangoInstrumentor
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
-    for inst in (DjangoInstrumentor(), CeleryInstrumentor(), HTTPXClientInstrumentor()):
+    for inst in (DjangoInstrumentor(), CeleryInstrumentor()):
         if inst.is_instrumented_by_opentelemetry:
             inst.uninstrument()
     _DONE = False
+    _PROVIDER = None

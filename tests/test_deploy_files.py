@@ -731,3 +731,10 @@ def test_span_export_with_headers_to_an_http_endpoint_is_refused_in_production()
     assert any("OTLP traces endpoint is not https" in p for p in _deploy_problems(env))
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "https://collector.example:4318"
     assert _deploy_problems(env) == []
+
+
+def test_a_listed_destination_that_cannot_be_read_is_refused_in_production():
+    env = verify.fill_env(verify.read_env_example(ENV_EXAMPLE))
+    env["FAULTDESK_GATEWAY_ALLOW_TICKET_HELPDESK"] = "https://helpdesk-proxy.example:99999"
+    assert any("FAULTDESK_GATEWAY_ALLOW_TICKET_HELPDESK lists https://helpdesk-proxy.example:99999, which cannot be"
+               " read" in p for p in _deploy_problems(env))

@@ -39,31 +39,42 @@ def encodings_of(header: str) -> list[str]:
     return found
 
 
+def _new_inflater(encoding: str, head: bytes):
+    if encoding in _GZIP:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    # deflate: a zlib stream as the RFC says, or the raw deflate some servers send
+    zlib_header = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
+    return zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
+
+
 def _inflate(chunks: Iterable[bytes], encoding: str, cap: int) -> Iterator[bytes]:
-    """The bytes of ``chunks`` with one layer of ``encoding`` undone, at most ``cap`` of them.
-    Raises :class:`TooLarge` past the cap, ``zlib.error`` on a corrupt stream."""
+    """The bytes of ``chunks`` with one layer of ``encoding`` undone, at most ``cap`` of them. A gzip
+    body of several members (RFC 1952 §2.2) is read member after member; bytes after the end of a
+    deflate stream are ignored. Raises :class:`TooLarge` past the cap, ``zlib.error`` on a corrupt
+    stream."""
     total = 0
     inflater = None
+    finished = False  # a deflate stream ended: whatever follows is ignored
     for chunk in chunks:
-        if not chunk:
-            continue
-        if inflater is None:
-            if encoding in _GZIP:
-                wbits = 16 + zlib.MAX_WBITS
-            else:  # deflate: a zlib stream as the RFC says, or the raw deflate some servers send
-                zlib_header = len(chunk) >= 2 and chunk[0] & 0x0F == 8 and (chunk[0] << 8 | chunk[1]) % 31 == 0
-                wbits = zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS
-            inflater = zlib.decompressobj(wbits)
         data = chunk
-        while data and not inflater.eof:
+        while data and not finished:
+            if inflater is None:
+                inflater = _new_inflater(encoding, data)
             out = inflater.decompress(data, cap + 1 - total)  # never 0 (unbounded): total <= cap here
             total += len(out)
             if total > cap:
                 raise TooLarge(f"the answer decodes to more than {cap} bytes")
             if out:
                 yield out
-            data = inflater.unconsumed_tail
-    if inflater is not None:
+            if inflater.eof:
+                data = inflater.unused_data
+                if encoding in _GZIP:
+                    inflater = None  # the next member, if any
+                else:
+                    finished = True
+            else:
+                data = inflater.unconsumed_tail
+    if inflater is not None and not inflater.eof:
         rest = inflater.flush()
         total += len(rest)
         if total > cap:

@@ -42,7 +42,7 @@ import httpx
 from django.conf import settings
 from django.utils import timezone
 
-from apps.gateway import credentials, tools
+from apps.gateway import credentials, resolver, spans, tools
 from apps.gateway.decoding import TooLarge, UnsupportedEncoding, decoded
 from apps.gateway.destinations import Destination, destination_of
 from apps.gateway.errors import (
@@ -54,7 +54,7 @@ from apps.gateway.errors import (
     TransportFailed,
 )
 from apps.gateway.records import call_record
-from apps.gateway.redaction import scrub, scrub_body
+from apps.gateway.redaction import every_credential, holds_data, scrub, scrub_body, scrub_data
 from config.tls import tls_context
 
 #: headers of the streamed answer that no longer hold for the body handed back (read, decoded)
@@ -132,9 +132,22 @@ class _GuardedBackend(httpcore.NetworkBackend):
             if call is not None:
                 call.refused.append(f"{host}:{port}")
             raise httpcore.ConnectError(f"the tool gateway does not connect to {host}:{port}")
-        stream = self._inner.connect_tcp(host, port, _bounded(timeout, httpcore.ConnectTimeout), local_address,
-                                         socket_options)
-        return _GuardedStream(stream)
+        try:  # the name lookup too is bounded by the call's deadline
+            found = resolver.addresses(host, port, _bounded(timeout, httpcore.ConnectTimeout))
+        except resolver.LookupTimedOut as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from None
+        except resolver.LookupFailed as exc:
+            raise httpcore.ConnectError(str(exc)) from None
+        failure: Exception | None = None
+        for address in found:  # each address in turn, as socket.create_connection does
+            try:
+                stream = self._inner.connect_tcp(address, port, _bounded(timeout, httpcore.ConnectTimeout),
+                                                 local_address, socket_options)
+            except httpcore.ConnectError as exc:
+                failure = exc
+                continue
+            return _GuardedStream(stream)
+        raise failure
 
     def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options=None):
         raise httpcore.ConnectError("the tool gateway does not connect to unix sockets")
@@ -179,6 +192,27 @@ def _client(tool: str, keep_alive: bool) -> httpx.Client:
     return client
 
 
+#: the tools whose requests carry text a model reads (a prompt, texts to embed): no credential of any
+#: tool may be in them (spec §16.6: "凭证由网关注入而非放进模型上下文")
+_NEVER_HANDED_A_CREDENTIAL = frozenset({tools.MODEL, tools.EMBEDDINGS})
+
+
+def _without_credentials(json_body, content):
+    """The request's ``json`` and ``content`` with every tool's credential (a device alert or a ticket
+    comment may quote one) replaced by ``[redacted]``; unchanged when they hold none."""
+    values = every_credential()
+    for value in values:
+        if json_body is not None and holds_data(json_body, value):
+            json_body = scrub_data(json_body, value)
+        if isinstance(content, str):
+            content = scrub(content, value)
+        elif isinstance(content, bytes):
+            text = content.decode("utf-8", "replace")
+            cleaned = scrub(text, value)
+            content = content if cleaned == text else cleaned.encode("utf-8")
+    return json_body, content
+
+
 def _scrubbed(text: str, secrets: list[str]) -> str:
     """``text`` with each of ``secrets`` (in every spelling) replaced by ``[redacted]``."""
     for secret in secrets:
@@ -219,12 +253,20 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
     except httpx.InvalidURL:  # a control character in it: refused below, as a URL nothing can be sent to
         dest, path = Destination("?", "", 0), ""
 
+    span = spans.start(tool, method, dest, path)
+
     def record(outcome: str, status: int | None = None, nbytes: int = 0) -> None:
         call_record(tool=tool, destination=dest, method=method, path=path, outcome=outcome, at=at,
                     duration_ms=int((time.monotonic() - started) * 1000), http_status=status,
                     bytes_received=nbytes)
+        spans.end(span, outcome, status)
 
-    if not dest.port or dest not in tools.allowed_destinations(tool):
+    try:
+        allowed = tools.allowed_destinations(tool)
+    except ValueError as exc:  # a listed URL that cannot be read: nothing is reachable until it is fixed
+        record("refused_destination")
+        raise DestinationRefused(tool, f"its list of destinations cannot be read ({exc})") from None
+    if not dest.port or dest not in allowed:
         record("refused_destination")
         raise DestinationRefused(tool, f"{dest} is not a destination {tool} may reach")
     try:
@@ -238,12 +280,15 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
         record("bad_credential")
         raise ConnectFailed(tool, "its credential cannot be sent in a header (a line break or a character "
                                   "outside ASCII: check the secret's file); nothing sent") from None
+    if tool in _NEVER_HANDED_A_CREDENTIAL:
+        json, content = _without_credentials(json, content)
     cap = tools.caps(tool).max_bytes
     client = _client(tool, keep_alive)
     try:
         request = client.build_request(
             method, url, params=params, json=json, content=content, data=data, files=files,
-            headers={**(headers or {}), "Accept-Encoding": "identity", **injected},
+            headers={**(headers or {}), **spans.propagation_headers(span), "Accept-Encoding": "identity",
+                     **injected},
             timeout=httpx.Timeout(timeout, connect=min(timeout, connect_timeout)))
     except (httpx.InvalidURL, UnicodeError, ValueError, TypeError) as exc:  # a URL or header that cannot be sent
         record("connect_error")
@@ -283,7 +328,7 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
     except httpx.TimeoutException as exc:
         record("timeout", status, nbytes)
         raise CallTimedOut(tool, f"no complete answer from {dest} within {timeout:.1f} s ({type(exc).__name__})",
-                           status=status) from exc
+                           status=status) from None
     except (httpx.HTTPError, httpcore.ConnectionNotAvailable, OSError) as exc:
         record("transport_error", status, nbytes)
         raise TransportFailed(tool, f"{dest}: sent, no answer: {type(exc).__name__}: {_scrubbed(str(exc), secrets)}",
@@ -292,7 +337,7 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
         _local.call = None
     record(_outcome_of(status), status, nbytes)
     kept = [(k, v) for k, v in response.headers.multi_items()
-            if k.lower() not in _HOP_HEADERS and _scrubbed(v, secrets) == v]
+            if k.lower() not in _HOP_HEADERS and _scrubbed(k, secrets) == k and _scrubbed(v, secrets) == v]
     answer = httpx.Response(status, headers=kept, content=body, request=request)
     clean, text = None, answer.text
     for secret in secrets:  # an upstream echoing the credential: the caller never sees it

@@ -23,7 +23,7 @@ from django.core.mail import get_connection
 from django.core.mail.backends import smtp as django_smtp
 from django.utils import timezone
 
-from apps.gateway import credentials, tools
+from apps.gateway import credentials, resolver, tools
 from apps.gateway.destinations import DEFAULT_PORTS, Destination
 from apps.gateway.errors import DestinationRefused
 from apps.gateway.records import call_record
@@ -69,10 +69,22 @@ class _GuardedSMTPMixin:
         self._gateway._at_socket(host, port)
         # the connect (and, for SMTPS, the whole TLS handshake: CPython bounds it by the socket's
         # timeout) runs before the deadline's shutdown knows the socket: bound it by the time left
-        sock = super()._get_socket(host, port, self._gateway._time_left(timeout))
-        sock.settimeout(timeout)
-        self._gateway._smtp = self
-        return sock
+        try:  # the name lookup too is bounded by the step's deadline
+            found = resolver.addresses(str(host), port, self._gateway._time_left(timeout))
+        except resolver.LookupTimedOut:
+            self._gateway._expired = True
+            raise
+        failure: OSError | None = None
+        for address in found:
+            try:
+                sock = super()._get_socket(address, port, self._gateway._time_left(timeout))
+            except OSError as exc:
+                failure = exc
+                continue
+            sock.settimeout(timeout)
+            self._gateway._smtp = self
+            return sock
+        raise failure
 
     def getreply(self):
         if self.file is None and self.sock is not None:
@@ -191,19 +203,34 @@ class GatewayEmailBackend(django_smtp.EmailBackend):
                 pass
 
     def _step(self, method: str, fn):
-        """Run ``fn`` (an open or a send) under the deadline, and record it as ``method``."""
+        """Run ``fn`` (an open or a send) under the deadline, and record it as ``method``. A step run
+        inside another (the open a send makes) keeps the outer step's deadline."""
         at, started = timezone.now(), time.monotonic()
-        self._bytes, self._expired = 0, False
+        nested = self._deadline_at is not None
+        if not nested:
+            self._bytes, self._expired = 0, False
         connected_before = self.connection is not None
 
         def record(outcome: str) -> None:
             call_record(tool=tools.SMTP, destination=self._destination, method=method, path="", outcome=outcome,
                         at=at, duration_ms=int((time.monotonic() - started) * 1000), bytes_received=self._bytes)
 
-        if self._destination not in tools.allowed_destinations(tools.SMTP):
+        try:
+            allowed = self._destination in tools.allowed_destinations(tools.SMTP)
+        except ValueError:  # a listed destination that cannot be read: nothing is reachable until it is fixed
+            allowed = False
+        if not allowed:
             record("refused_destination")
             raise DestinationRefused(tools.SMTP, f"{self._destination} is not a destination notifications.smtp "
                                                  "may reach")
+        if nested:
+            try:
+                result = fn()
+            except BaseException as exc:
+                record(_outcome_of(exc, expired=self._expired, connected=self.connection is not None))
+                raise
+            record("ok")
+            return result
         self._deadline_at = time.monotonic() + self._deadline_seconds
         timer = threading.Timer(self._deadline_seconds, self._expire)
         timer.daemon = True

@@ -39,7 +39,7 @@ from django.conf import settings
 from apps.gateway import errors as gateway_errors
 from apps.gateway import tools
 from apps.gateway.http import http_request
-from apps.gateway.redaction import redact
+from apps.gateway.redaction import redact, redact_data
 from apps.llm.drafter import LOCAL_MODEL_ID
 
 LOCAL = "local"
@@ -314,6 +314,8 @@ class OpenAICompatibleProvider:
 
         result.content, result.error = clean(result.content), clean(result.error)
         result.problems = [clean(pr) for pr in result.problems]
+        if result.output is not None:  # parsed from the content: a credential escaped inside it comes out here
+            result.output = redact_data(tools.MODEL, result.output)
         return result
 
 

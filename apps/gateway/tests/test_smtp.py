@@ -267,3 +267,37 @@ def test_a_caller_cannot_turn_tls_off_for_the_login(settings):
     assert (backend.use_tls, backend.use_ssl) == (True, False)
     settings.EMAIL_HOST_PASSWORD = ""  # no login: nothing to protect, the caller's choice holds
     assert GatewayEmailBackend(use_tls=False).use_tls is False
+
+
+def test_a_slow_name_lookup_of_the_relay_is_cut_at_the_steps_deadline(settings, monkeypatch):
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host == "relay.slow-dns.test":
+            time.sleep(3)
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    with smtp_relay_on_loopback(_Sink()) as port:
+        use_relay(settings, port)
+        settings.EMAIL_HOST = "relay.slow-dns.test"
+        settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_SMTP_DEADLINE_SECONDS": 0.5}
+        backend = email_connection(fail_silently=False)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            backend.open()
+        took = time.monotonic() - started
+    assert took < 1.5, f"the 0.5 s step took {took:.1f} s"
+    assert GatewayCall.objects.get(tool="notifications.smtp", method="CONNECT").outcome == "timeout"
+
+
+def test_the_open_a_send_makes_keeps_the_sends_deadline_and_both_are_recorded(smtp_relay, settings):
+    sink, port = smtp_relay
+    settings.EMAIL_BACKEND = "apps.gateway.smtp.GatewayEmailBackend"
+    backend = email_connection(fail_silently=False)
+    assert backend.send_messages([_message()]) == 1
+    outcomes = sorted(GatewayCall.objects.filter(port=port).values_list("method", "outcome"))
+    assert outcomes == [("CONNECT", "ok"), ("SEND", "ok")]
+    assert backend._deadline_at is None  # the send's deadline ended with it, not with the open inside it
+    assert len(sink.messages) == 1

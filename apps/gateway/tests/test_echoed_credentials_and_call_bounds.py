@@ -1,8 +1,7 @@
-"""More of what a caller (and a trace) gets back from the tool gateway (ADR 0022; spec §16.6): an
-echoed credential in a header's *name*, inside a JSON string the caller parses again, in the message
-of an exception the httpx instrumentation puts on a span; request headers captured on spans; an
-answer in several gzip members; a listed URL the gateway cannot read; a name that takes long to
-resolve."""
+"""What a caller, a trace and a model get from the tool gateway (ADR 0022; spec §16.6): no credential
+echoed in a header's name, inside a JSON string the caller parses again, in a span, in a spelling the
+caller could decode, or (another tool's) in a request to the model; and the bounds of a call: an
+answer in several gzip members, a listed URL that cannot be read, a name that takes long to resolve."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from apps.core import tool_errors as errors
 from apps.gateway import errors as gateway_errors
 from apps.gateway.http import http_request
 from apps.gateway.models import GatewayCall
-from apps.gateway.tests.servers import Recorder
 from apps.gateway.tests.test_http import configure, use
 from config.tracing import setup_tracing, teardown_tracing
 
@@ -29,20 +27,6 @@ pytestmark = pytest.mark.django_db
 
 #: a django-helpdesk (DRF) token: 40 lower-case hex digits — also a valid header *name*
 HEX_TOKEN = "9f2c4e6a8b0d1f3e5a7c9b1d3f5e7a9c0b2d4f6e"
-
-
-@pytest.fixture
-def recorder():
-    servers = []
-
-    def start(answers):
-        server = Recorder(answers)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
 
 
 @pytest.fixture
@@ -63,8 +47,8 @@ def _span_text(exporter) -> str:
 
 
 def test_a_credential_echoed_as_a_response_header_name_does_not_reach_the_caller(settings, recorder):
-    """Only header *values* are checked: a server answering ``<token>: 1`` (a hex token is a valid
-    header name) hands the caller the credential in ``resp.headers``."""
+    """A server answering ``<token>: 1`` (a hex token is a valid header name): the header is dropped,
+    names are checked as values are."""
 
     def answer(handler):
         token = handler.headers["Authorization"].partition(" ")[2]
@@ -81,10 +65,9 @@ def test_a_credential_echoed_as_a_response_header_name_does_not_reach_the_caller
 
 
 def test_a_credential_escaped_inside_the_model_content_string_never_reaches_the_parsed_output(settings, recorder):
-    """The model's ``content`` is a JSON string the provider parses again. An echo written as
-    ``\\u`` escapes *inside* that inner JSON survives the gateway's scrub (it parses the outer JSON
-    only) and the provider's ``redact`` (raw forms), and comes out in ``CallResult.output`` — the
-    draft that becomes a ticket sent to the ticket system and events."""
+    """The model's ``content`` is a JSON string the provider parses again: an echo written as ``\\u``
+    escapes inside that inner JSON is scrubbed from the content and from the parsed output (the draft
+    that would become a ticket and events)."""
     secret = "sk-model-LEAK-0123456789"
 
     def answer(handler):
@@ -108,9 +91,8 @@ def test_a_credential_escaped_inside_the_model_content_string_never_reaches_the_
 
 
 def test_an_http_error_quoting_an_echoed_credential_never_reaches_a_span(settings, recorder, spans):
-    """The gateway scrubs the messages it raises, but the httpx instrumentation records the raw
-    exception on the client span first: h11's "illegal header line: b'…'" quotes the server's line,
-    and the span (exported to the collector) keeps the credential."""
+    """h11's "illegal header line: b'…'" quotes the server's line: neither the gateway's error nor its
+    span (exported to a collector) keeps the credential — the span holds the outcome class only."""
     secret = "ref-span-LEAK-abcdef123456"
 
     def answer(handler):
@@ -128,9 +110,9 @@ def test_an_http_error_quoting_an_echoed_credential_never_reaches_a_span(setting
 
 def test_capturing_client_request_headers_on_spans_never_exports_the_injected_credential(settings, recorder,
                                                                                           monkeypatch):
-    """``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST`` (a standard OTel setting an
-    operator may set to debug a connector) makes the httpx instrumentation copy request headers onto
-    the span — the gateway's ``Authorization`` included, unsanitised, exported to the collector."""
+    """``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST`` (a standard OTel setting an operator
+    may set to debug a connector) never puts the injected ``Authorization`` on a span: the gateway's
+    own span carries no header."""
     monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST", ".*")
     exporter = InMemorySpanExporter()
     assert setup_tracing("test", exporter=exporter) is True
@@ -147,9 +129,8 @@ def test_capturing_client_request_headers_on_spans_never_exports_the_injected_cr
 
 
 def test_an_answer_in_several_gzip_members_is_read_whole_or_refused(settings, recorder):
-    """A gzip body may hold several members (RFC 1952 §2.2; ``cat a.gz b.gz``, streaming servers).
-    The gateway's inflater stops at the end of the first and drops the rest: the caller gets a cut
-    answer, outcome ``ok``, with nothing saying so."""
+    """A gzip body may hold several members (RFC 1952 §2.2; ``cat a.gz b.gz``, streaming servers): the
+    caller gets all of them, never the first alone recorded as ``ok``."""
     first, second = b'{"results": [', b'{"id": "T-1", "version": 1}]}'
     data = gzip.compress(first) + gzip.compress(second)
 
@@ -171,15 +152,14 @@ def test_an_answer_in_several_gzip_members_is_read_whole_or_refused(settings, re
 
 
 def test_a_listed_url_the_gateway_cannot_read_is_a_recorded_gateway_error_not_a_crash(settings, recorder):
-    """``FAULTDESK_GATEWAY_ALLOW_TICKET_REFERENCE=https://proxy.example:99999`` passes the deploy
-    check (E020 only looks at the scheme); every call of the tool then raises a bare ``ValueError``
-    out of ``allowed_destinations`` — not a gateway error the connector maps, and no record."""
+    """A listed URL that cannot be read (``https://proxy.example:99999``) makes every call of the tool a
+    recorded refusal the connector maps — never a bare ``ValueError`` — and production refuses it."""
     server = recorder({"GET /tickets": (200, {}, b'{"results": []}')})
     configure(settings, "ticket.reference", server.url, "k3y")
     allow = {**settings.FAULTDESK.get("GATEWAY_ALLOW", {}), "ticket.reference": ["https://proxy.example:99999"]}
     settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_ALLOW": allow}
     from config.deploy_checks import _allow_list_problem
-    assert _allow_list_problem(settings.FAULTDESK) is None  # the deploy check lets it through
+    assert "cannot be read" in _allow_list_problem(settings.FAULTDESK)  # production would not start with it
     try:
         http_request("ticket.reference", "GET", f"{server.url}/tickets", timeout=5)
     except gateway_errors.GatewayError:
@@ -190,9 +170,8 @@ def test_a_listed_url_the_gateway_cannot_read_is_a_recorded_gateway_error_not_a_
 
 
 def test_a_slow_name_resolution_is_bounded_by_the_calls_deadline(settings, recorder, monkeypatch):
-    """Every wait of a call is meant to be bounded by its deadline; the name lookup of
-    ``socket.create_connection`` is not (getaddrinfo takes no timeout: resolv.conf's 5 s × attempts ×
-    servers). A resolver that takes 3 s holds a 0.5 s call for 3 s."""
+    """The name lookup (``getaddrinfo`` takes no timeout: resolv.conf's 5 s × attempts × servers) waits at
+    most the call's time left: a resolver that takes 3 s ends a 0.5 s call at about 0.5 s."""
     server = recorder({"GET /tickets": (200, {}, b'{"results": []}')})
     port = server.server_address[1]
     real = socket.getaddrinfo
@@ -244,9 +223,9 @@ def _echo_body(encode):
     lambda auth: base64.b64encode(auth.encode()).decode(),
 ], ids=["lower-case-percent", "base64"])
 def test_an_echo_the_caller_could_decode_is_not_stored_in_the_connectors_error(encode, settings, recorder):
-    """The redaction knows ``quote()``'s upper-case escapes and (for SMTP only) base64; an answer
-    echoing ``Authorization`` percent-encoded in lower case, or base64-encoded, keeps a decodable
-    credential in the Unauthorized error the dispatcher records (detail and body)."""
+    """An answer echoing ``Authorization`` percent-encoded in lower case, or base64-encoded, leaves
+    nothing in the Unauthorized error the dispatcher records (detail and body) that decodes back to
+    the credential."""
     server = recorder({"GET /tickets": _echo_body(encode)})
     configure(settings, "ticket.reference", server.url, _B64_SECRET)
     _, outcome = use("ticket.reference", server.url)
@@ -259,8 +238,8 @@ def test_an_echo_the_caller_could_decode_is_not_stored_in_the_connectors_error(e
 
 
 def test_a_redirect_location_echoing_the_credential_is_not_handed_to_the_caller(settings, recorder):
-    """A 3xx is an answer whose headers reach the caller; a ``Location`` carrying the key
-    percent-encoded in lower case passes the header filter."""
+    """A 3xx is an answer whose headers reach the caller: a ``Location`` carrying the key percent-encoded
+    in lower case is dropped."""
 
     def answer(handler):
         key = handler.headers["Authorization"].partition(" ")[2]
@@ -279,10 +258,9 @@ def test_a_redirect_location_echoing_the_credential_is_not_handed_to_the_caller(
 # --- what the model is sent -------------------------------------------------------------------------
 
 def test_no_other_tools_credential_is_sent_to_the_model(settings, recorder):
-    """§16.6: credentials never in the model's context. The gateway injects and scrubs per tool, but
-    sends a model request body as the caller built it: a device's ``alert_message`` or a ticket
-    comment quoting the helpdesk token (a monitoring agent's "auth failed for token …") goes to the
-    model server as it is — the gateway, which knows every credential, never looks."""
+    """§16.6: credentials never in the model's context. A device's ``alert_message`` or a ticket comment
+    quoting another tool's credential (a monitoring agent's "auth failed for token …") reaches the
+    model server as ``[redacted]``: the gateway, which knows every credential, scrubs what it sends."""
     server = recorder({"POST /v1/chat/completions": (200, {}, b'{"choices": []}')})
     configure(settings, "model", server.url, "sk-model-key")
     settings.FAULTDESK = {**settings.FAULTDESK, "HELPDESK_API_TOKEN": HEX_TOKEN}
