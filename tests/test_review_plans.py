@@ -1,0 +1,50 @@
+"""Adversarial review of plan versions at run time (``reducer/6``; branch review-plans). Each test
+states the behaviour the capability promises and fails where it does not hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.agent import drafting
+from apps.approvals.models import ApprovalRequest
+from apps.approvals.services import approval_decide
+from apps.tasks import reducer
+from apps.tasks.models import Task
+from tests.conftest import drive, p
+from tests.test_plan_versions import _supersede, _waiting_approval
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("plans_reducer")]
+
+
+def _cited_source(task) -> str:
+    cited = set(task.state["proposal"]["params"]["evidence"])
+    return next(r["source"] for r in task.state["evidence"] if str(r["chunk_id"]) in cited)
+
+
+@pytest.mark.no_trajectory_check  # the re-draft is patched to ask the requester
+def test_a_held_approval_closed_by_a_redraft_that_asks_the_requester_is_closed_on_its_row_too(
+        requester, approver, device, kb, tenant, monkeypatch):
+    """The state says the held approval is INVALIDATED (δ's _close_held) when the re-validated draft
+    asks the requester; the approvals queue and API read the ApprovalRequest row. reducer/3's rule:
+    "the state shows what the approval row says"."""
+    task = _waiting_approval(requester, device)
+    first = ApprovalRequest.objects.get(task=task)
+    _supersede(tenant, _cited_source(task), "\n\n## Note\n\nSwitch the printer off first.\n")
+    approval_decide(principal=p(approver), approval_id=first.pk, decision="approve", reason="ok")
+
+    real = drafting.with_due_date
+
+    def asks_when_held(t, draft):
+        draft = real(t, draft)
+        if (t.state or {}).get("revalidating"):
+            draft = {**draft, "missing_information": ["Which tray is the paper jammed in?"]}
+        return draft
+
+    monkeypatch.setattr(drafting, "with_due_date", asks_when_held)
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_INPUT and len(task.state["plans"]) == 2
+    assert task.state["approval"]["id"] == str(first.pk) and task.state["approval"]["status"] == "INVALIDATED"
+    first.refresh_from_db()
+    assert first.status == "INVALIDATED", (
+        f"the state closed the held approval, but its row still says {first.status}: the queue and the API show "
+        "an approval the task no longer holds")
