@@ -48,3 +48,26 @@ def test_a_held_approval_closed_by_a_redraft_that_asks_the_requester_is_closed_o
     assert first.status == "INVALIDATED", (
         f"the state closed the held approval, but its row still says {first.status}: the queue and the API show "
         "an approval the task no longer holds")
+
+
+def test_a_resume_after_approval_rechecks_the_requesters_scopes_a_read_depends_on(
+        requester, approver, device, kb, tenant, refservice):
+    """long-task-runtime.md: resume re-checks the current premises (Knowledge, Capability, Security,
+    Domain) and continues only if they hold. Retrieval depends on the requester's scopes
+    (v6.DEPENDS); when they change while the task waits for its approval, the retrieval result of
+    plan 1 is stale by the capability's own rule, yet the old approval commits the intent on plan 1
+    (resume_after_approval only checks that the cited chunks are still readable)."""
+    from apps.accounts.models import Membership
+    from apps.tasks.reducer import v6
+
+    task = _waiting_approval(requester, device)
+    plan_scopes = task.state["plans"][-1]["premises"]["scopes"]
+    Membership.objects.filter(user=requester, tenant=tenant).update(scopes=["public", "tier2", "security"])
+    first = ApprovalRequest.objects.get(task=task)
+    approval_decide(principal=p(approver), approval_id=first.pk, decision="approve", reason="ok")
+    task = drive(task.pk)
+    committed_under = task.state["plans"][-1]
+    assert v6.verdict("retrieval", {"scopes": plan_scopes}, {"scopes": ["public", "security", "tier2"]})[0] == "refused"
+    assert task.state.get("action") is None or len(task.state["plans"]) > 1, (
+        f"the intent was committed under plan {committed_under['version']}, whose scopes premise "
+        f"{committed_under['premises']['scopes']} no longer holds; no barrier was recorded")
