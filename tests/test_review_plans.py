@@ -71,3 +71,40 @@ def test_a_resume_after_approval_rechecks_the_requesters_scopes_a_read_depends_o
     assert task.state.get("action") is None or len(task.state["plans"]) > 1, (
         f"the intent was committed under plan {committed_under['version']}, whose scopes premise "
         f"{committed_under['premises']['scopes']} no longer holds; no barrier was recorded")
+
+
+def test_a_read_settled_when_nothing_waited_for_it_does_not_read_again_on_a_duplicate_message(
+        requester, device, kb, settings, monkeypatch):
+    """A read whose report found nothing waiting (another read of its step joined first) is settled
+    by a plain budget.settled that leaves its activity 'dispatched'. A redelivered read_step message
+    (at-least-once delivery) then reads the ticket system again, outside any reservation, and a
+    later report of it would be taken as its first."""
+    from apps.agent import runner
+    from apps.agent.runner import agent_run, read_activity_run
+    from apps.events.models import TaskEvent
+    from apps.tasks.services import task_submit
+    from tests.test_plan_versions import SYMPTOM
+
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+    agent_run(task_id=task.pk)  # device and retrieval joined here; the ticket read t1 is an activity
+    t1 = next(aid for aid, a in Task.objects.get(pk=task.pk).state["activities"].items() if a["step"] == "ticket")
+    settings.FAULTDESK = {**settings.FAULTDESK, "ACTIVITY_CLEANUP_SECONDS": -3600}  # t1's deadline is past
+    agent_run(task_id=task.pk)  # t1 lapses (charged at its reservation); t2 dispatched
+    state = Task.objects.get(pk=task.pk).state
+    assert state["activities"][t1]["status"] == "lapsed"
+    t2 = state["steps"]["ticket"]["activity_id"]
+
+    reads = []
+    real = runner.read_perform
+    monkeypatch.setattr(runner, "read_perform", lambda t, a, *, timeout: reads.append(a["step"]) or real(
+        t, a, timeout=timeout))
+    read_activity_run(task_id=task.pk, activity_id=t1)  # the lapsed read reports after all: joined, task goes on
+    assert Task.objects.get(pk=task.pk).status == reducer.WAITING_APPROVAL
+    read_activity_run(task_id=task.pk, activity_id=t2)  # nothing waits for it: its cost is settled
+    assert t2 not in Task.objects.get(pk=task.pk).state["reservations"]
+    assert len(reads) == 2
+    read_activity_run(task_id=task.pk, activity_id=t2)  # the same message, delivered again
+    assert len(reads) == 2, "a read already reported (and settled) is read again, outside any reservation"
+    assert Task.objects.get(pk=task.pk).state["activities"][t2]["status"] != "dispatched", \
+        "an activity whose report was recorded still looks dispatched"
+    assert TaskEvent.objects.filter(task=task, type="budget.settled", payload__reservation_id=t2).count() == 1
