@@ -112,9 +112,11 @@ def _approver_role(task: Task) -> str | None:
 
 def barrier_for(state: dict, premises: dict) -> tuple[dict, list[str]]:
     """``(continuing, cancelled)`` of a re-plan to ``premises``: each read whose result — joined,
-    kept by the re-plan, or in flight — depends on no premise that changed continues (``"joined"`` or
-    ``"in_flight"``), except a retrieval whose evidence is no longer all current; every other step
-    is cancelled."""
+    kept by the re-plan, or in flight — depends on no premise that changed
+    (:func:`apps.tasks.reducer.v6.verdict` is not ``refused``; for retrieval that includes evidence
+    the new version marks superseded, retired or unreadable) continues (``"joined"`` or
+    ``"in_flight"``), and a joined retrieval only while its evidence is all current; every other
+    step is cancelled. δ refuses a barrier that lets a step continue whose verdict is ``refused``."""
     continuing = {}
     evidence_ok = all(v == "current" for v in (premises.get("evidence") or {}).values())
     for step in v6.READS:

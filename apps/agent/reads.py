@@ -271,13 +271,15 @@ def read_record(task: Task, lease: Lease, activity_id: str, outcome: ReadOutcome
     task = plan_if_due(task, lease)
     plan = v6.current_plan(task.state)
     if act["plan_version"] == plan["version"]:
-        moved = [k for k in _OBSERVED if k in outcome.premises and outcome.premises[k] != plan["premises"][k]
+        # a premise the read observes itself (v6.OBSERVES) that moved on: the next version first
+        moved = [k for k in v6.OBSERVES[step] if outcome.premises[k] != plan["premises"][k]
                  and not _older_device(k, outcome.premises[k], plan["premises"][k])]
         if moved:
             task = plan_activate(task, lease, why=f"the {step} read found premises moved on: {', '.join(moved)}",
                                  premises=premises_now(task))
             plan = v6.current_plan(task.state)
-    verdict, changed = v6.verdict(step, outcome.premises, plan["premises"])
+    refs = [r["chunk_id"] for r in outcome.payload.get("refs") or []] if step == "retrieval" else None
+    verdict, changed = v6.verdict(step, outcome.premises, plan["premises"], refs)
     payload = {**base, **outcome.payload, "premises": outcome.premises, "verdict": verdict}
     if verdict == v6.REVALIDATED:
         check = revalidate(task, step, outcome)
