@@ -254,3 +254,34 @@ def test_a_local_read_that_finds_the_device_moved_replans_and_the_stale_read_is_
     t = drive(task.pk)
     assert t.status == reducer.WAITING_APPROVAL
     assert task_replay(t, use_snapshot=False).ok
+
+
+def test_a_read_settled_when_nothing_waited_for_it_does_not_read_again_on_a_duplicate_message(
+        requester, device, kb, settings, monkeypatch):
+    """A read whose report found nothing waiting (another read of its step joined first) is settled
+    ``unjoined``: its activity is closed, so a redelivered read_step message (at-least-once delivery)
+    neither reads the ticket system again, outside any reservation, nor reports as if for the first
+    time."""
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+    agent_run(task_id=task.pk)  # device and retrieval joined here; the ticket read t1 is an activity
+    t1 = next(aid for aid, a in Task.objects.get(pk=task.pk).state["activities"].items() if a["step"] == "ticket")
+    settings.FAULTDESK = {**settings.FAULTDESK, "ACTIVITY_CLEANUP_SECONDS": -3600}  # t1's deadline is past
+    agent_run(task_id=task.pk)  # t1 lapses (charged at its reservation); t2 dispatched
+    state = Task.objects.get(pk=task.pk).state
+    assert state["activities"][t1]["status"] == "lapsed"
+    t2 = state["steps"]["ticket"]["activity_id"]
+
+    reads = []
+    real = runner.read_perform
+    monkeypatch.setattr(runner, "read_perform", lambda t, a, *, timeout: reads.append(a["step"]) or real(
+        t, a, timeout=timeout))
+    read_activity_run(task_id=task.pk, activity_id=t1)  # the lapsed read reports after all: joined, task goes on
+    assert Task.objects.get(pk=task.pk).status == reducer.WAITING_APPROVAL
+    read_activity_run(task_id=task.pk, activity_id=t2)  # nothing waits for it: its cost is settled
+    assert t2 not in Task.objects.get(pk=task.pk).state["reservations"]
+    assert len(reads) == 2
+    read_activity_run(task_id=task.pk, activity_id=t2)  # the same message, delivered again
+    assert len(reads) == 2, "a read already reported (and settled) is read again, outside any reservation"
+    assert Task.objects.get(pk=task.pk).state["activities"][t2]["status"] != "dispatched", \
+        "an activity whose report was recorded still looks dispatched"
+    assert TaskEvent.objects.filter(task=task, type="budget.settled", payload__reservation_id=t2).count() == 1

@@ -372,14 +372,27 @@ def _redo_if_current(s: dict, step: str, aid: str) -> None:
         s["steps"] = {**s["steps"], step: {"status": "pending"}}
 
 
+#: the status of a read whose report found nothing waiting for it (or that never ran: its task
+#: ended): its cost settled (``budget.settled`` with ``unjoined``), never joined, closed
+UNJOINED = "unjoined"
+
+
 def _budget_settled(s: dict, p: dict) -> None:
     rid = p.get("reservation_id")
-    lapsed = rid in s["activities"] and s["activities"][rid]["status"] == "dispatched" and p.get("unknown_outcome")
+    dispatched = rid in s["activities"] and s["activities"][rid]["status"] == "dispatched"
+    lapsed = dispatched and p.get("unknown_outcome")
+    if p.get("unjoined"):
+        require(dispatched and not p.get("unknown_outcome"), s, "budget.settled",
+                "only a read still dispatched is settled unjoined, at what it used")
     r3.TRANSITIONS["budget.settled"][1](s, p)
     if lapsed:
         # an activity that never reported by its deadline: charged at its reservation, done again
         s["activities"] = {**s["activities"], rid: {**s["activities"][rid], "status": "lapsed"}}
         _redo_if_current(s, s["activities"][rid]["step"], rid)
+    elif p.get("unjoined"):
+        # its report found nothing to join — the task moved on, or another read of its step joined
+        # first — or it never ran (its task ended): closed, so it neither reads nor joins again
+        s["activities"] = {**s["activities"], rid: {**s["activities"][rid], "status": UNJOINED}}
 
 
 # --- re-plans keep what they clear, for the next version's barrier ---------------------------------
@@ -492,8 +505,10 @@ EVENT_TYPES = tuple(TRANSITIONS)
 def reduce(state: dict, event_type: str, payload: dict) -> dict:
     """δ of ``reducer/6``: ``reducer/5``'s, over :data:`TRANSITIONS`. Raises
     :class:`~apps.tasks.reducer.core.IllegalTransition` as ``reducer/5`` does, and for a plan version
-    out of sequence or missing a premise, a re-plan without its barrier, a barrier that lets a step
+    out of sequence, missing a premise or with a ticket epoch not the task's, a re-plan without its
+    barrier, a barrier whose ``changed`` list is not the premises that changed or that lets a step
     continue whose premises changed, a read result for an activity never dispatched or already
-    reported, a verdict that is not the one its premises give, and a held approval committed before
-    its re-validation."""
+    reported (or closed ``unjoined``), a result missing a premise or claiming one it was not dispatched
+    under, a verdict that is not the one its premises give, and a held approval committed before its
+    re-validation."""
     return r3.reduce_over(TRANSITIONS, state, event_type, payload)

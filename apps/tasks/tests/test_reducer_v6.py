@@ -437,3 +437,24 @@ def test_a_late_retrieval_is_refused_by_evidence_only_when_its_own_chunks_are_no
     assert v6.verdict("retrieval", PREMISES, superseded, refs=[REF["chunk_id"]])[0] == "revalidated"
     assert v6.verdict("retrieval", PREMISES, superseded, refs=[99]) == ("refused", ["evidence"])
     assert v6.verdict("retrieval", PREMISES, superseded) == ("refused", ["evidence"])
+
+
+def test_a_read_settled_unjoined_is_closed_and_may_not_report_again():
+    # t1 lapses, t2 reads the ticket again, then t1 reports after all and joins: t2's report finds
+    # nothing waiting for it, and only its cost is settled, marked unjoined
+    s = fold([*DISPATCHED, ("budget.settled", {"reservation_id": "t1", "used": {"tool_calls": 1},
+                                               "unknown_outcome": True}),
+              reserve("ticket", "t2"), result("device", "d1"), result("ticket", "t1"), result("retrieval", "r1")])
+    assert s["status"] == reducer.PROPOSING and s["steps"]["ticket"]["activity_id"] == "t1"
+    settle = ("budget.settled", {"reservation_id": "t2", "used": {"tool_calls": 1}, "unjoined": True,
+                                 "reason": "the ticket read reported when nothing waited for it"})
+    closed = fold([settle], s)
+    assert closed["activities"]["t2"]["status"] == v6.UNJOINED and "t2" not in closed["reservations"]
+    assert closed["steps"] == s["steps"] and closed["status"] == reducer.PROPOSING
+    with pytest.raises(reducer.IllegalTransition, match="already reported"):
+        fold([("read.failed", {"activity_id": "t2", "plan_version": 1, "error": "again"})], closed)
+    with pytest.raises(reducer.IllegalTransition, match="only a read still dispatched"):
+        fold([("budget.settled", {"reservation_id": "d1", "used": {}, "unjoined": True})], s)
+    # a settle without the mark (logs from before it) leaves the activity as it was: replay is unchanged
+    plain = fold([("budget.settled", {"reservation_id": "t2", "used": {"tool_calls": 1}})], s)
+    assert plain["activities"]["t2"]["status"] == "dispatched"
