@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.agent import runner
+from apps.agent import drafting, runner
 from apps.agent.runner import agent_run, read_activity_run
 from apps.approvals.models import ApprovalRequest
 from apps.approvals.services import approval_decide
@@ -17,6 +17,7 @@ from apps.devices.services import device_update_state
 from apps.events.models import TaskEvent
 from apps.tasks import reducer
 from apps.tasks.models import Task
+from apps.tasks.reducer import v6
 from apps.tasks.replay import task_replay
 from apps.tasks.services import task_submit
 from tests.conftest import KB, drive, p, reads_run
@@ -254,6 +255,42 @@ def test_a_local_read_that_finds_the_device_moved_replans_and_the_stale_read_is_
     t = drive(task.pk)
     assert t.status == reducer.WAITING_APPROVAL
     assert task_replay(t, use_snapshot=False).ok
+
+
+def _cited_source(task) -> str:
+    cited = set(task.state["proposal"]["params"]["evidence"])
+    return next(r["source"] for r in task.state["evidence"] if str(r["chunk_id"]) in cited)
+
+
+# --- a resume re-checks every premise; a held approval closed in the state is closed on its row ---------
+
+@pytest.mark.no_trajectory_check  # the re-draft is patched to ask the requester
+def test_a_held_approval_closed_by_a_redraft_that_asks_the_requester_is_closed_on_its_row_too(
+        requester, approver, device, kb, tenant, monkeypatch):
+    """When the re-validated draft asks the requester (``input.requested``), δ closes the held approval
+    (INVALIDATED); its ApprovalRequest row — what the approvals queue and API read — is invalidated in
+    the same transaction, with the same reason (reducer/3: the state shows what the approval row says)."""
+    task = _waiting_approval(requester, device)
+    first = ApprovalRequest.objects.get(task=task)
+    _supersede(tenant, _cited_source(task), "\n\n## Note\n\nSwitch the printer off first.\n")
+    approval_decide(principal=p(approver), approval_id=first.pk, decision="approve", reason="ok")
+
+    real = drafting.with_due_date
+
+    def asks_when_held(t, draft):
+        draft = real(t, draft)
+        if (t.state or {}).get("revalidating"):
+            draft = {**draft, "missing_information": ["Which tray is the paper jammed in?"]}
+        return draft
+
+    monkeypatch.setattr(drafting, "with_due_date", asks_when_held)
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_INPUT and len(task.state["plans"]) == 2
+    assert task.state["approval"]["id"] == str(first.pk) and task.state["approval"]["status"] == "INVALIDATED"
+    first.refresh_from_db()
+    assert first.status == "INVALIDATED" and first.reason == v6.ASKS_REQUESTER, (
+        f"the state closed the held approval, but its row still says {first.status}: the queue and the API show "
+        "an approval the task no longer holds")
 
 
 def test_a_read_settled_when_nothing_waited_for_it_does_not_read_again_on_a_duplicate_message(

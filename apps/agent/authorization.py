@@ -16,6 +16,7 @@ from apps.actions.registry import tool_get
 from apps.agent.common import (
     REQUESTER_GONE,
     actor_of,
+    closing_held,
     fail,
     invalidating,
     keeps_plans,
@@ -69,7 +70,8 @@ def validate_and_authorize(task: Task, lease: Lease) -> bool:
         return True
     if draft["missing_information"]:
         task_append_event(task=task, event_type="input.requested", actor=actor, lease_generation=gen,
-                          payload={"questions": draft["missing_information"]})
+                          payload={"questions": draft["missing_information"]},
+                          side_effects=closing_held(task, "input.requested"))
         return False
     proposal = plan(state, draft)
     tool = tool_get(proposal["tool"])

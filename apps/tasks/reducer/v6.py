@@ -436,6 +436,23 @@ def _approval_revalidated(s: dict, p: dict) -> None:
     s["status"] = WAITING_APPROVAL
 
 
+def held_closed_by(state: dict, event_type: str) -> str | None:
+    """The id of the held approval (``state["revalidating"]``) that ``event_type`` — one of
+    :data:`CLOSES_HELD` — marks ``INVALIDATED`` when appended to ``state`` now, or None (nothing
+    held, the held approval no longer live, or the event does not close it from this status). The
+    runtime invalidates that approval's row in the event's transaction (reducer/3: the state shows
+    what the approval row says). Pure."""
+    held = state.get("revalidating")
+    if held is None or event_type not in CLOSES_HELD:
+        return None
+    if event_type != "approval.requested" and state.get("status") == WAITING_APPROVAL:
+        return None
+    a = state.get("approval")
+    if a is not None and a["id"] == held["approval_id"] and a["status"] in ("PENDING", "APPROVED"):
+        return a["id"]
+    return None
+
+
 def _close_held(s: dict, why: str) -> None:
     held = s.get("revalidating")
     if held is None:
@@ -448,6 +465,13 @@ def _close_held(s: dict, why: str) -> None:
 
 #: why a held approval is closed when the re-validated draft proposes another action
 CHANGED_PROPOSAL = "the evidence it was based on changed, and with it the proposal: asked again"
+#: why a held approval is closed when the re-validated draft asks the requester first (``input.requested``)
+ASKS_REQUESTER = "the re-validated draft asks the requester first"
+#: why a held approval is closed when the re-validated draft needs no action (``task.completed``)
+NO_ACTION = "the re-validated draft needs no action"
+#: the reason each event that closes a held approval records on it (the runtime invalidates the
+#: approval's row with the same reason, in the event's transaction)
+CLOSES_HELD = {"approval.requested": CHANGED_PROPOSAL, "input.requested": ASKS_REQUESTER, "task.completed": NO_ACTION}
 
 
 def _approval_requested(s: dict, p: dict) -> None:
@@ -493,10 +517,8 @@ TRANSITIONS = {
     "intent.deferred": (_T5["intent.deferred"][0], _replanning("intent.deferred")),
     "approval.revalidated": (frozenset({VALIDATING}), _approval_revalidated),
     "approval.requested": (_T5["approval.requested"][0], _approval_requested),
-    "input.requested": (_T5["input.requested"][0],
-                        _closing_held("input.requested", "the re-validated draft asks the requester first")),
-    "task.completed": (_T5["task.completed"][0],
-                       _closing_held("task.completed", "the re-validated draft needs no action")),
+    "input.requested": (_T5["input.requested"][0], _closing_held("input.requested", ASKS_REQUESTER)),
+    "task.completed": (_T5["task.completed"][0], _closing_held("task.completed", NO_ACTION)),
     "intent.committed": (_T5["intent.committed"][0], _intent_committed),
 }
 EVENT_TYPES = tuple(TRANSITIONS)
