@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from apps.accounts.models import Membership
 from apps.agent import drafting, runner
 from apps.agent.runner import agent_run, read_activity_run
 from apps.approvals.models import ApprovalRequest
@@ -291,6 +292,29 @@ def test_a_held_approval_closed_by_a_redraft_that_asks_the_requester_is_closed_o
     assert first.status == "INVALIDATED" and first.reason == v6.ASKS_REQUESTER, (
         f"the state closed the held approval, but its row still says {first.status}: the queue and the API show "
         "an approval the task no longer holds")
+
+
+def test_a_resume_after_approval_replans_behind_a_barrier_when_the_requesters_scopes_changed(
+        requester, approver, device, kb, tenant, refservice):
+    """long-task-runtime.md: resume re-checks the current premises (Knowledge, Capability, Security,
+    Domain) and continues only if they hold. Retrieval depends on the requester's scopes
+    (v6.DEPENDS): when they change while the task waits for its approval, the resume re-plans behind
+    a barrier that reads retrieval again (the approval held), instead of committing on plan 1."""
+    task = _waiting_approval(requester, device)
+    plan_scopes = task.state["plans"][-1]["premises"]["scopes"]
+    Membership.objects.filter(user=requester, tenant=tenant).update(scopes=["public", "tier2", "security"])
+    first = ApprovalRequest.objects.get(task=task)
+    approval_decide(principal=p(approver), approval_id=first.pk, decision="approve", reason="ok")
+    task = drive(task.pk)
+    committed_under = task.state["plans"][-1]
+    assert v6.verdict("retrieval", {"scopes": plan_scopes}, {"scopes": ["public", "security", "tier2"]})[0] == "refused"
+    assert task.state.get("action") is None or len(task.state["plans"]) > 1, (
+        f"the intent was committed under plan {committed_under['version']}, whose scopes premise "
+        f"{committed_under['premises']['scopes']} no longer holds; no barrier was recorded")
+    barrier = task.state["plans"][1]["barrier"]
+    assert "scopes" in barrier["changed"] and "retrieval" in barrier["cancelled"]
+    assert "premises changed while the task waited" in barrier["why"]
+    assert committed_under["premises"]["scopes"] == ["public", "security", "tier2"]
 
 
 def test_a_read_settled_when_nothing_waited_for_it_does_not_read_again_on_a_duplicate_message(

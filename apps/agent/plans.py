@@ -158,6 +158,24 @@ def plan_activate(task: Task, lease: Lease, *, why: str, premises: dict | None =
                                       "reason": (reason or why)[:500], "barrier": barrier})
 
 
+#: the premises a resume re-checks by a check of their own, before the plan's premises are compared:
+#: the approver's role by the approval's binding (:func:`apps.approvals.services.approval_check_binding_now`),
+#: the evidence by its readability and its versions (``premises_changed``, :func:`evidence_changed`)
+CHECKED_AT_RESUME = ("approver_role", "evidence")
+
+
+def premises_moved(task: Task, now: dict | None = None) -> list[str]:
+    """The premise keys (:data:`~apps.tasks.reducer.v6.PREMISES` order) on which the task's current
+    plan version no longer holds: its premises against ``now`` (default :func:`premises_now`), but
+    for :data:`CHECKED_AT_RESUME`, which are re-checked on their own. Empty without a plan. Reads
+    the database only (long-task-runtime.md: resume re-checks the current premises)."""
+    plan = v6.current_plan(task.state or {})
+    if plan is None:
+        return []
+    now = now if now is not None else premises_now(task)
+    return [k for k in v6.changed_premises(plan["premises"], now) if k not in CHECKED_AT_RESUME]
+
+
 def evidence_changed(task: Task) -> str | None:
     """Why the evidence the task's draft was built on no longer stands — a retrieved chunk superseded
     or retired since — or None when it all stands (a chunk the requester may no longer read is a
