@@ -36,11 +36,11 @@
   (``result.refused``, with the changed premises as the reason) when one it depends on changed, and
   the step is done again.
 * **Resume re-checks premises.** A task waiting for its approval whose evidence was superseded or
-  retired, or one of whose plan's other premises moved (the runtime re-checks each), is re-planned from ``WAITING_APPROVAL``
-  (``plan.activated`` with the approval held in ``state["revalidating"]``): the new draft either
-  proposes the same action (``approval.revalidated``: the held approval stands) or a different one
-  (``approval.requested`` closes the held approval and asks again); ``input.requested`` and
-  ``task.completed`` close it too (:data:`CLOSES_HELD`).
+  retired, or one of whose plan's other premises moved (the runtime re-checks each), is re-planned
+  from ``WAITING_APPROVAL`` (``plan.activated`` with the approval held in ``state["revalidating"]``):
+  the new draft either proposes the same action (``approval.revalidated``: the held approval stands)
+  or a different one (``approval.requested`` closes the held approval and asks again);
+  ``input.requested`` and ``task.completed`` close it too (:data:`CLOSES_HELD`).
 
 The re-plans of earlier versions (``input.provided``, ``approval.invalidated``, ``dispatch.conflict``,
 ``intent.deferred``) keep their effect and leave ``state["replan_due"]``; the joined reads they clear
