@@ -16,6 +16,7 @@ from apps.actions.registry import tool_get
 from apps.agent.common import (
     REQUESTER_GONE,
     actor_of,
+    closing_held,
     fail,
     invalidating,
     keeps_plans,
@@ -23,7 +24,7 @@ from apps.agent.common import (
 )
 from apps.agent.drafting import plan
 from apps.agent.intent import commit_intent, write_short
-from apps.agent.plans import evidence_changed, plan_activate
+from apps.agent.plans import evidence_changed, plan_activate, premises_moved
 from apps.approvals.models import ApprovalRequest
 from apps.approvals.policy import policy_decide
 from apps.approvals.services import approval_check_binding_now, approval_invalidate, approval_request_create
@@ -69,7 +70,8 @@ def validate_and_authorize(task: Task, lease: Lease) -> bool:
         return True
     if draft["missing_information"]:
         task_append_event(task=task, event_type="input.requested", actor=actor, lease_generation=gen,
-                          payload={"questions": draft["missing_information"]})
+                          payload={"questions": draft["missing_information"]},
+                          side_effects=closing_held(task, "input.requested"))
         return False
     proposal = plan(state, draft)
     tool = tool_get(proposal["tool"])
@@ -170,10 +172,14 @@ def _carried_over(task: Task, proposal: dict, decision) -> ApprovalRequest | Non
 
 
 def resume_after_approval(task: Task, lease: Lease) -> bool:
-    """WAITING_APPROVAL: when the approval is granted, re-check the premises (the requester, the
-    evidence's readability, under ``reducer/6`` its versions — superseded or retired evidence re-plans
-    with the approval held for re-validation —, then the binding: device version, expiry, approver's
-    role) and commit the intent; otherwise invalidate and re-plan."""
+    """WAITING_APPROVAL: when the approval is granted, re-check the premises and commit the intent
+    only if they all hold: the requester and the evidence's readability (else the approval is
+    invalidated, or the task fails when the requester is gone); under ``reducer/6`` the evidence's
+    versions (superseded or retired evidence re-plans with the approval held for re-validation);
+    the binding — h(a), device version, expiry, approver's role, policy — (else invalidated and
+    re-planned); then, under ``reducer/6``, every other premise of the current plan version
+    (:func:`apps.agent.plans.premises_moved`: any that moved re-plans behind a barrier with the
+    approval held, as for evidence). Returns True when another step follows now."""
     state, gen, actor = task.state, lease.generation, actor_of(lease)
     approval, moved = approval_granted(task, lease, state["approval"])
     if approval is None:
@@ -195,6 +201,14 @@ def resume_after_approval(task: Task, lease: Lease) -> bool:
         plan_activate(task, lease, why=moved)
         return True
     if invalidated_unless_bound(task, lease, approval, proposal_digest(state["proposal"])):
+        return True
+    if keeps_plans(task) and (drifted := premises_moved(task)):
+        # a premise of the plan moved while the task waited (the requester's scopes or role, the
+        # device, the policy...): re-plan behind a barrier with this approval held — the reads that
+        # depend on it are read again, the draft is made again, and the approval stands only if the
+        # action comes out the same (approval.revalidated); otherwise the approver is asked again
+        plan_activate(task, lease, why=f"premises changed while the task waited for its approval: "
+                                        f"{', '.join(drifted)}")
         return True
     return commit_intent(task, lease, proposal=state["proposal"], approval=approval,
                           object_version=approval.object_version)

@@ -17,6 +17,7 @@ from apps.tasks import reducer
 from apps.tasks.budget import budget_settle, stale_reservations
 from apps.tasks.leases import Lease
 from apps.tasks.models import Task
+from apps.tasks.reducer import v6
 from apps.tasks.store import task_append_event
 
 log = logging.getLogger(__name__)
@@ -119,5 +120,24 @@ def invalidating(approval: ApprovalRequest, reason: str):
     """A ``side_effects`` callback that marks ``approval`` invalidated in the event's transaction."""
     def apply(task: Task, event) -> None:
         approval_invalidate(approval=approval, reason=reason)
+
+    return apply
+
+
+def closing_held(task: Task, event_type: str):
+    """The ``side_effects`` callback for appending ``event_type`` (``input.requested``,
+    ``task.completed``) to ``task`` now: when it closes the approval held for re-validation
+    (``reducer/6``: :func:`apps.tasks.reducer.v6.held_closed_by`), it marks that approval's row
+    invalidated with the reason δ records (:data:`~apps.tasks.reducer.v6.CLOSES_HELD`), in the
+    event's transaction, so the row says what the state says; otherwise None."""
+    approval_id = v6.held_closed_by(task.state or {}, event_type)
+    if approval_id is None:
+        return None
+    reason = v6.CLOSES_HELD[event_type]
+
+    def apply(t: Task, event) -> None:
+        approval = ApprovalRequest.objects.for_tenant(t.tenant_id).filter(pk=approval_id).first()
+        if approval is not None:
+            approval_invalidate(approval=approval, reason=reason)
 
     return apply

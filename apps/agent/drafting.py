@@ -16,6 +16,7 @@ from apps.actions.registry import tool_get
 from apps.agent.common import (
     actor_of,
     cancel_requested,
+    closing_held,
     deadline_reason,
     fail,
     has_ledger,
@@ -76,7 +77,8 @@ def propose(task: Task, lease: Lease) -> bool:
                                   "rejected_by_approval": refused["approval_id"], "rejection_reason": refused["reason"],
                                   "title": (draft.get("ticket") or {}).get("title")}
         task_append_event(task=task, event_type="task.completed", actor=actor_of(lease),
-                          lease_generation=lease.generation, payload=payload)
+                          lease_generation=lease.generation, payload=payload,
+                          side_effects=closing_held(task, "task.completed"))
         return False
     task_append_event(
         task=task, event_type="draft.proposed", actor=actor_of(lease), lease_generation=lease.generation,

@@ -112,9 +112,11 @@ def _approver_role(task: Task) -> str | None:
 
 def barrier_for(state: dict, premises: dict) -> tuple[dict, list[str]]:
     """``(continuing, cancelled)`` of a re-plan to ``premises``: each read whose result — joined,
-    kept by the re-plan, or in flight — depends on no premise that changed continues (``"joined"`` or
-    ``"in_flight"``), except a retrieval whose evidence is no longer all current; every other step
-    is cancelled."""
+    kept by the re-plan, or in flight — depends on no premise that changed
+    (:func:`apps.tasks.reducer.v6.verdict` is not ``refused``; for retrieval that includes evidence
+    the new version marks superseded, retired or unreadable) continues (``"joined"`` or
+    ``"in_flight"``), and a joined retrieval only while its evidence is all current; every other
+    step is cancelled. δ refuses a barrier that lets a step continue whose verdict is ``refused``."""
     continuing = {}
     evidence_ok = all(v == "current" for v in (premises.get("evidence") or {}).values())
     for step in v6.READS:
@@ -154,6 +156,24 @@ def plan_activate(task: Task, lease: Lease, *, why: str, premises: dict | None =
                              lease_generation=lease.generation,
                              payload={"version": len(plans) + 1, "premises": premises, "steps": list(v6.STEPS),
                                       "reason": (reason or why)[:500], "barrier": barrier})
+
+
+#: the premises a resume re-checks by a check of their own, before the plan's premises are compared:
+#: the approver's role by the approval's binding (:func:`apps.approvals.services.approval_check_binding_now`),
+#: the evidence by its readability and its versions (``premises_changed``, :func:`evidence_changed`)
+CHECKED_AT_RESUME = ("approver_role", "evidence")
+
+
+def premises_moved(task: Task, now: dict | None = None) -> list[str]:
+    """The premise keys (:data:`~apps.tasks.reducer.v6.PREMISES` order) on which the task's current
+    plan version no longer holds: its premises against ``now`` (default :func:`premises_now`), but
+    for :data:`CHECKED_AT_RESUME`, which are re-checked on their own. Empty without a plan. Reads
+    the database only (long-task-runtime.md: resume re-checks the current premises)."""
+    plan = v6.current_plan(task.state or {})
+    if plan is None:
+        return []
+    now = now if now is not None else premises_now(task)
+    return [k for k in v6.changed_premises(plan["premises"], now) if k not in CHECKED_AT_RESUME]
 
 
 def evidence_changed(task: Task) -> str | None:

@@ -239,8 +239,18 @@ def read_perform(task: Task, activity: dict, *, timeout: float | None) -> ReadOu
 
 # --- the report, under the lease ----------------------------------------------------------------------
 
-#: the premises a read observes itself (a current-version read that finds one moved re-plans)
-_OBSERVED = ("device_version", "device_profile", "scopes", "request")
+def activity_open(state: dict, activity_id: str) -> dict | None:
+    """The read activity ``activity_id`` of a task's ``state`` while it may still read and report —
+    ``dispatched`` with its reservation open, or ``lapsed`` (charged at its reservation: judged by
+    premise if it reports after all) — else None: unknown, reported, or closed (settled ``unjoined``;
+    in a log from before that mark, a ``dispatched`` read whose reservation was settled or released
+    is closed too). A duplicate ``read_step`` message finds it None and neither reads nor reports."""
+    act = (state.get("activities") or {}).get(activity_id)
+    if act is None or act["status"] not in ("dispatched", "lapsed"):
+        return None
+    if act["status"] == "dispatched" and activity_id not in (state.get("reservations") or {}):
+        return None
+    return act
 
 
 def read_record(task: Task, lease: Lease, activity_id: str, outcome: ReadOutcome | None) -> tuple[Task, bool]:
@@ -249,9 +259,9 @@ def read_record(task: Task, lease: Lease, activity_id: str, outcome: ReadOutcome
     run may take the task's next steps now (False after a failed read: the sweeper brings it back)."""
     gen, actor = lease.generation, actor_of(lease)
     state = task.state
-    act = (state.get("activities") or {}).get(activity_id)
-    if act is None or act["status"] not in ("dispatched", "lapsed"):
-        return task, True
+    act = activity_open(state, activity_id)
+    if act is None:
+        return task, True  # reported already, or closed: a duplicate message
     used = {"used": {"tool_calls": outcome.made if outcome else 0}} if activity_id in state["reservations"] else {}
     step = act["step"]
     base = {"activity_id": activity_id, "plan_version": act["plan_version"], **used}
@@ -262,7 +272,8 @@ def read_record(task: Task, lease: Lease, activity_id: str, outcome: ReadOutcome
         if used:
             task = budget_settle(task_id=task.pk, reservation_id=activity_id, used=used["used"], actor=actor,
                                  lease_generation=gen, task=task,
-                                 extra={"reason": f"the {step} read reported when nothing waited for it"})
+                                 extra={"unjoined": True,
+                                        "reason": f"the {step} read reported when nothing waited for it"})
         return task, True
     if outcome.error is not None:
         task = task_append_event(task=task, event_type="read.failed", actor=actor, lease_generation=gen,
@@ -271,13 +282,15 @@ def read_record(task: Task, lease: Lease, activity_id: str, outcome: ReadOutcome
     task = plan_if_due(task, lease)
     plan = v6.current_plan(task.state)
     if act["plan_version"] == plan["version"]:
-        moved = [k for k in _OBSERVED if k in outcome.premises and outcome.premises[k] != plan["premises"][k]
+        # a premise the read observes itself (v6.OBSERVES) that moved on: the next version first
+        moved = [k for k in v6.OBSERVES[step] if outcome.premises[k] != plan["premises"][k]
                  and not _older_device(k, outcome.premises[k], plan["premises"][k])]
         if moved:
             task = plan_activate(task, lease, why=f"the {step} read found premises moved on: {', '.join(moved)}",
                                  premises=premises_now(task))
             plan = v6.current_plan(task.state)
-    verdict, changed = v6.verdict(step, outcome.premises, plan["premises"])
+    refs = [r["chunk_id"] for r in outcome.payload.get("refs") or []] if step == "retrieval" else None
+    verdict, changed = v6.verdict(step, outcome.premises, plan["premises"], refs)
     payload = {**base, **outcome.payload, "premises": outcome.premises, "verdict": verdict}
     if verdict == v6.REVALIDATED:
         check = revalidate(task, step, outcome)

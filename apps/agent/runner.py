@@ -43,7 +43,7 @@ from apps.agent.compensation import compensate, compensation_due, compensation_r
 from apps.agent.context import context_step
 from apps.agent.drafting import propose
 from apps.agent.intent import direct_deliveries_forget, direct_delivery_take
-from apps.agent.reads import ReadOutcome, read_perform, read_record, reads_step
+from apps.agent.reads import ReadOutcome, activity_open, read_perform, read_record, reads_step
 from apps.core import sql
 from apps.core.queue import AGENT_STEP, READ_CONTEXT, enqueue_on_commit
 from apps.events.models import RefusedEvent
@@ -132,9 +132,9 @@ def read_activity_run(*, task_id: uuid.UUID, activity_id: str) -> None:
     task = sql.row(Task, "t0.id = %s", [task_id], related=_RELATED)
     if task is None:
         return
-    activity = (task.state.get("activities") or {}).get(activity_id)
-    if activity is None or activity["status"] not in ("dispatched", "lapsed"):
-        return
+    activity = activity_open(task.state, activity_id)
+    if activity is None:
+        return  # reported already, or closed (settled unjoined): a redelivered message reads nothing
     if task.status in reducer.TERMINAL:
         # nothing waits for this read: a completed or failed task released its reservation, a
         # cancelled one kept it for the read to settle — at nothing, since it does not read now
@@ -189,7 +189,7 @@ def _settle_unread(task: Task, activity_id: str) -> None:
         return
     try:
         budget_settle(task_id=task.pk, reservation_id=activity_id, used={}, actor="worker:read",
-                      extra={"reason": "the task ended before the read ran"})
+                      extra={"unjoined": True, "reason": "the task ended before the read ran"})
     except (StaleWrite, reducer.IllegalTransition):
         log.info("read %s of %s: left to the sweeper", activity_id, task.pk)
 

@@ -27,15 +27,18 @@ from apps.tasks.selectors import task_events
 _ACTIVITY_EVENTS = (*v6.READ_EVENT.values(), "result.refused", "read.failed", "budget.settled", "plan.activated")
 
 
-#: the status shown for an activity the state still holds as dispatched although it reported: the
-#: task had moved on, or another read of its step had joined first, so only its cost was recorded
-UNJOINED = "unjoined"
+#: the status of an activity that reported when nothing waited for it — the task had moved on, or
+#: another read of its step had joined first — so only its cost was recorded: the state's own
+#: (``reducer/6`` marks it at that ``budget.settled``), or shown for a log from before that mark,
+#: whose state still holds it as dispatched
+UNJOINED = v6.UNJOINED
 
 
 @dataclass
 class Activity:
     """One read activity of a plan version: ``status`` is the state's (``dispatched``, ``accepted``,
-    ``revalidated``, ``refused``, ``failed``, ``lapsed``), or :data:`UNJOINED`; ``seq`` the event that reported it (None
+    ``revalidated``, ``refused``, ``failed``, ``lapsed``, ``unjoined``), or :data:`UNJOINED` (an older
+    log's settled read the state still holds dispatched); ``seq`` the event that reported it (None
     while in flight), ``judged_under`` the plan version current when it reported; ``revalidation``
     ``{"ok", "checked", "why"}`` as recorded; ``reason`` a refusal's, ``error`` a failure's,
     ``settled`` the reason recorded when only its cost was (a lapse, or a report nothing waited
@@ -130,7 +133,7 @@ def plan_columns(state: dict, reports: list[dict], readable: set[str]) -> PlanTr
         if a is None:
             continue
         if r["type"] == "budget.settled":
-            if r.get("unknown_outcome") or a.status == "dispatched":
+            if r.get("unknown_outcome") or a.status in ("dispatched", UNJOINED):
                 a.settled = r.get("reason") or ""
             if a.status == "dispatched" and not r.get("unknown_outcome"):
                 a.status = UNJOINED

@@ -11,18 +11,23 @@
   retrieval filters on, the policy version, the artifact bundle, the approver's role, the open
   ticket's epoch (``state["ticket_epoch"]``: how many times the task learned that the device's open
   ticket moved on — a conflict — or was being created by another report — a deferred intent), and
-  the evidence chunk versions it carries.
+  the evidence chunk versions it carries. Its ``ticket_epoch`` must be the task's own.
 * **Replan Barrier.** Every version after the first is activated behind a barrier recorded in the
-  same event: ``{"from_version", "why", "continuing": {step: "joined" | "in_flight"},
-  "cancelled": [step, ...]}``. A step *continues* when its result (joined, or still in flight) depends
-  on no premise that changed (:data:`DEPENDS`); every other step of the old version is cancelled and,
-  for a read, done again under the new version.
+  same event: ``{"from_version", "why", "changed": [premise, ...], "continuing": {step: "joined" |
+  "in_flight"}, "cancelled": [step, ...]}``. ``changed`` is recomputed here from the previous version's
+  premises and the new one's (:func:`changed_premises`) and must agree. A step *continues* when its
+  result (joined, or still in flight) depends on no premise that changed (:data:`DEPENDS`,
+  :func:`decisive`); every other step of the old version is cancelled and, for a read, done again under
+  the new version.
 * **Read activities.** The context reads — ``device``, ``ticket``, ``retrieval`` — run as activities
   in parallel under one plan version. Each is admitted by its own ``budget.reserved`` (with ``step``
   and ``plan_version``; the reservation id is the activity's identity) and reports by its read event
   (``device.read``, ``ticket.read``, ``evidence.retrieved``) carrying ``activity_id``,
-  ``plan_version``, the ``premises`` it worked under, the ``verdict`` and the calls it ``used`` (which
-  settle its reservation), or by ``result.refused`` / ``read.failed``. The task moves to
+  ``plan_version``, the ``premises`` it worked under — every key; those it does not observe itself
+  (:data:`OBSERVES`) as recorded when it was dispatched (``activities[id]["premises"]``) — the
+  ``verdict`` and the calls it ``used`` (which settle its reservation), or by ``result.refused`` /
+  ``read.failed``. A read whose report finds nothing waiting for it is settled by ``budget.settled``
+  with ``unjoined``, which closes its activity (:data:`UNJOINED`). The task moves to
   ``PROPOSING`` when every read of the current version is joined.
 * **Late results by premise, never by arrival order** (:func:`verdict`): a result of an older plan
   version is *accepted* when the premises it depends on equal the current version's and no other
@@ -31,10 +36,11 @@
   (``result.refused``, with the changed premises as the reason) when one it depends on changed, and
   the step is done again.
 * **Resume re-checks premises.** A task waiting for its approval whose evidence was superseded or
-  retired is re-planned from ``WAITING_APPROVAL`` (``plan.activated`` with the approval held in
-  ``state["revalidating"]``): the new draft either proposes the same action (``approval.revalidated``:
-  the held approval stands) or a different one (``approval.requested`` closes the held approval and
-  asks again).
+  retired, or one of whose plan's other premises moved (the runtime re-checks each), is re-planned
+  from ``WAITING_APPROVAL`` (``plan.activated`` with the approval held in ``state["revalidating"]``):
+  the new draft either proposes the same action (``approval.revalidated``: the held approval stands)
+  or a different one (``approval.requested`` closes the held approval and asks again);
+  ``input.requested`` and ``task.completed`` close it too (:data:`CLOSES_HELD`).
 
 The re-plans of earlier versions (``input.provided``, ``approval.invalidated``, ``dispatch.conflict``,
 ``intent.deferred``) keep their effect and leave ``state["replan_due"]``; the joined reads they clear
@@ -66,11 +72,20 @@ PREMISES = ("request", "scopes", "requester_role", "device_version", "device_pro
 READS = ("device", "ticket", "retrieval")
 #: the steps of every plan: its reads, then the draft, the authorization and the write
 STEPS = (*READS, "draft", "authorize", "write")
-#: the premises each read's result depends on: a change in one of them is decisive for it
+#: the premises each read's result depends on: a change in one of them is decisive for it — for
+#: ``evidence``, a change that leaves a chunk of the result superseded, retired or unreadable
+#: (:func:`decisive`)
 DEPENDS: dict[str, tuple[str, ...]] = {
     "device": ("device_version",),
     "ticket": ("ticket_epoch",),
-    "retrieval": ("request", "scopes", "device_profile", "bundle"),
+    "retrieval": ("request", "scopes", "device_profile", "bundle", "evidence"),
+}
+#: the premises each read observes itself and reports as it found them (apps.agent.reads.read_perform);
+#: every other premise of its report is the one it was dispatched under (``activities[id]["premises"]``)
+OBSERVES: dict[str, tuple[str, ...]] = {
+    "device": ("device_version", "device_profile"),
+    "ticket": (),
+    "retrieval": ("request", "scopes", "device_version", "device_profile"),
 }
 #: the read event each step reports by
 READ_EVENT = {"device": "device.read", "ticket": "ticket.read", "retrieval": "evidence.retrieved"}
@@ -81,23 +96,49 @@ _RESULT_KEYS = {"device": ("device",), "ticket": ("ticket",), "retrieval": ("evi
 ACCEPTED_, REVALIDATED, REFUSED = "accepted", "revalidated", "refused"
 
 
+_MISSING = object()
+
+
 def changed_premises(result: dict, current: dict) -> list[str]:
-    """The premise keys (of :data:`PREMISES`) on which ``result`` (the premises a result was
-    computed under) differs from ``current`` (a plan version's premises). A key ``result`` does
-    not carry is not compared."""
-    return [k for k in PREMISES if k in result and result[k] != current.get(k)]
+    """The premise keys (of :data:`PREMISES`, in that order) on which ``result`` (the premises a
+    result was computed under) differs from ``current`` (a plan version's premises). A key missing
+    from one of them and present in the other counts as changed. Pure."""
+    return [k for k in PREMISES if result.get(k, _MISSING) != current.get(k, _MISSING)]
 
 
-def verdict(step: str, result: dict, current: dict) -> tuple[str, list[str]]:
+def evidence_moved(evidence: dict | None, refs: list | None = None) -> list[str]:
+    """The chunk ids an ``evidence`` premise (``{chunk_id: status}``) marks other than ``current``
+    (superseded, retired, unreadable) — only those of ``refs`` (chunk ids) when given. Pure."""
+    wanted = None if refs is None else {str(r) for r in refs}
+    return sorted(str(c) for c, st in (evidence or {}).items()
+                  if st != "current" and (wanted is None or str(c) in wanted))
+
+
+def decisive(step: str, key: str, current: dict, refs: list | None = None) -> bool:
+    """Whether a change of premise ``key`` (already found changed) is decisive for read ``step``'s
+    result under the version whose premises are ``current``: ``key`` is one ``step`` depends on
+    (:data:`DEPENDS`) and, for ``evidence``, the version marks a chunk of the result not current —
+    ``refs``: the result's chunk ids (None: the chunks the version carries, which is what a carried
+    retrieval holds). A change that finds the evidence all current is not decisive: the result is
+    re-validated. Pure."""
+    if key not in DEPENDS[step]:
+        return False
+    if key == "evidence":
+        return bool(evidence_moved(current.get("evidence"), refs))
+    return True
+
+
+def verdict(step: str, result: dict, current: dict, refs: list | None = None) -> tuple[str, list[str]]:
     """How a result of read ``step`` computed under premises ``result`` may enter the plan whose
     premises are ``current``: ``("accepted", [])`` when nothing changed; ``("revalidated", changed)``
-    when only premises the step does not depend on changed (:data:`DEPENDS`: the result must be
-    re-checked against the world before it joins); ``("refused", decisive)`` when one it depends on
-    changed. Pure; raises ``KeyError`` for an unknown step."""
+    when no change is decisive for the step (:func:`decisive`: the result must be re-checked against
+    the world before it joins); ``("refused", decisive)`` when one is. A premise ``result`` does not
+    carry counts as changed. ``refs``: a retrieval result's chunk ids (see :func:`decisive`). Pure;
+    raises ``KeyError`` for an unknown step."""
     changed = changed_premises(result, current)
-    decisive = [k for k in changed if k in DEPENDS[step]]
-    if decisive:
-        return REFUSED, decisive
+    decisive_ = [k for k in changed if decisive(step, k, current, refs)]
+    if decisive_:
+        return REFUSED, decisive_
     return (REVALIDATED, changed) if changed else (ACCEPTED_, [])
 
 
@@ -129,12 +170,18 @@ def _plan_activated(s: dict, p: dict) -> None:
     premises = p.get("premises")
     require(isinstance(premises, dict) and set(premises) == set(PREMISES), s, "plan.activated",
             f"a plan version records every premise: {', '.join(PREMISES)}")
+    require(premises["ticket_epoch"] == s.get("ticket_epoch", 0), s, "plan.activated",
+            f"the ticket_epoch premise is the task's own ({s.get('ticket_epoch', 0)})")
     steps = list(p.get("steps") or [])
     require(set(READS) <= set(steps) <= set(STEPS), s, "plan.activated", "a plan has the reads and known steps")
     barrier = p.get("barrier")
     if plans:
         require(isinstance(barrier, dict) and barrier.get("from_version") == len(plans) and barrier.get("why"),
                 s, "plan.activated", "a re-plan is recorded behind a barrier (from_version, why)")
+        changed = changed_premises(plans[-1]["premises"], premises)
+        require(barrier.get("changed") == changed, s, "plan.activated",
+                f"the barrier's changed premises are those that differ from version {len(plans)}'s: "
+                f"{', '.join(changed) or 'none'}")
         continuing = barrier.get("continuing") or {}
         require(set(continuing) <= set(READS), s, "plan.activated", "only reads continue across a barrier")
         for step, how in continuing.items():
@@ -249,9 +296,10 @@ def _read_result(step: str):
     def apply(s: dict, p: dict) -> None:
         act = _activity(s, p, etype, step)
         premises = p.get("premises")
-        require(isinstance(premises, dict), s, etype, "a read result records the premises it was computed under")
+        _require_dispatch_premises(s, etype, act, premises)
         plan = current_plan(s)
-        expected, changed = verdict(step, premises, plan["premises"])
+        refs = [r.get("chunk_id") for r in p.get("refs") or []] if step == "retrieval" else None
+        expected, changed = verdict(step, premises, plan["premises"], refs)
         require(expected != REFUSED, s, etype,
                 f"the premises it depends on changed ({', '.join(changed)}): record result.refused")
         require(p.get("verdict") == expected, s, etype, f"the verdict by premise is {expected!r}")
@@ -276,6 +324,16 @@ def _read_result(step: str):
     return apply
 
 
+def _require_dispatch_premises(s: dict, etype: str, act: dict, premises) -> None:
+    """A read's report records every premise, and each one the read does not observe itself
+    (:data:`OBSERVES`) as it was when the read was dispatched (``act["premises"]``): a result is
+    judged by what it was computed under, never by what it claims."""
+    require(isinstance(premises, dict) and set(premises) == set(PREMISES), s, etype,
+            f"a read result records every premise it was computed under: {', '.join(PREMISES)}")
+    claimed = [k for k in PREMISES if k not in OBSERVES[act["step"]] and premises[k] != act["premises"].get(k)]
+    require(not claimed, s, etype, f"the result claims premises it was not dispatched under: {', '.join(claimed)}")
+
+
 def _join(s: dict) -> None:
     """Move on to the draft once every read of the current plan is joined (in ``RETRIEVING``)."""
     if s["status"] == RETRIEVING and all((s["steps"].get(r) or {}).get("status") == "joined" for r in READS):
@@ -288,6 +346,8 @@ def _result_refused(s: dict, p: dict) -> None:
     act = _activity(s, p, "result.refused")
     require(bool(p.get("reason")), s, "result.refused", "a refusal records its reason")
     premises = p.get("premises")
+    if premises is not None or p.get("revalidation") is None:
+        _require_dispatch_premises(s, "result.refused", act, premises)
     if p.get("revalidation") is None:
         plan = current_plan(s)
         require(isinstance(premises, dict) and verdict(act["step"], premises, plan["premises"])[0] == REFUSED,
@@ -313,14 +373,27 @@ def _redo_if_current(s: dict, step: str, aid: str) -> None:
         s["steps"] = {**s["steps"], step: {"status": "pending"}}
 
 
+#: the status of a read whose report found nothing waiting for it (or that never ran: its task
+#: ended): its cost settled (``budget.settled`` with ``unjoined``), never joined, closed
+UNJOINED = "unjoined"
+
+
 def _budget_settled(s: dict, p: dict) -> None:
     rid = p.get("reservation_id")
-    lapsed = rid in s["activities"] and s["activities"][rid]["status"] == "dispatched" and p.get("unknown_outcome")
+    dispatched = rid in s["activities"] and s["activities"][rid]["status"] == "dispatched"
+    lapsed = dispatched and p.get("unknown_outcome")
+    if p.get("unjoined"):
+        require(dispatched and not p.get("unknown_outcome"), s, "budget.settled",
+                "only a read still dispatched is settled unjoined, at what it used")
     r3.TRANSITIONS["budget.settled"][1](s, p)
     if lapsed:
         # an activity that never reported by its deadline: charged at its reservation, done again
         s["activities"] = {**s["activities"], rid: {**s["activities"][rid], "status": "lapsed"}}
         _redo_if_current(s, s["activities"][rid]["step"], rid)
+    elif p.get("unjoined"):
+        # its report found nothing to join — the task moved on, or another read of its step joined
+        # first — or it never ran (its task ended): closed, so it neither reads nor joins again
+        s["activities"] = {**s["activities"], rid: {**s["activities"][rid], "status": UNJOINED}}
 
 
 # --- re-plans keep what they clear, for the next version's barrier ---------------------------------
@@ -364,6 +437,23 @@ def _approval_revalidated(s: dict, p: dict) -> None:
     s["status"] = WAITING_APPROVAL
 
 
+def held_closed_by(state: dict, event_type: str) -> str | None:
+    """The id of the held approval (``state["revalidating"]``) that ``event_type`` — one of
+    :data:`CLOSES_HELD` — marks ``INVALIDATED`` when appended to ``state`` now, or None (nothing
+    held, the held approval no longer live, or the event does not close it from this status). The
+    runtime invalidates that approval's row in the event's transaction (reducer/3: the state shows
+    what the approval row says). Pure."""
+    held = state.get("revalidating")
+    if held is None or event_type not in CLOSES_HELD:
+        return None
+    if event_type != "approval.requested" and state.get("status") == WAITING_APPROVAL:
+        return None
+    a = state.get("approval")
+    if a is not None and a["id"] == held["approval_id"] and a["status"] in ("PENDING", "APPROVED"):
+        return a["id"]
+    return None
+
+
 def _close_held(s: dict, why: str) -> None:
     held = s.get("revalidating")
     if held is None:
@@ -376,6 +466,13 @@ def _close_held(s: dict, why: str) -> None:
 
 #: why a held approval is closed when the re-validated draft proposes another action
 CHANGED_PROPOSAL = "the evidence it was based on changed, and with it the proposal: asked again"
+#: why a held approval is closed when the re-validated draft asks the requester first (``input.requested``)
+ASKS_REQUESTER = "the re-validated draft asks the requester first"
+#: why a held approval is closed when the re-validated draft needs no action (``task.completed``)
+NO_ACTION = "the re-validated draft needs no action"
+#: the reason each event that closes a held approval records on it (the runtime invalidates the
+#: approval's row with the same reason, in the event's transaction)
+CLOSES_HELD = {"approval.requested": CHANGED_PROPOSAL, "input.requested": ASKS_REQUESTER, "task.completed": NO_ACTION}
 
 
 def _approval_requested(s: dict, p: dict) -> None:
@@ -421,10 +518,8 @@ TRANSITIONS = {
     "intent.deferred": (_T5["intent.deferred"][0], _replanning("intent.deferred")),
     "approval.revalidated": (frozenset({VALIDATING}), _approval_revalidated),
     "approval.requested": (_T5["approval.requested"][0], _approval_requested),
-    "input.requested": (_T5["input.requested"][0],
-                        _closing_held("input.requested", "the re-validated draft asks the requester first")),
-    "task.completed": (_T5["task.completed"][0],
-                       _closing_held("task.completed", "the re-validated draft needs no action")),
+    "input.requested": (_T5["input.requested"][0], _closing_held("input.requested", ASKS_REQUESTER)),
+    "task.completed": (_T5["task.completed"][0], _closing_held("task.completed", NO_ACTION)),
     "intent.committed": (_T5["intent.committed"][0], _intent_committed),
 }
 EVENT_TYPES = tuple(TRANSITIONS)
@@ -433,8 +528,10 @@ EVENT_TYPES = tuple(TRANSITIONS)
 def reduce(state: dict, event_type: str, payload: dict) -> dict:
     """δ of ``reducer/6``: ``reducer/5``'s, over :data:`TRANSITIONS`. Raises
     :class:`~apps.tasks.reducer.core.IllegalTransition` as ``reducer/5`` does, and for a plan version
-    out of sequence or missing a premise, a re-plan without its barrier, a barrier that lets a step
+    out of sequence, missing a premise or with a ticket epoch not the task's, a re-plan without its
+    barrier, a barrier whose ``changed`` list is not the premises that changed or that lets a step
     continue whose premises changed, a read result for an activity never dispatched or already
-    reported, a verdict that is not the one its premises give, and a held approval committed before
-    its re-validation."""
+    reported (or closed ``unjoined``), a result missing a premise or claiming one it was not dispatched
+    under, a verdict that is not the one its premises give, and a held approval committed before its
+    re-validation."""
     return r3.reduce_over(TRANSITIONS, state, event_type, payload)

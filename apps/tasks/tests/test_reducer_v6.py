@@ -99,8 +99,8 @@ NEWER_DEVICE = {**PREMISES, "device_version": 18}
 def test_the_barrier_records_which_steps_continue_and_which_are_cancelled_and_why():
     s = fold([*DISPATCHED, result("retrieval", "r1")])
     barrier = {"from_version": 1, "why": "the device moved on: v17 → v18 while it was read",
-               "continuing": {"retrieval": "joined"}, "cancelled": ["device", "ticket", "draft", "authorize",
-                                                                     "write"]}
+               "changed": ["device_version"], "continuing": {"retrieval": "joined"},
+               "cancelled": ["device", "ticket", "draft", "authorize", "write"]}
     s = fold([activate(2, NEWER_DEVICE, barrier, reason="a new device reading")], s)
     assert [p["version"] for p in s["plans"]] == [1, 2]
     assert s["plans"][0]["premises"]["device_version"] == 17, "the old version is left as it was"
@@ -111,16 +111,19 @@ def test_the_barrier_records_which_steps_continue_and_which_are_cancelled_and_wh
 
 def test_the_barrier_may_not_let_a_step_continue_whose_premises_changed():
     s = fold([*DISPATCHED, result("device", "d1")])
-    barrier = {"from_version": 1, "why": "device moved", "continuing": {"device": "joined"},
+    barrier = {"from_version": 1, "why": "device moved", "changed": ["device_version"],
+               "continuing": {"device": "joined"},
                "cancelled": ["ticket", "retrieval", "draft", "authorize", "write"]}
     with pytest.raises(reducer.IllegalTransition, match="depends on premises that changed: device_version"):
         fold([activate(2, NEWER_DEVICE, barrier)], s)
     s2 = fold(DISPATCHED)
-    barrier = {"from_version": 1, "why": "device moved", "continuing": {"device": "in_flight"},
+    barrier = {"from_version": 1, "why": "device moved", "changed": ["device_version"],
+               "continuing": {"device": "in_flight"},
                "cancelled": ["ticket", "retrieval", "draft", "authorize", "write"]}
     with pytest.raises(reducer.IllegalTransition, match="in flight depends on a premise that changed"):
         fold([activate(2, NEWER_DEVICE, barrier)], s2)
-    barrier = {"from_version": 1, "why": "device moved", "continuing": {}, "cancelled": ["device"]}
+    barrier = {"from_version": 1, "why": "device moved", "changed": ["device_version"], "continuing": {},
+               "cancelled": ["device"]}
     with pytest.raises(reducer.IllegalTransition, match="cancels every step that does not continue"):
         fold([activate(2, NEWER_DEVICE, barrier)], s)
 
@@ -130,17 +133,32 @@ def test_the_barrier_may_not_let_a_step_continue_whose_premises_changed():
 def _replanned(premises, continuing):
     """v1's reads dispatched, then plan 2 with ``premises`` letting ``continuing`` go on in flight."""
     cancelled = [s for s in v6.STEPS if s not in continuing]
-    return fold([*DISPATCHED, activate(2, premises, {"from_version": 1, "why": "re-plan", "continuing": continuing,
-                                                     "cancelled": cancelled})])
+    return fold([*DISPATCHED, activate(2, premises, {"from_version": 1, "why": "re-plan",
+                                                     "changed": v6.changed_premises(PREMISES, premises),
+                                                     "continuing": continuing, "cancelled": cancelled})])
 
 
 def test_a_late_result_with_the_same_premises_is_accepted():
-    # plan 2 differs only in the policy version; the retrieval in flight under plan 1 worked under the
-    # very premises of plan 2 (it read the new policy too): accepted as it is
+    # plan 2 differs only in the device's version; the retrieval in flight under plan 1 read the device
+    # itself (a premise it observes, v6.OBSERVES) and found it at v18: it worked under the very premises
+    # of plan 2, and is accepted as it is
+    s = _replanned(NEWER_DEVICE, {"retrieval": "in_flight", "ticket": "in_flight"})
+    s = fold([result("retrieval", "r1", plan_version=1, premises=NEWER_DEVICE, verdict="accepted")], s)
+    assert s["steps"]["retrieval"]["status"] == "joined" and s["activities"]["r1"]["status"] == "accepted"
+
+
+def test_a_result_is_judged_by_the_premises_it_was_dispatched_under_except_those_it_observes():
+    # plan 2 differs in the policy version, which no read observes: a read of plan 1 can only have
+    # worked under plan 1's policy, whatever its report claims
     newer = {**PREMISES, "policy_version": 2}
     s = _replanned(newer, {"retrieval": "in_flight", "device": "in_flight", "ticket": "in_flight"})
-    s = fold([result("retrieval", "r1", plan_version=1, premises=newer, verdict="accepted")], s)
-    assert s["steps"]["retrieval"]["status"] == "joined" and s["activities"]["r1"]["status"] == "accepted"
+    with pytest.raises(reducer.IllegalTransition, match="claims premises it was not dispatched under: policy_version"):
+        fold([result("retrieval", "r1", plan_version=1, premises=newer, verdict="accepted")], s)
+    with pytest.raises(reducer.IllegalTransition, match="records every premise"):
+        fold([result("retrieval", "r1", premises={k: v for k, v in PREMISES.items() if k != "bundle"},
+                     verdict="revalidated", revalidation={"ok": True})], s)
+    s = fold([result("retrieval", "r1", verdict="revalidated", revalidation={"ok": True})], s)
+    assert s["activities"]["r1"]["status"] == "revalidated"
 
 
 def test_a_late_result_after_a_change_it_does_not_depend_on_is_revalidated_before_it_joins():
@@ -202,7 +220,8 @@ def test_arrival_order_never_decides(order):
                 st_ = s["steps"][step]
                 if v6.verdict(step, PREMISES, NEWER_DEVICE)[0] != "refused":
                     continuing[step] = "joined" if st_["status"] == "joined" else "in_flight"
-            s = fold([activate(2, NEWER_DEVICE, {"from_version": 1, "why": "device moved", "continuing": continuing,
+            s = fold([activate(2, NEWER_DEVICE, {"from_version": 1, "why": "device moved",
+                                                 "changed": ["device_version"], "continuing": continuing,
                                                  "cancelled": [x for x in v6.STEPS if x not in continuing]})], s)
             continue
         v, changed = v6.verdict(item, PREMISES, plan["premises"])
@@ -234,7 +253,7 @@ def test_an_earlier_replan_event_leaves_a_due_replan_and_the_reads_it_may_carry(
     assert set(s["carried"]) == {"device", "ticket", "retrieval"} and s["evidence"] is None
     newer = {**PREMISES, "request": "r2"}
     s = fold([activate(2, newer, {"from_version": 1, "why": "the requester answered: new material",
-                                  "continuing": {"device": "joined", "ticket": "joined"},
+                                  "changed": ["request"], "continuing": {"device": "joined", "ticket": "joined"},
                                   "cancelled": ["retrieval", "draft", "authorize", "write"]})], s)
     assert s["device"] == DEVICE and s["steps"]["device"]["plan_version"] == 1
     assert s["steps"]["retrieval"] == {"status": "pending"} and s["replan_due"] is None and s["carried"] == {}
@@ -252,7 +271,7 @@ def _waiting(granted=True):
     if granted:
         s = fold([("approval.granted", {"approval_id": "a1", "decided_by": "avery"})], s)
     barrier = {"from_version": 1, "why": "evidence superseded: chunk 1 (Fuser v1) is no longer current",
-               "continuing": {"device": "joined", "ticket": "joined"},
+               "changed": ["evidence"], "continuing": {"device": "joined", "ticket": "joined"},
                "cancelled": ["retrieval", "draft", "authorize", "write"]}
     return fold([activate(2, SUPERSEDED, barrier)], s)
 
@@ -302,7 +321,7 @@ def test_replay_of_a_task_with_several_plan_versions_reproduces_its_state():
     events = [*DISPATCHED, result("device", "d1"), result("ticket", "t1"), result("retrieval", "r1"),
               ("draft.proposed", {"draft": {"ticket": {}}}), ASK,
               ("approval.granted", {"approval_id": "a1", "decided_by": "avery"}),
-              activate(2, SUPERSEDED, {"from_version": 1, "why": "evidence superseded",
+              activate(2, SUPERSEDED, {"from_version": 1, "why": "evidence superseded", "changed": ["evidence"],
                                        "continuing": {"device": "joined", "ticket": "joined"},
                                        "cancelled": ["retrieval", "draft", "authorize", "write"]}),
               reserve("retrieval", "r2", 2), result("retrieval", "r2", 2, SUPERSEDED),
@@ -311,3 +330,131 @@ def test_replay_of_a_task_with_several_plan_versions_reproduces_its_state():
     once, twice = fold(events), fold(events)
     assert once == twice and [p["version"] for p in once["plans"]] == [1, 2]
     assert once["status"] == reducer.WAITING_APPROVAL
+
+
+# --- δ checks the facts a report or a barrier states, never takes them on trust ----------------------
+
+def _epoch_moved_on_while_ticket_read_lapsed():
+    """Plan 1's ticket read t1 lapses (charged at its reservation) and t2 reads the ticket instead;
+    the task proposes, another report's ticket.create defers its intent (the open ticket's epoch moves
+    on: ``ticket_epoch`` 1), and plan 2 is activated behind a barrier that cancels the ticket read. The
+    lapsed t1 may still report, and must be judged by the premises it was *dispatched* under (epoch 0)."""
+    s = fold([*DISPATCHED, ("budget.settled", {"reservation_id": "t1", "used": {"tool_calls": 1},
+                                               "unknown_outcome": True})])
+    assert s["activities"]["t1"]["status"] == "lapsed"
+    s = fold([reserve("ticket", "t2"), result("device", "d1"), result("ticket", "t2"), result("retrieval", "r1"),
+              ("draft.proposed", {"draft": {"ticket": {}}}),
+              ("intent.deferred", {"reason": "another report's ticket.create is in flight", "action_id": "x",
+                                   "task_id": "y"})], s)
+    assert s["ticket_epoch"] == 1
+    newer = {**PREMISES, "ticket_epoch": 1}
+    barrier = {"from_version": 1, "why": "the open ticket moved on", "changed": ["ticket_epoch"],
+               "continuing": {"device": "joined", "retrieval": "joined"},
+               "cancelled": ["ticket", "draft", "authorize", "write"]}
+    s = fold([activate(2, newer, barrier)], s)
+    assert s["activities"]["t1"]["status"] == "lapsed" and s["steps"]["ticket"] == {"status": "pending"}
+    return s, newer
+
+
+def test_delta_refuses_a_late_ticket_read_whose_claimed_premises_are_not_those_it_was_dispatched_under():
+    s, newer = _epoch_moved_on_while_ticket_read_lapsed()
+    assert s["activities"]["t1"]["premises"]["ticket_epoch"] == 0, "t1 was dispatched at epoch 0"
+    # t1 read the ticket at epoch 0 (the ticket read observes nothing of its own: its premises can only
+    # be those it was dispatched with). It claims plan 2's premises instead.
+    with pytest.raises(reducer.IllegalTransition, match="not dispatched under: ticket_epoch"):
+        fold([result("ticket", "t1", plan_version=1, premises=newer, verdict="accepted",
+                     ticket={"connector": "reference", "external_id": "STALE", "version": 1, "status": "open"})], s)
+    # reported as it was dispatched, it is refused by premise and the ticket is read again
+    with pytest.raises(reducer.IllegalTransition, match=r"premises it depends on changed \(ticket_epoch\)"):
+        fold([result("ticket", "t1", plan_version=1, verdict="accepted")], s)
+    s = fold([("result.refused", {"activity_id": "t1", "plan_version": 1, "premises": PREMISES,
+                                  "reason": "premises it depends on changed: ticket_epoch"})], s)
+    assert s["activities"]["t1"]["status"] == "refused" and s["steps"]["ticket"] == {"status": "pending"}
+
+
+def test_delta_refuses_a_late_read_that_omits_the_premise_it_depends_on():
+    s, _ = _epoch_moved_on_while_ticket_read_lapsed()
+    # the same stale t1, reporting premises without ticket_epoch: a premise missing counts as changed
+    stale = {k: v for k, v in PREMISES.items() if k != "ticket_epoch"}
+    assert v6.verdict("ticket", stale, {**PREMISES, "ticket_epoch": 0}) == ("refused", ["ticket_epoch"])
+    with pytest.raises(reducer.IllegalTransition, match="records every premise"):
+        fold([result("ticket", "t1", plan_version=1, premises=stale, verdict="accepted",
+                     ticket={"connector": "reference", "external_id": "STALE", "version": 1, "status": "open"})], s)
+    with pytest.raises(reducer.IllegalTransition, match="records every premise"):
+        fold([("result.refused", {"activity_id": "t1", "plan_version": 1, "premises": stale,
+                                  "reason": "premises it depends on changed: ticket_epoch"})], s)
+
+
+def test_delta_refuses_a_plan_version_whose_ticket_epoch_is_not_the_tasks():
+    # a conflict/deferral moved state["ticket_epoch"] to 1; the next plan version's premise says 0, so
+    # the ticket read from before the conflict would be carried "joined" across the barrier
+    s = fold([("draft.proposed", {"draft": {"ticket": {}}}),
+              ("intent.deferred", {"reason": "another report's ticket.create is in flight",
+                                   "action_id": "x", "task_id": "y"})], _proposing())
+    assert s["status"] == reducer.RETRIEVING and s["ticket_epoch"] == 1 and "ticket" in s["carried"]
+    barrier = {"from_version": 1, "why": "intent.deferred", "changed": [],
+               "continuing": {"device": "joined", "ticket": "joined", "retrieval": "joined"},
+               "cancelled": ["draft", "authorize", "write"]}
+    with pytest.raises(reducer.IllegalTransition, match="ticket_epoch premise is the task's own"):
+        fold([activate(2, PREMISES, barrier)], s)
+
+
+def test_delta_refuses_a_barrier_whose_changed_list_is_untrue():
+    s = fold([*DISPATCHED, result("retrieval", "r1")])
+    newer = {**PREMISES, "device_version": 18}
+    barrier = {"from_version": 1, "why": "nothing changed", "changed": [],  # the device's version did change
+               "continuing": {"retrieval": "joined"},
+               "cancelled": ["device", "ticket", "draft", "authorize", "write"]}
+    with pytest.raises(reducer.IllegalTransition, match="changed premises are those that differ"):
+        fold([activate(2, newer, barrier)], s)
+    without = {k: v for k, v in barrier.items() if k != "changed"}
+    with pytest.raises(reducer.IllegalTransition, match="changed premises are those that differ"):
+        fold([activate(2, newer, without)], s)
+    s = fold([activate(2, newer, {**barrier, "changed": ["device_version"]})], s)
+    assert s["plans"][1]["barrier"]["changed"] == ["device_version"]
+
+
+def test_delta_refuses_a_barrier_that_carries_retrieval_whose_evidence_is_superseded():
+    # ADR 0023: superseded or retired evidence re-plans and retrieval is read again: evidence is a
+    # premise retrieval depends on (v6.DEPENDS), decisive when a chunk is no longer current
+    s = fold([*DISPATCHED, result("retrieval", "r1")])
+    assert s["evidence"] == [REF]
+    superseded = {**PREMISES, "evidence": {str(REF["chunk_id"]): "superseded"}}
+    barrier = {"from_version": 1, "why": "evidence changed: chunk superseded", "changed": ["evidence"],
+               "continuing": {"retrieval": "joined", "device": "in_flight", "ticket": "in_flight"},
+               "cancelled": ["draft", "authorize", "write"]}
+    with pytest.raises(reducer.IllegalTransition, match="depends on premises that changed: evidence"):
+        fold([activate(2, superseded, barrier)], s)
+    # evidence found all current (none before: a fresh retrieval) is a change to re-validate, not decisive
+    current = {**PREMISES, "evidence": {str(REF["chunk_id"]): "current"}}
+    assert v6.verdict("retrieval", PREMISES, current) == ("revalidated", ["evidence"])
+    s = fold([activate(2, current, {**barrier, "changed": ["evidence"]})], s)
+    assert s["steps"]["retrieval"]["status"] == "joined"
+
+
+def test_a_late_retrieval_is_refused_by_evidence_only_when_its_own_chunks_are_not_current():
+    superseded = {**PREMISES, "evidence": {"99": "superseded"}}
+    assert v6.verdict("retrieval", PREMISES, superseded, refs=[REF["chunk_id"]])[0] == "revalidated"
+    assert v6.verdict("retrieval", PREMISES, superseded, refs=[99]) == ("refused", ["evidence"])
+    assert v6.verdict("retrieval", PREMISES, superseded) == ("refused", ["evidence"])
+
+
+def test_a_read_settled_unjoined_is_closed_and_may_not_report_again():
+    # t1 lapses, t2 reads the ticket again, then t1 reports after all and joins: t2's report finds
+    # nothing waiting for it, and only its cost is settled, marked unjoined
+    s = fold([*DISPATCHED, ("budget.settled", {"reservation_id": "t1", "used": {"tool_calls": 1},
+                                               "unknown_outcome": True}),
+              reserve("ticket", "t2"), result("device", "d1"), result("ticket", "t1"), result("retrieval", "r1")])
+    assert s["status"] == reducer.PROPOSING and s["steps"]["ticket"]["activity_id"] == "t1"
+    settle = ("budget.settled", {"reservation_id": "t2", "used": {"tool_calls": 1}, "unjoined": True,
+                                 "reason": "the ticket read reported when nothing waited for it"})
+    closed = fold([settle], s)
+    assert closed["activities"]["t2"]["status"] == v6.UNJOINED and "t2" not in closed["reservations"]
+    assert closed["steps"] == s["steps"] and closed["status"] == reducer.PROPOSING
+    with pytest.raises(reducer.IllegalTransition, match="already reported"):
+        fold([("read.failed", {"activity_id": "t2", "plan_version": 1, "error": "again"})], closed)
+    with pytest.raises(reducer.IllegalTransition, match="only a read still dispatched"):
+        fold([("budget.settled", {"reservation_id": "d1", "used": {}, "unjoined": True})], s)
+    # a settle without the mark (logs from before it) leaves the activity as it was: replay is unchanged
+    plain = fold([("budget.settled", {"reservation_id": "t2", "used": {"tool_calls": 1}})], s)
+    assert plain["activities"]["t2"]["status"] == "dispatched"
