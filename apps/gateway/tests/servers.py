@@ -144,3 +144,17 @@ def use_relay(settings, port: int, user: str = "", password: str = "",
     settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
     settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD, settings.EMAIL_HOST_PASSWORD_FILE = user, password, ""
     settings.EMAIL_TIMEOUT = 5
+
+
+def slow_name_lookup(monkeypatch, name: str, seconds: float = 3.0) -> None:
+    """Make the resolver take ``seconds`` to answer for ``name`` (then as for 127.0.0.1); other names
+    resolve as before."""
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host == name:
+            time.sleep(seconds)
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)

@@ -9,7 +9,6 @@ import base64
 import gzip
 import json
 import re
-import socket
 import time
 from urllib.parse import unquote
 
@@ -20,6 +19,7 @@ from apps.core import tool_errors as errors
 from apps.gateway import errors as gateway_errors
 from apps.gateway.http import http_request
 from apps.gateway.models import GatewayCall
+from apps.gateway.tests.servers import slow_name_lookup
 from apps.gateway.tests.test_http import configure, use
 from config.tracing import setup_tracing, teardown_tracing
 
@@ -174,15 +174,7 @@ def test_a_slow_name_resolution_is_bounded_by_the_calls_deadline(settings, recor
     most the call's time left: a resolver that takes 3 s ends a 0.5 s call at about 0.5 s."""
     server = recorder({"GET /tickets": (200, {}, b'{"results": []}')})
     port = server.server_address[1]
-    real = socket.getaddrinfo
-
-    def slow(host, *args, **kwargs):
-        if host == "tickets.slow-dns.test":
-            time.sleep(3)
-            host = "127.0.0.1"
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    slow_name_lookup(monkeypatch, "tickets.slow-dns.test")
     url = f"http://tickets.slow-dns.test:{port}"
     configure(settings, "ticket.reference", url, "k3y")
     started = time.monotonic()

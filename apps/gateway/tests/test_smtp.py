@@ -16,7 +16,7 @@ from django.core.mail import EmailMessage as DjangoEmail
 from apps.gateway.errors import DestinationRefused
 from apps.gateway.models import GatewayCall
 from apps.gateway.smtp import GatewayEmailBackend, email_connection
-from apps.gateway.tests.servers import CountingListener, smtp_relay_on_loopback, use_relay
+from apps.gateway.tests.servers import CountingListener, slow_name_lookup, smtp_relay_on_loopback, use_relay
 
 pytestmark = [pytest.mark.django_db,
               pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")]
@@ -270,15 +270,7 @@ def test_a_caller_cannot_turn_tls_off_for_the_login(settings):
 
 
 def test_a_slow_name_lookup_of_the_relay_is_cut_at_the_steps_deadline(settings, monkeypatch):
-    real = socket.getaddrinfo
-
-    def slow(host, *args, **kwargs):
-        if host == "relay.slow-dns.test":
-            time.sleep(3)
-            host = "127.0.0.1"
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    slow_name_lookup(monkeypatch, "relay.slow-dns.test")
     with smtp_relay_on_loopback(_Sink()) as port:
         use_relay(settings, port)
         settings.EMAIL_HOST = "relay.slow-dns.test"
