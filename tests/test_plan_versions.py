@@ -289,7 +289,9 @@ def test_a_held_approval_closed_by_a_redraft_that_asks_the_requester_is_closed_o
     assert task.status == reducer.WAITING_INPUT and len(task.state["plans"]) == 2
     assert task.state["approval"]["id"] == str(first.pk) and task.state["approval"]["status"] == "INVALIDATED"
     first.refresh_from_db()
-    assert first.status == "INVALIDATED" and first.reason == v6.ASKS_REQUESTER, (
+    assert first.reason == task.state["approval"]["reason"] == (
+        f"{task.state['plans'][-1]['barrier']['why']} — {v6.ASKS_REQUESTER}")  # what moved, then what instead
+    assert first.status == "INVALIDATED", (
         f"the state closed the held approval, but its row still says {first.status}: the queue and the API show "
         "an approval the task no longer holds")
 
@@ -346,3 +348,39 @@ def test_a_read_settled_when_nothing_waited_for_it_does_not_read_again_on_a_dupl
     assert Task.objects.get(pk=task.pk).state["activities"][t2]["status"] != "dispatched", \
         "an activity whose report was recorded still looks dispatched"
     assert TaskEvent.objects.filter(task=task, type="budget.settled", payload__reservation_id=t2).count() == 1
+
+
+def _approve_pending(task, approver):
+    a = ApprovalRequest.objects.get(task=task, status="PENDING")
+    approval_decide(principal=p(approver), approval_id=a.pk, decision="approve", reason="ok")
+    return a
+
+
+def test_an_approval_closed_because_the_device_moved_during_the_wait_says_the_device_moved_not_the_evidence(
+        requester, approver, device, kb, tenant, refservice):
+    """Under a comment on an open ticket (bound to the ticket's version), the device's alert moves
+    while the task waits: the resume re-plans and asks again, and the old approval's reason (shown by
+    the queue and the API) says what moved."""
+    first_report = task_submit(principal=p(requester), device_id=device.pk, urgency="high", symptom=SYMPTOM).task
+    drive(first_report.pk)
+    _approve_pending(first_report, approver)
+    assert drive(first_report.pk).status == reducer.COMPLETED, "the device's ticket is open"
+
+    task = task_submit(principal=p(requester), device_id=device.pk, urgency="high",
+                       symptom=SYMPTOM + " Again today.").task
+    task = drive(task.pk)
+    assert task.status == reducer.WAITING_APPROVAL
+    first = ApprovalRequest.objects.get(task=task)
+    assert first.tool == "ticket.comment"
+    # nothing in the knowledge base changes; only the device's alert does, while the task waits
+    device_update_state(device=device, alert_code="PRN-PAPER-13.1", alert_message="Paper jam in tray 2")
+    approval_decide(principal=p(approver), approval_id=first.pk, decision="approve", reason="ok")
+    task = drive(task.pk)
+    barrier = task.state["plans"][-1]["barrier"]
+    assert "device_version" in barrier["changed"]
+    assert "superseded" not in barrier["why"] and "retired" not in barrier["why"], barrier["why"]
+    first.refresh_from_db()
+    assert first.status == "INVALIDATED"
+    assert ApprovalRequest.objects.filter(task=task, status="PENDING").exists(), "the approver is asked again"
+    assert first.reason.startswith(barrier["why"]) and "device_version" in first.reason, first.reason
+    assert "superseded" not in first.reason and "retired" not in first.reason, first.reason

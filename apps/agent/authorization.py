@@ -123,7 +123,7 @@ def validate_and_authorize(task: Task, lease: Lease) -> bool:
         def create_approval(t: Task, event) -> None:
             if held is not None and (old := ApprovalRequest.objects.for_tenant(t.tenant_id)
                                      .filter(pk=held["approval_id"]).first()) is not None:
-                approval_invalidate(approval=old, reason=reducer_v6.CHANGED_PROPOSAL)
+                approval_invalidate(approval=old, reason=reducer_v6.changed_proposal_reason(state))
             approval_request_create(approval_id=approval_id, task=t, requested_by_id=t.requester_id, proposal=proposal,
                                     decision=decision, object_version=object_version, scope=scope,
                                     side_effects=effects, evidence=state["evidence"], expires_at=expires_at,

@@ -128,12 +128,12 @@ def closing_held(task: Task, event_type: str):
     """The ``side_effects`` callback for appending ``event_type`` (``input.requested``,
     ``task.completed``) to ``task`` now: when it closes the approval held for re-validation
     (``reducer/6``: :func:`apps.tasks.reducer.v6.held_closed_by`), it marks that approval's row
-    invalidated with the reason δ records (:data:`~apps.tasks.reducer.v6.CLOSES_HELD`), in the
+    invalidated with the reason δ records (:func:`~apps.tasks.reducer.v6.closing_reason`), in the
     event's transaction, so the row says what the state says; otherwise None."""
     approval_id = v6.held_closed_by(task.state or {}, event_type)
     if approval_id is None:
         return None
-    reason = v6.CLOSES_HELD[event_type]
+    reason = v6.closing_reason(task.state or {}, event_type)
 
     def apply(t: Task, event) -> None:
         approval = ApprovalRequest.objects.for_tenant(t.tenant_id).filter(pk=approval_id).first()

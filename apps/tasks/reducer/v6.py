@@ -464,8 +464,22 @@ def _close_held(s: dict, why: str) -> None:
     s["revalidating"] = None
 
 
-#: why a held approval is closed when the re-validated draft proposes another action
-CHANGED_PROPOSAL = "the evidence it was based on changed, and with it the proposal: asked again"
+#: why a held approval is closed when the re-validated draft proposes another action (the barrier's
+#: ``why`` — what moved — follows it: :func:`changed_proposal_reason`)
+CHANGED_PROPOSAL = "the proposal changed: asked again"
+
+
+def closing_reason(state: dict, event_type: str) -> str:
+    """The reason recorded on the held approval that ``event_type`` (one of :data:`CLOSES_HELD`)
+    closes: what moved during the wait (the barrier's ``why``), then what the re-validated draft
+    does instead (``CLOSES_HELD[event_type]``). Pure."""
+    why = (state.get("revalidating") or {}).get("why")
+    return f"{why} — {CLOSES_HELD[event_type]}" if why else CLOSES_HELD[event_type]
+
+
+def changed_proposal_reason(state: dict) -> str:
+    """:func:`closing_reason` of ``approval.requested`` (the draft proposes another action)."""
+    return closing_reason(state, "approval.requested")
 #: why a held approval is closed when the re-validated draft asks the requester first (``input.requested``)
 ASKS_REQUESTER = "the re-validated draft asks the requester first"
 #: why a held approval is closed when the re-validated draft needs no action (``task.completed``)
@@ -476,16 +490,16 @@ CLOSES_HELD = {"approval.requested": CHANGED_PROPOSAL, "input.requested": ASKS_R
 
 
 def _approval_requested(s: dict, p: dict) -> None:
-    _close_held(s, CHANGED_PROPOSAL)
+    _close_held(s, changed_proposal_reason(s))
     r5.TRANSITIONS["approval.requested"][1](s, p)
 
 
-def _closing_held(etype: str, why: str):
+def _closing_held(etype: str):
     base = r5.TRANSITIONS[etype][1]
 
     def apply(s: dict, p: dict) -> None:
         if s["status"] != WAITING_APPROVAL:
-            _close_held(s, why)
+            _close_held(s, closing_reason(s, etype))
         base(s, p)
 
     return apply
@@ -518,8 +532,8 @@ TRANSITIONS = {
     "intent.deferred": (_T5["intent.deferred"][0], _replanning("intent.deferred")),
     "approval.revalidated": (frozenset({VALIDATING}), _approval_revalidated),
     "approval.requested": (_T5["approval.requested"][0], _approval_requested),
-    "input.requested": (_T5["input.requested"][0], _closing_held("input.requested", ASKS_REQUESTER)),
-    "task.completed": (_T5["task.completed"][0], _closing_held("task.completed", NO_ACTION)),
+    "input.requested": (_T5["input.requested"][0], _closing_held("input.requested")),
+    "task.completed": (_T5["task.completed"][0], _closing_held("task.completed")),
     "intent.committed": (_T5["intent.committed"][0], _intent_committed),
 }
 EVENT_TYPES = tuple(TRANSITIONS)
