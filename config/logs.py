@@ -10,6 +10,7 @@ carries whatever is bound at that moment, so a task's lines can be followed acro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import structlog
@@ -57,6 +58,21 @@ def bind(**ids) -> None:
     """Bind ids (``tenant_id``, ``task_id``, ``action_id``, ``attempt`` …) to every following log
     line of this thread or task; ``None`` values are skipped."""
     structlog.contextvars.bind_contextvars(**{k: str(v) for k, v in ids.items() if v is not None})
+
+
+@contextlib.contextmanager
+def bound(**ids):
+    """``with bound(tenant_id=…, task_id=…):`` — the ids bound (as :func:`bind`) for the block, the
+    earlier values (or none) restored after it. The tool gateway records each call with the tenant and
+    task bound here."""
+    before = structlog.contextvars.get_contextvars()
+    bind(**ids)
+    try:
+        yield
+    finally:
+        names = [k for k, v in ids.items() if v is not None]
+        structlog.contextvars.unbind_contextvars(*names)
+        structlog.contextvars.bind_contextvars(**{k: before[k] for k in names if k in before})
 
 
 def unbind(*names: str) -> None:

@@ -22,6 +22,7 @@ The audit only reads (the remote lookup is a lookup by key).
 from __future__ import annotations
 
 from apps.actions.models import Action, ActionStatus
+from config.logs import bound
 
 #: task-state action status -> the action row statuses that agree with it
 _AGREES = {
@@ -98,7 +99,8 @@ def _group_audit(actions: list[Action], current: dict | None, receipt: dict | No
 def _remote_disagreement(action: Action, remote) -> list[str]:
     if action.status in (ActionStatus.INTENDED, ActionStatus.UNKNOWN):
         return []
-    found = remote.lookup(tool=action.tool, idempotency_key=action.idempotency_key, params=action.params)
+    with bound(tenant_id=action.tenant_id, task_id=action.task_id):  # the gateway records the call with them
+        found = remote.lookup(tool=action.tool, idempotency_key=action.idempotency_key, params=action.params)
     if action.status == ActionStatus.SUCCEEDED:
         if found is None:
             return [f"action {action.pk} recorded ticket {action.external_id}; the remote has none for its key"]

@@ -32,6 +32,7 @@ from apps.core import tool_errors as errors
 from apps.core.failpoints import failpoint
 from apps.core.queue import DELIVER_ATTACHMENTS, enqueue_on_commit
 from apps.tickets.connectors import CONNECTORS
+from config.logs import bound
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,10 @@ def _send(row: AttachmentDelivery) -> None:
         return
     failpoint("attachment_before_send")
     try:
-        remote_id = connector.attach(ticket_id=row.ticket_id, name=attachment.name,
-                                     content_type=attachment.content_type, data=data, sha256=attachment.sha256,
-                                     timeout=connector.timeout)
+        with bound(tenant_id=row.tenant_id, task_id=attachment.task_id):  # the gateway records the call with them
+            remote_id = connector.attach(ticket_id=row.ticket_id, name=attachment.name,
+                                         content_type=attachment.content_type, data=data, sha256=attachment.sha256,
+                                         timeout=connector.timeout)
     except (errors.InvalidParams, errors.Unauthorized, errors.PreconditionFailed) as exc:
         _settle(row, status=DeliveryStatus.FAILED, last_error=f"{type(exc).__name__}: {exc}"[:500], lease_owner="")
         return

@@ -35,6 +35,7 @@ from apps.core.errors import Conflict, Forbidden, NotFound, Unavailable, Unproce
 from apps.outbox.settlement import receipt_record
 from apps.outbox.unknown_outcomes import ActionChanged, action_settle_unknown
 from apps.tickets.connectors import connector_for, ticket_receipt
+from config.logs import bound
 
 MAX_NOTE = 1000
 
@@ -107,7 +108,8 @@ def reconciliation_resolve(*, principal: Principal, action_id, executed: bool, e
                        status=action.status)
     actor = principal.as_actor()
     if executed:
-        return _resolve_executed(action, (external_id or "").strip(), note, actor)
+        with bound(tenant_id=action.tenant_id, task_id=action.task_id):  # the gateway records its calls with them
+            return _resolve_executed(action, (external_id or "").strip(), note, actor)
     return _resolve_not_executed(action, note, actor)
 
 

@@ -18,7 +18,8 @@ from apps.gateway.http import http_request
 from apps.gateway.models import GatewayCall
 from apps.gateway.records import call_record
 from apps.gateway.tests.servers import Recorder
-from config.logs import bind, clear
+from config.logs import bind, bound, clear
+from tests.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -126,3 +127,18 @@ def test_destinations_are_scheme_host_and_port():
     for bad in ("/relative", "ftp://x", "http://h:99999"):
         with pytest.raises(ValueError):
             destination_of(bad)
+
+
+def test_ids_bound_for_a_block_are_recorded_in_it_and_the_earlier_ones_come_back_after(tenant):
+    other = TenantFactory(slug="globex")
+    outer_task, inner_task = uuid.uuid4(), uuid.uuid4()
+    bind(tenant_id=other.pk, task_id=outer_task)
+    try:
+        with bound(tenant_id=tenant.pk, task_id=inner_task):
+            _record(path="/inner")
+        _record(path="/outer")
+    finally:
+        clear()
+    inner, outer = GatewayCall.objects.get(path="/inner"), GatewayCall.objects.get(path="/outer")
+    assert (inner.tenant_id, inner.task_id) == (tenant.pk, inner_task)
+    assert (outer.tenant_id, outer.task_id) == (other.pk, outer_task)
