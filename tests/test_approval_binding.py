@@ -271,3 +271,22 @@ def test_approve_and_cancel_at_once_never_deadlock(requester, approver, device, 
     task = Task.objects.get(pk=task.pk)
     assert task.status == reducer.CANCELLED
     assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalStatus.APPROVED
+
+
+def test_a_decision_the_current_policy_no_longer_allows_is_refused_and_the_approval_stays_pending(
+        tenant, requester, approver, admin_user, device, kb, refservice, refadmin):
+    """A policy that now reserves the tool for admins, published while an approval (asked under v1)
+    waits: an approver's decision is refused at once — never accepted and then undone on resume — and
+    the approval stays for an admin, whose approval binds."""
+    task = drive(task_submit(principal=p(requester), device_id=device.pk, symptom=SYMPTOM).task.pk)
+    approval = _pending(task)
+    assert approval.policy_version == 1
+    ApprovalPolicy.objects.create(tenant=tenant, version=2, rules={
+        "risk": DEFAULT_RULES["risk"],
+        "tools": {"ticket.create": {"requires_approval": True, "ttl_minutes": 30, "approver_roles": ["admin"]}}})
+    for decision, reason in (("approve", ""), ("reject", "not needed")):
+        with pytest.raises(Forbidden, match=r"changed since this was requested \(v1 → v2\): only Admin may decide"):
+            approval_decide(principal=p(approver), approval_id=approval.pk, decision=decision, reason=reason)
+    assert _pending(task).pk == approval.pk
+    approval_decide(principal=p(admin_user), approval_id=approval.pk, decision="approve")
+    assert drive(task.pk).status == reducer.COMPLETED

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from apps.accounts.models import Role
 from apps.accounts.principal import Principal, principal_current
 from apps.actions.digest import action_digest as h_of_action
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
@@ -86,6 +87,17 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
         if approval.approver_roles and principal.role not in approval.approver_roles:
             raise Forbidden(_("policy v%(version)s lets only %(roles)s decide this approval") % {
                 "version": approval.policy_version, "roles": _(" or ").join(approval.approver_roles)})
+        if approval.status == ApprovalStatus.PENDING:
+            current = policy_decide(tenant_id=approval.tenant_id, tool=approval.tool)
+            if current.policy_version != approval.policy_version and current.requires_approval \
+                    and principal.role not in current.approver_roles:
+                # The approval would not bind (approval_check_binding): refuse the decision now, while
+                # it stays pending for someone the current policy lets decide.
+                raise Forbidden(_("the approval policy changed since this was requested (v%(old)s → v%(new)s): "
+                                  "only %(roles)s may decide it now") % {
+                    "old": approval.policy_version, "new": current.policy_version,
+                    "roles": _(" or ").join(str(Role(r).label) if r in Role.values else r
+                                            for r in current.approver_roles)})
         if approval.status != ApprovalStatus.PENDING:
             raise Conflict(
                 _("approval is already %(status)s") % {"status": approval.status},
