@@ -91,7 +91,7 @@ def test_a_broken_binding_before_the_intent_sends_nothing_and_asks_again(cause, 
     CAUSES[cause](approved, device, approver)
     task = drive(approved.pk)
     first = ApprovalRequest.objects.filter(task=task).order_by("created_at").first()
-    assert first.status == ApprovalStatus.INVALIDATED and cause in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED and cause in first.closed_reason
     assert not Action.objects.filter(task=task).exists(), "no intent on a broken binding"
     assert refadmin.tickets() == []
     assert task.status == reducer.WAITING_APPROVAL
@@ -112,7 +112,7 @@ def test_a_broken_binding_at_the_moment_of_dispatch_sends_nothing_and_asks_again
     assert action.status == ActionStatus.NOT_SENT and refadmin.requests(action.idempotency_key) == 0
     first = ApprovalRequest.objects.get(pk=action.approval_id)
     expected = "digest mismatch" if cause.startswith("parameters") else cause
-    assert first.status == ApprovalStatus.INVALIDATED and expected in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED and expected in first.closed_reason
     task = drive(approved.pk)
     assert task.status == reducer.WAITING_APPROVAL
     _reapproved_and_completed(task, admin_user, refadmin)
@@ -165,7 +165,8 @@ def test_a_policy_that_no_longer_lets_the_approver_decide_invalidates_at_intent_
         "tools": {"ticket.create": {"requires_approval": True, "ttl_minutes": 60, "approver_roles": ["admin"]}}})
     task = drive(approved.pk)
     first = ApprovalRequest.objects.filter(task=task).order_by("created_at").first()
-    assert first.status == ApprovalStatus.INVALIDATED and "policy changed since approval (v1 → v2)" in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED
+    assert "policy changed since approval (v1 → v2)" in first.closed_reason
     assert not Action.objects.filter(task=task).exists() and refadmin.tickets() == []
     second = _pending(task)
     assert second.approver_roles == ["admin"]
@@ -182,7 +183,7 @@ def test_a_policy_change_between_the_intent_and_the_send_stops_the_send(approved
     outbox_dispatch_batch()
     action = Action.objects.get(task=approved)
     assert action.status == ActionStatus.NOT_SENT and refadmin.requests(action.idempotency_key) == 0
-    assert "policy changed" in ApprovalRequest.objects.get(pk=action.approval_id).reason
+    assert "policy changed" in ApprovalRequest.objects.get(pk=action.approval_id).closed_reason
 
 
 @pytest.mark.parametrize("rules, problem", [

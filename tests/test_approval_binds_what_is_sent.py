@@ -65,7 +65,7 @@ def test_a_changed_proposal_before_the_intent_is_not_committed_and_is_asked_agai
     _tamper_state(task, "proposal")
     task = drive(task.pk)
     first.refresh_from_db()
-    assert first.status == ApprovalStatus.INVALIDATED and "digest mismatch" in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED and "digest mismatch" in first.closed_reason
     assert not Action.objects.filter(task=task).exists(), "no intent for parameters nobody approved"
     assert _sent(refadmin) == []
     assert task.status == reducer.WAITING_APPROVAL
@@ -88,7 +88,7 @@ def test_a_changed_comment_before_the_intent_is_not_committed(requester, approve
     _tamper_state(task, "proposal")
     task = drive(task.pk)
     first.refresh_from_db()
-    assert first.status == ApprovalStatus.INVALIDATED and "digest mismatch" in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED and "digest mismatch" in first.closed_reason
     assert not Action.objects.filter(task=task).exists()
     [ticket] = _sent(refadmin)
     assert ticket["version"] == 1, "no comment reached the ticket"
@@ -107,7 +107,7 @@ def test_a_changed_compensation_before_its_intent_is_not_committed(requester, ap
     _tamper_state(task, "compensation")
     task = drive(task.pk)
     first.refresh_from_db()
-    assert first.status == ApprovalStatus.INVALIDATED and "digest mismatch" in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED and "digest mismatch" in first.closed_reason
     assert Action.objects.filter(task=task).count() == 1, "no compensation action for unapproved parameters"
     assert _sent(refadmin)[0]["status"] == "open"
 
@@ -145,7 +145,7 @@ def test_changed_parameters_of_a_committed_action_are_not_sent(requester, approv
     action.refresh_from_db()
     assert action.status == ActionStatus.NOT_SENT and refadmin.requests(action.idempotency_key) == 0
     first = ApprovalRequest.objects.get(pk=action.approval_id)
-    assert first.status == ApprovalStatus.INVALIDATED and "digest mismatch" in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED and "digest mismatch" in first.closed_reason
     task = drive(task.pk)
     assert task.status == reducer.WAITING_APPROVAL
     _approve(admin_user, task)
@@ -199,7 +199,7 @@ def test_shown_parameters_changed_after_the_grant_invalidate_it_at_the_intent(re
         ApprovalRequest.objects.filter(pk=first.pk).update(params=_other(first.params))
     task = drive(task.pk)
     first.refresh_from_db()
-    assert first.status == ApprovalStatus.INVALIDATED and "differ from the ones it binds" in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED and "differ from the ones it binds" in first.closed_reason
     assert not Action.objects.filter(task=task).exists() and _sent(refadmin) == []
     assert task.status == reducer.WAITING_APPROVAL
 
@@ -214,6 +214,6 @@ def test_a_ticket_system_changed_after_the_approval_is_asked_again(requester, ap
     Tenant.objects.filter(pk=tenant.pk).update(ticket_system="helpdesk")  # a platform admin's change
     task = drive(task.pk)
     first.refresh_from_db()
-    assert first.status == ApprovalStatus.INVALIDATED and "ticket system changed" in first.reason
+    assert first.status == ApprovalStatus.INVALIDATED and "ticket system changed" in first.closed_reason
     assert not Action.objects.filter(task=task).exists() and _sent(refadmin) == []
     assert task.status == reducer.WAITING_APPROVAL and "django-helpdesk" in _pending(task).side_effects

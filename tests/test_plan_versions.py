@@ -155,7 +155,7 @@ def test_cited_evidence_superseded_during_the_approval_wait_revalidates_and_asks
     assert "retrieval" in plans[1]["barrier"]["cancelled"]
     assert task.status == reducer.WAITING_APPROVAL
     first.refresh_from_db()
-    assert first.status == "INVALIDATED" and "changed" in first.reason
+    assert first.status == "INVALIDATED" and "changed" in first.closed_reason
     second = ApprovalRequest.objects.get(task=task, status="PENDING")
     assert second.pk != first.pk and task.state["approval"]["id"] == str(second.pk)
     assert not _event(task, "intent.committed"), "nothing is sent on the old approval"
@@ -289,7 +289,7 @@ def test_a_held_approval_closed_by_a_redraft_that_asks_the_requester_is_closed_o
     assert task.status == reducer.WAITING_INPUT and len(task.state["plans"]) == 2
     assert task.state["approval"]["id"] == str(first.pk) and task.state["approval"]["status"] == "INVALIDATED"
     first.refresh_from_db()
-    assert first.reason == task.state["approval"]["reason"] == (
+    assert first.closed_reason == task.state["approval"]["reason"] == (
         f"{task.state['plans'][-1]['barrier']['why']} — {v6.ASKS_REQUESTER}")  # what moved, then what instead
     assert first.status == "INVALIDATED", (
         f"the state closed the held approval, but its row still says {first.status}: the queue and the API show "
@@ -382,5 +382,7 @@ def test_an_approval_closed_because_the_device_moved_during_the_wait_says_the_de
     first.refresh_from_db()
     assert first.status == "INVALIDATED"
     assert ApprovalRequest.objects.filter(task=task, status="PENDING").exists(), "the approver is asked again"
-    assert first.reason.startswith(barrier["why"]) and "device_version" in first.reason, first.reason
-    assert "superseded" not in first.reason and "retired" not in first.reason, first.reason
+    assert first.closed_reason.startswith(barrier["why"]), first.closed_reason
+    assert "device_version" in first.closed_reason, first.closed_reason
+    assert (first.reason, first.decided_by_id) == ("ok", approver.pk), "the approver's own decision is kept"
+    assert "superseded" not in first.closed_reason and "retired" not in first.closed_reason, first.closed_reason

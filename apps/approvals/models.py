@@ -80,6 +80,9 @@ class ApprovalRequest(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
+    #: why the system closed it (invalidated): kept apart from ``reason``, which after a person's
+    #: decision stays their words (a pending approval closed has the same text in both)
+    closed_reason = models.TextField(blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     respond_by = models.DateTimeField(null=True, blank=True,
                                       help_text="the request's respond-by due date (SLA) when this was asked; "

@@ -24,7 +24,8 @@ def pending_approvals_close(task, event, new_state: dict) -> None:
     pending = ApprovalRequest.objects.for_tenant(task.tenant_id).filter(task_id=task.pk,
                                                                          status=ApprovalStatus.PENDING)
     if cancelled:
-        pending.update(status=ApprovalStatus.INVALIDATED, reason="the task was cancelled")
+        cancelled_reason = "the task was cancelled"
+        pending.update(status=ApprovalStatus.INVALIDATED, reason=cancelled_reason, closed_reason=cancelled_reason)
     if ended:
         reason = f"the task ended ({new_state['status']}: {new_state.get('termination_reason') or ''})"
-        pending.update(status=ApprovalStatus.INVALIDATED, reason=reason[:2000])
+        pending.update(status=ApprovalStatus.INVALIDATED, reason=reason[:2000], closed_reason=reason[:2000])

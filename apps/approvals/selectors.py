@@ -81,7 +81,7 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
     approvals = list(page_obj.object_list)
     earlier = (ApprovalRequest.objects.visible_to(principal)
                .filter(task_id__in={a.task_id for a in approvals})
-               .only("id", "task_id", "params", "created_at", "status", "reason", "object_version")
+               .only("id", "task_id", "params", "created_at", "status", "reason", "closed_reason", "object_version")
                .order_by("task_id", "created_at"))
     by_task: dict = {}
     for e in earlier:

@@ -250,8 +250,12 @@ def approval_check_binding_now(*, approval: ApprovalRequest, action_digest: str,
 
 
 def approval_invalidate(*, approval: ApprovalRequest, reason: str) -> None:
-    """Mark an approval invalid with ``reason`` (call inside the caller's transaction)."""
-    ApprovalRequest.objects.filter(pk=approval.pk).update(status=ApprovalStatus.INVALIDATED, reason=reason[:2000])
+    """Mark an approval invalid with ``reason`` (call inside the caller's transaction): its
+    ``closed_reason``; also its ``reason`` unless a person decided it, whose own reason is kept."""
+    rows = ApprovalRequest.objects.filter(pk=approval.pk)
+    reason = reason[:2000]
+    rows.filter(decided_by__isnull=True).update(status=ApprovalStatus.INVALIDATED, reason=reason, closed_reason=reason)
+    rows.filter(decided_by__isnull=False).update(status=ApprovalStatus.INVALIDATED, closed_reason=reason)
 
 
 def approval_request_create(*, approval_id: uuid.UUID, task, requested_by_id: int, proposal: dict, decision,

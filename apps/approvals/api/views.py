@@ -30,7 +30,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "id", "task_id", "device", "tool", "tool_version", "params", "action_digest", "object_type", "object_id",
             "object_version", "policy_version", "approver_roles", "scope", "side_effects", "evidence", "expires_at",
             "status",
-            "requested_by", "decided_by", "decided_at", "reason", "created_at",
+            "requested_by", "decided_by", "decided_at", "reason", "closed_reason", "created_at",
         ]
 
 

@@ -110,6 +110,8 @@ def test_a_reproposal_shows_what_changed_and_the_version_then_and_now(client, re
     assert task.status == reducer.WAITING_APPROVAL
     html = client.get(reverse("approval-queue")).content.decode()
     assert "Changed since the previous proposal in this task (invalidated: device version changed" in html
+    closed = client.get(reverse("approval-queue") + "?status=INVALIDATED").content.decode()
+    assert "Approved by avery — ok; invalidated — device version changed since approval (17 → 18)" in closed
     assert "<td>description</td>" in html and "object version 17" in html and "object version 18" in html
     invalidated = client.get(reverse("approval-queue") + "?status=INVALIDATED").content.decode()
     assert str(first.pk) in invalidated and "device version changed since approval (17 → 18)" in invalidated
