@@ -90,7 +90,7 @@ def test_second_htmx_decision_shows_409_row(client, filed, approver, admin_user)
     client.force_login(admin_user)
     resp = client.post(reverse("approval-decide", args=[approval.pk]), {"decision": "reject", "reason": "x"},
                        HTTP_HX_REQUEST="true")
-    assert resp.status_code == 409 and b"already APPROVED" in resp.content
+    assert resp.status_code == 409 and b"already approved" in resp.content
 
 
 def test_trace_is_for_admins_only(client, filed, requester, admin_user, other_tenant_user):

@@ -53,6 +53,32 @@ class QueueRow:
     #: the request's respond-by date has passed (``overdue``) or comes within :data:`DUE_SOON`
     overdue: bool = False
     due_soon: bool = False
+    #: the approval is the one its task waits on now (pending, decidable, the task's current approval,
+    #: no newer one asked): its evidence heading is the task's selection; any other approval's heading
+    #: is built from what it recorded (its ``evidence``), never from what the task found later
+    current: bool = False
+    #: the task's state while it still speaks for this approval (the task's current approval, no newer
+    #: one asked, no re-validation under way), else None: the draft's screening and the priority the
+    #: rules overrode are read from it
+    state: dict | None = None
+
+
+def _state_approval_ids(state: dict) -> set[str]:
+    """The ids of the approvals ``state`` holds now: the task's and its compensation's."""
+    ids = set()
+    for holder in (state, state.get("compensation") or {}):
+        approval = holder.get("approval") if isinstance(holder, dict) else None
+        if isinstance(approval, dict) and approval.get("id"):
+            ids.add(str(approval["id"]))
+    return ids
+
+
+def _speaking_for(approval: ApprovalRequest, *, newer: bool, decidable: bool) -> tuple[bool, dict | None]:
+    """``(current, state)`` of a :class:`QueueRow` (see its fields). ``newer``: the task asked
+    another approval after this one."""
+    state = approval.task.state if isinstance(approval.task.state, dict) else {}
+    own = not newer and str(approval.pk) in _state_approval_ids(state) and not state.get("revalidating")
+    return own and decidable, state if own else None
 
 
 def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str = "", device: str = "",
@@ -61,8 +87,8 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
     pending ones soonest due first (their request's respond-by date: what would breach the SLA
     first is decided first), every other view newest first — filtered by ``status`` (one of
     :data:`QUEUE_STATUSES`), ``tool`` and ``device`` (asset tag substring). A constant number of
-    queries whatever the queue's size: the page, one query for the previous proposals of its
-    tasks and one for the ticket mirrors it targets. Unknown filter values are treated as no
+    queries whatever the queue's size: the page, one query for the other proposals of its tasks
+    (the previous one, and whether a newer one was asked) and one for the ticket mirrors it targets. Unknown filter values are treated as no
     filter; an out-of-range page is the last page."""
     now = now or timezone.now()
     qs = approval_list(principal=principal)
@@ -92,9 +118,12 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
     for a in approvals:
         before = [e for e in by_task.get(a.task_id, []) if e.created_at < a.created_at]
         previous = before[-1] if before else None
+        newer = any(e.created_at > a.created_at for e in by_task.get(a.task_id, []))
+        decidable = a.status == ApprovalStatus.PENDING and a.expires_at > now
+        current, state = _speaking_for(a, newer=newer, decidable=decidable)
         version_now = a.task.device.version if a.object_type == "device" else tickets.get(a.object_id)
         due = a.respond_by
-        rows.append(QueueRow(approval=a, decidable=a.status == ApprovalStatus.PENDING and a.expires_at > now,
+        rows.append(QueueRow(approval=a, decidable=decidable, current=current, state=state,
                              version_now=version_now, previous=previous,
                              changes=params_changes(previous.params, a.params) if previous else [],
                              overdue=due is not None and due <= now,
@@ -129,13 +158,16 @@ def params_changes(before: dict, after: dict, *, limit: int = 160) -> list[tuple
 def approval_queue_row(*, principal: Principal, approval: ApprovalRequest, now=None) -> QueueRow:
     """The :class:`QueueRow` of one approval (after a decision, to redraw its row)."""
     now = now or timezone.now()
-    previous = (ApprovalRequest.objects.visible_to(principal)
-                .filter(task_id=approval.task_id, created_at__lt=approval.created_at).order_by("-created_at").first())
+    siblings = ApprovalRequest.objects.visible_to(principal).filter(task_id=approval.task_id)
+    previous = siblings.filter(created_at__lt=approval.created_at).order_by("-created_at").first()
+    newer = siblings.filter(created_at__gt=approval.created_at).exists()
     if approval.object_type == "device":
         version_now = approval.task.device.version
     else:
         mirror = TicketMirror.objects.visible_to(principal).filter(external_id=approval.object_id).first()
         version_now = mirror.external_version if mirror else None
     decidable = approval.status == ApprovalStatus.PENDING and approval.expires_at > now
-    return QueueRow(approval=approval, decidable=decidable, version_now=version_now, previous=previous,
+    current, state = _speaking_for(approval, newer=newer, decidable=decidable)
+    return QueueRow(approval=approval, decidable=decidable, current=current, state=state,
+                    version_now=version_now, previous=previous,
                     changes=params_changes(previous.params, approval.params) if previous else [])

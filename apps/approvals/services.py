@@ -100,7 +100,7 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
                                             for r in current.approver_roles)})
         if approval.status != ApprovalStatus.PENDING:
             raise Conflict(
-                _("approval is already %(status)s") % {"status": approval.status},
+                _("approval is already %(status)s") % {"status": str(ApprovalStatus(approval.status).label).lower()},
                 status=approval.status,
                 decided_by=approval.decided_by.get_username() if approval.decided_by else None,
             )

@@ -59,10 +59,14 @@ class Activity:
 
 @dataclass
 class PremiseCell:
-    """A premise's value in one version; ``changed`` when it differs from the previous version's."""
+    """A premise's value in one version; ``changed`` when it differs from the previous version's;
+    ``first_set`` when that difference is only that the previous version had no value yet (the
+    approver's role before anyone approved): the table says "set", not "changed" (what is
+    recorded, and the column's ``changed`` keys, stay as they are)."""
 
     value: object
     changed: bool = False
+    first_set: bool = False
 
 
 @dataclass
@@ -105,6 +109,11 @@ class PlanTrace:
                 for i, c in enumerate(self.columns)]
 
 
+#: premises whose empty value is a value of its own, not "not known yet": no evidence carried means the
+#: version retrieves afresh, so carrying some is a change, not a first setting
+_NONE_IS_A_VALUE = {"evidence"}
+
+
 def plan_columns(state: dict, reports: list[dict], readable: set[str]) -> PlanTrace | None:
     """The :class:`PlanTrace` of a task's ``state`` (None without plans) from ``reports``: rows
     ``{"seq", "type", "activity_id", "reservation_id", "version", "premises", "revalidation", "reason",
@@ -119,8 +128,10 @@ def plan_columns(state: dict, reports: list[dict], readable: set[str]) -> PlanTr
         columns.append(PlanColumn(version=plan["version"], reason=plan.get("reason") or "",
                                   barrier=plan.get("barrier"), changed=changed))
         previous = plan["premises"]
-    rows = [PremiseRow(key=k, cells=[PremiseCell(value=plan["premises"].get(k), changed=k in col.changed)
-                                     for plan, col in zip(plans, columns, strict=True)])
+    rows = [PremiseRow(key=k, cells=[PremiseCell(value=plan["premises"].get(k), changed=k in col.changed,
+                                                 first_set=k in col.changed and k not in _NONE_IS_A_VALUE
+                                                 and i > 0 and plans[i - 1]["premises"].get(k) is None)
+                                     for i, (plan, col) in enumerate(zip(plans, columns, strict=True))])
             for k in v6.PREMISES]
     activities = state.get("activities") or {}
     found = {aid: Activity(id=aid, step=act["step"], status=act["status"]) for aid, act in activities.items()}

@@ -18,10 +18,12 @@ from django.utils.translation import gettext_lazy
 
 from apps.actions.models import ActionStatus, AttemptOutcome
 from apps.approvals.models import ApprovalStatus
+from apps.evidence.guard import refs_flags
 from apps.outbox.models import OutboxStatus
-from apps.tasks.answer import reason_zh
+from apps.tasks.answer import _NONE_ZH, kind_label, reason_zh
 from apps.tasks.models import STATUS_LABELS, Urgency, reason_in_words
 from apps.tickets.connectors import CONNECTORS
+from apps.traces.templatetags.plan_labels import recorded_sentence
 
 register = template.Library()
 
@@ -91,7 +93,7 @@ def effects(approval: object) -> str:
     approval's fields in the reader's language (the recorded one when it cannot be)."""
     recorded = getattr(approval, "side_effects", "") or ""
     if _english():
-        return recorded
+        return _one_stop(recorded)
     system = next((c.label for c in CONNECTORS.values() if f"in {c.label}" in recorded), None)
     if system is None:
         return recorded
@@ -113,7 +115,77 @@ def effects(approval: object) -> str:
     else:
         return recorded
     if forced:
-        text += " " + _("A person must approve: %(reason)s") % {"reason": forced}
+        text += " " + _("A person must approve: %(reason)s") % {"reason": _forced_by(forced)}
+    return text
+
+
+def _one_stop(text: str) -> str:
+    """``text`` with a doubled full stop at its end made one (a recorded reason that ended with its
+    own stop, followed by the sentence's)."""
+    return text[:-1] if text.endswith("..") and not text.endswith("...") else text
+
+
+#: why a person must approve whatever the policy says (apps/approvals/policy.py ``forced_by``,
+#: apps/agent/authorization.py), as a reader calls it
+FORCED_FIXED = {"the evidence behind the earlier approval changed, and with it the action":
+                gettext_lazy("the evidence behind the earlier approval changed, and with it the action.")}
+
+
+def _forced_by(recorded: str) -> str:
+    """The recorded ``forced_by`` (with the sentence's full stop) in the reader's language, or as
+    recorded when it is of no known shape."""
+    text = recorded[:-1] if recorded.endswith(".") else recorded
+    if text in FORCED_FIXED:
+        return str(FORCED_FIXED[text])
+    if m := re.fullmatch(r"the cited procedure (.+) v(\S+) requires a person's approval", text, re.S):
+        return _("the cited procedure %(title)s v%(version)s requires a person's approval.") % {
+            "title": m.group(1), "version": m.group(2)}
+    if m := re.fullmatch(r"proposed without a procedure: (.+)", text, re.S):
+        return _("proposed without a procedure: %(reason)s") % {"reason": no_procedure_reason(m.group(1))}
+    return _one_stop(recorded)
+
+
+def _kind(words: str) -> str:
+    """A device kind as the selection wrote it in English (``wireless ap``) in the reader's words."""
+    return kind_label(words.replace(" ", "_"), "zh") if _chinese() else words
+
+
+def _chinese() -> bool:
+    return (translation.get_language() or "").startswith("zh")
+
+
+def _subject_zh(subject: str) -> str | None:
+    if m := re.fullmatch(r"(\S+) on an? (.+)", subject):
+        return f"{_kind(m.group(2))}上的 {m.group(1)}"
+    if m := re.fullmatch(r"this report about an? (.+)", subject):
+        return f"这份关于{_kind(m.group(1))}的报告"
+    return None
+
+
+def no_procedure_reason(recorded: str) -> str:
+    """Why no procedure was cited, as the selection recorded it (apps/evidence/relevance.py), in
+    the reader's language — rebuilt from the sentence alone (what an approval keeps of it) — or as
+    recorded (a doubled final stop made one) when it is of no known shape or the reader's language
+    has no rendering of it."""
+    text = _one_stop(recorded)
+    if not _chinese():
+        return text
+    sentence = text[:-1] if text.endswith(".") else text
+    if sentence == "You may read no procedures in this tenant":
+        return _NONE_ZH["no_scopes"]
+    if sentence == ("The report does not say what is wrong and the device reports no alert code, so no procedure "
+                    "can be chosen; a person will ask"):
+        return _NONE_ZH["no_content"]
+    if m := re.fullmatch(r"No procedure in the knowledge base covers this report: it reads as being about something "
+                         r"other than the (.+)'s faults, which the maintenance procedures do not cover", sentence):
+        return _NONE_ZH["out_of_scope"].format(kind=_kind(m.group(1)))
+    if m := re.fullmatch(r"No procedure you may read covers (.+); a procedure in a scope you cannot read \((.+)\) "
+                         r"covers it, and the .+ team holds it", sentence):
+        if (subject := _subject_zh(m.group(1))) is not None:
+            return _NONE_ZH["withheld"].format(subject=subject, scopes="、".join(m.group(2).split(", ")))
+    if (m := re.fullmatch(r"No procedure in the knowledge base covers (.+) as reported", sentence)) and \
+            (subject := _subject_zh(m.group(1))) is not None:
+        return _NONE_ZH["uncovered"].format(subject=subject)
     return text
 
 
@@ -126,20 +198,33 @@ def reason_label(reason: object) -> object:
     return reason_in_words(reason)
 
 
-#: reasons the agent records in English as fixed sentences, as a reader calls them
-RECORDED_REASONS = {
-    "another report's ticket for this device is being created: this report joins it":
-        gettext_lazy("another report's ticket for this device is being created: this report joins it"),
-    "the ticket changed since the approval": gettext_lazy("the ticket changed since the approval"),
-    "the ticket changed since the approval (412)": gettext_lazy("the ticket changed since the approval (412)"),
-}
+@register.filter
+def recorded_reason(reason: object) -> object:
+    """A reason recorded as one of the agent's sentences — a fixed one (``plan_labels.RECORDED_REASONS``)
+    or one of a known shape (why an approval was invalidated or closed, with what moved: premises,
+    chunks, versions) — in the reader's language; any other reason (a person's words) as recorded."""
+    return recorded_sentence(reason)
 
 
 @register.filter
-def recorded_reason(reason: object) -> object:
-    """A reason recorded as one of the agent's fixed sentences (:data:`RECORDED_REASONS`) in the
-    reader's language; any other reason (a person's words, a variable text) as recorded."""
-    return RECORDED_REASONS.get(reason, reason) if isinstance(reason, str) else reason
+def cited_documents(evidence: object) -> str:
+    """The documents an approval's own ``evidence`` cites (``title vN``, each once, in citation
+    order) as a reader lists them."""
+    seen: list[str] = []
+    for ref in evidence if isinstance(evidence, list) else []:
+        if isinstance(ref, dict):
+            name = f"{ref.get('document_title') or ref.get('source') or '?'} v{ref.get('version')}"
+            if name not in seen:
+                seen.append(name)
+    return ("、" if _chinese() else ", ").join(seen)
+
+
+@register.filter
+def evidence_flags(evidence: object) -> list[dict]:
+    """``[{"chunk_id", "source", "flags"}]`` for an approval's own evidence references whose
+    excerpt reads like instructions (:func:`apps.evidence.guard.refs_flags`); none once purged."""
+    refs = [r for r in evidence if isinstance(r, dict) and "chunk_id" in r] if isinstance(evidence, list) else []
+    return refs_flags(refs)
 
 
 @register.filter

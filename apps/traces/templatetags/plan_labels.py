@@ -19,8 +19,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from apps.accounts.models import Role
-from apps.tasks.models import reason_in_words
-from apps.traces.templatetags.labels import RECORDED_REASONS
+from apps.actions.models import ActionStatus
+from apps.approvals.models import ApprovalStatus
+from apps.tasks.models import STATUS_LABELS, reason_in_words
 
 register = template.Library()
 
@@ -65,8 +66,51 @@ FIXED = {
 }
 
 
+#: reasons the agent records in English as fixed sentences — why an approval was invalidated or
+#: closed (apps/agent/authorization.py, apps/agent/intent.py, apps/approvals/services.py,
+#: apps/approvals/projections.py, apps/outbox), why a plan was re-made — as a reader calls them
+RECORDED_REASONS = {
+    "another report's ticket for this device is being created: this report joins it":
+        gettext_lazy("another report's ticket for this device is being created: this report joins it"),
+    "the ticket changed since the approval": gettext_lazy("the ticket changed since the approval"),
+    "the ticket changed since the approval (412)": gettext_lazy("the ticket changed since the approval (412)"),
+    "expired": gettext_lazy("the approval expired undecided"),
+    "approval expired": gettext_lazy("the approval expired"),
+    "approval expired before a decision": gettext_lazy("the approval expired before a decision"),
+    "requester's permissions changed: cited evidence no longer readable":
+        gettext_lazy("the requester's permissions changed: cited evidence no longer readable"),
+    "parameters changed since approval (digest mismatch)":
+        gettext_lazy("the parameters changed since the approval (digest mismatch)"),
+    "the approval's copy of what it approved was purged under the retention policy; its h(a) stays":
+        gettext_lazy("the approval's copy of what it approved was purged under the retention policy; its h(a) "
+                     "stays"),
+    "the parameters shown for approval differ from the ones it binds (h(a) recomputed)":
+        gettext_lazy("the parameters shown for approval differ from the ones it binds (h(a) recomputed)"),
+    "approver no longer holds an approver role (or the account is deactivated)":
+        gettext_lazy("the approver no longer holds an approver role (or the account is deactivated)"),
+    "the parameters to commit differ from the approved ones (h(a) recomputed at the intent)":
+        gettext_lazy("the parameters to commit differ from the approved ones (h(a) recomputed at the intent)"),
+    "the task was cancelled": gettext_lazy("the task was cancelled"),
+    "no readable evidence for this device and symptom":
+        gettext_lazy("no readable evidence for this device and symptom"),
+}
+#: what the re-validated draft does instead of the held approval (apps/tasks/reducer/v6.py ``CLOSES_HELD``);
+#: a closing reason is "<what moved> — <this>"
+CLOSING = {
+    "the proposal changed: asked again": gettext_lazy("the proposal changed: asked again"),
+    "the re-validated draft asks the requester first": gettext_lazy("the re-validated draft asks the requester first"),
+    "the re-validated draft needs no action": gettext_lazy("the re-validated draft needs no action"),
+}
+
+
 def _english() -> bool:
     return (translation.get_language() or "en").split("-")[0] == "en"
+
+
+def _status(code: str) -> str:
+    """A task, approval or action status code by its label (the first vocabulary's; the code when unknown)."""
+    labels = {**dict(ActionStatus.choices), **dict(ApprovalStatus.choices), **STATUS_LABELS}
+    return str(labels.get(code, code))
 
 
 def _listed(items) -> str:
@@ -89,20 +133,36 @@ def _chunks(text: str) -> str | None:
 
 
 def _reason(text: str) -> str:
-    """A recorded reason of one of the agent's known shapes (a fixed sentence, a termination code)."""
-    return str(RECORDED_REASONS.get(text) or reason_in_words(text))
+    """A recorded reason of one of the agent's known shapes, else with its leading termination code
+    named (:func:`reason_in_words`)."""
+    return _sentence(text) or reason_in_words(text)
 
 
-@register.filter
-def plan_sentence(text: object) -> object:
-    """A plan version's recorded ``reason`` or its barrier's ``why`` for the reader."""
-    if not isinstance(text, str) or _english():
-        return text
+def _roles(text: str) -> str:
+    """``approver or admin`` (roles as a policy error names them) in the reader's words."""
+    names = dict(Role.choices)
+    return str(_(" or ")).join(str(names.get(r.strip(), r.strip())) for r in text.split(" or "))
+
+
+def _sentence(text: str) -> str | None:
+    """A sentence the runtime records — a plan's reason, a barrier's ``why``, why an approval was
+    invalidated or closed — rebuilt in the reader's language, or None when it is of no known shape."""
     if text in FIXED:
-        return FIXED[text]
+        return str(FIXED[text])
+    if text in RECORDED_REASONS:
+        return str(RECORDED_REASONS[text])
+    if text in CLOSING:
+        return str(CLOSING[text])
+    if m := re.fullmatch(r"(.+) — (.+)", text, re.S):
+        if m.group(2) in CLOSING:
+            return _("%(why)s — %(instead)s") % {"why": _sentence(m.group(1)) or m.group(1),
+                                                 "instead": CLOSING[m.group(2)]}
     if m := re.fullmatch(r"the (\w+) read found premises moved on: (.+)", text):
         return _("the %(step)s found premises moved on: %(premises)s") % {
             "step": STEP_LABELS.get(m.group(1), m.group(1)), "premises": _premises(m.group(2))}
+    if m := re.fullmatch(r"premises changed while the task waited for its approval: (.+)", text):
+        return _("premises changed while the task waited for its approval: %(premises)s") % {
+            "premises": _premises(m.group(1))}
     if (m := re.fullmatch(r"evidence changed while the task waited: (.+)", text)) and (chunks := _chunks(m.group(1))):
         return _("evidence changed while the task waited: %(chunks)s") % {"chunks": chunks}
     if m := re.fullmatch(r"([a-z]+\.[a-z]+): (.*)", text, re.S):
@@ -111,7 +171,45 @@ def plan_sentence(text: object) -> object:
             return str(event) if reason == m.group(1) else _("%(event)s: %(reason)s") % {
                 "event": event, "reason": _reason(reason)}
     if text in REPLAN_EVENTS:
-        return REPLAN_EVENTS[text]
+        return str(REPLAN_EVENTS[text])
+    if m := re.fullmatch(r"approval is ([A-Z_]+)", text):
+        return _("the approval is %(status)s") % {"status": _status(m.group(1))}
+    if m := re.fullmatch(r"device version changed since approval \((\d+) → (\d+)\)", text):
+        return _("the device version changed since the approval (%(then)s → %(now)s)") % {
+            "then": m.group(1), "now": m.group(2)}
+    if m := re.fullmatch(r"policy changed since approval \(v(\d+) → v(\d+)\): only (.+) may approve (\S+) now", text):
+        return _("the approval policy changed since the approval (v%(then)s → v%(now)s): only %(roles)s may "
+                 "approve %(tool)s now") % {"then": m.group(1), "now": m.group(2), "roles": _roles(m.group(3)),
+                                            "tool": m.group(4)}
+    if m := re.fullmatch(r"the ticket system changed since approval \(now (.+)\)", text):
+        return _("the ticket system changed since the approval (now %(system)s)") % {"system": _(m.group(1))}
+    if m := re.fullmatch(r"the task ended \(([A-Z_]+): (.*)\)", text, re.S):
+        return _("the task ended (%(status)s: %(reason)s)") % {"status": _status(m.group(1)),
+                                                              "reason": reason_in_words(m.group(2))}
+    if m := re.fullmatch(r"carried over from approval (\S+): the same low-risk (\S+), only the ticket version moved "
+                         r"\((\d+) → (\d+)\)", text):
+        return _("carried over from approval %(approval)s: the same low-risk %(tool)s, only the ticket version "
+                 "moved (%(then)s → %(now)s)") % {"approval": m.group(1), "tool": m.group(2), "then": m.group(3),
+                                                  "now": m.group(4)}
+    if m := re.fullmatch(r"(ticket\.\w+) ([A-Z_]+) for device (\S+)", text):
+        return _("%(tool)s %(status)s for device %(device)s") % {
+            "tool": m.group(1), "status": _status(m.group(2)), "device": m.group(3)}
+    return None
+
+
+def recorded_sentence(text: object) -> object:
+    """A recorded sentence of a known shape (:func:`_sentence`) for the reader; any other text (a
+    person's words) exactly as recorded."""
+    if not isinstance(text, str) or _english():
+        return text
+    return _sentence(text) or text
+
+
+@register.filter
+def plan_sentence(text: object) -> object:
+    """A plan version's recorded ``reason`` or its barrier's ``why`` for the reader."""
+    if not isinstance(text, str) or _english():
+        return text
     return _reason(text)
 
 

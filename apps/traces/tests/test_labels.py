@@ -73,3 +73,45 @@ def test_recorded_fixed_reasons_and_dates_read_in_the_readers_language():
         assert recorded_reason(joined) == joined
     assert iso_datetime("2026-12-07T17:00:00+08:00").isoformat() == "2026-12-07T09:00:00+00:00"
     assert iso_datetime("not a date") == "not a date" and iso_datetime(None) is None
+
+
+def test_why_a_person_must_approve_reads_in_the_readers_language_with_one_full_stop():
+    from apps.traces.templatetags.labels import no_procedure_reason
+
+    evidence_moved = SimpleNamespace(**{**vars(CREATE), "side_effects": CREATE.side_effects.split(" A person")[0]
+                                        + " A person must approve: the evidence behind the earlier approval changed, "
+                                          "and with it the action."})
+    uncovered = "No procedure in the knowledge base covers this report about a wireless ap as reported."
+    unprocedured = SimpleNamespace(**{**vars(CREATE), "side_effects": CREATE.side_effects.split(" A person")[0]
+                                      + f" A person must approve: proposed without a procedure: {uncovered}."})
+    with translation.override("en"):
+        assert effects(evidence_moved) == evidence_moved.side_effects
+        assert effects(unprocedured).endswith("as reported.") and ".." not in effects(unprocedured)
+    with translation.override("zh-hans"):
+        assert effects(evidence_moved).endswith("必须由人审批：先前审批所依据的证据已变化，拟执行的操作也随之改变。")
+        assert effects(unprocedured).endswith(
+            "必须由人审批：未依据任何处理规程提出：知识库中没有处理规程涵盖这份关于无线接入点的报告。")
+        assert "No procedure" not in effects(unprocedured) and ".." not in effects(unprocedured)
+        assert no_procedure_reason("You may read no procedures in this tenant.") == "你在此租户中无权读取任何处理规程。"
+        assert no_procedure_reason("Something a newer build writes..") == "Something a newer build writes."
+
+
+def test_the_reasons_an_approval_was_invalidated_or_closed_read_in_chinese():
+    from apps.traces.templatetags.labels import recorded_reason
+
+    cases = {
+        "the re-validated draft needs no action": "重新验证后的草稿无需任何操作",
+        "evidence changed while the task waited: chunk 7 retired — the proposal changed: asked again":
+            "任务等待期间证据发生了变化：文档片段 7 已停用——提议已变化：已重新请求审批",
+        "device version changed since approval (17 → 18)": "审批后设备版本已变化（17 → 18）",
+        "approval expired before a decision": "审批在做出决定前已过期",
+        "the task ended (FAILED: deadline_exceeded)": "任务已结束（失败：已超过截止时间）",
+    }
+    with translation.override("zh-hans"):
+        for recorded, chinese in cases.items():
+            assert recorded_reason(recorded) == chinese, recorded
+        assert recorded_reason("cancelled: the customer called back") == "cancelled: the customer called back", \
+            "a person's words stay as written"
+    with translation.override("en"):
+        for recorded in cases:
+            assert recorded_reason(recorded) == recorded

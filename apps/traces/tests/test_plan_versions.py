@@ -67,10 +67,11 @@ def _section(page: str) -> str:
 
 
 def _row(section: str, css: str) -> list[tuple[bool, str]]:
-    """The cells of the row ``css`` as ``(marked changed, text)``, in version order."""
+    """The cells of the row ``css`` as ``(marked changed, text)``, in version order (a premise set
+    for the first time is not marked changed: its text says "set")."""
     row = re.search(rf'<tr class="{css}">(.*?)</tr>', section, re.S).group(1)
-    cells = re.findall(r'<td( class="changed")?>(.*?)</td>', row, re.S)
-    return [(bool(changed), _text(cell)) for changed, cell in cells]
+    cells = re.findall(r'<td(?: class="(changed|set)")?>(.*?)</td>', row, re.S)
+    return [(mark == "changed", _text(cell)) for mark, cell in cells]
 
 
 def _text(fragment: str) -> str:
@@ -95,7 +96,7 @@ def test_the_trace_shows_the_plan_versions_side_by_side_with_barriers_and_verdic
     # each premise in each version, marked where it differs from the version before
     assert _row(plans, "premise-device_version") == [(False, "v17"), (True, "v18 changed"), (False, "v18")]
     assert _row(plans, "premise-policy_version") == [(False, "v1"), (True, "v2 changed"), (False, "v2")]
-    assert _row(plans, "premise-approver_role") == [(False, "—"), (False, "—"), (True, "Approver changed")]
+    assert _row(plans, "premise-approver_role") == [(False, "—"), (False, "—"), (False, "Approver set")]
     assert [changed for changed, _ in _row(plans, "premise-request")] == [False, False, False]
     assert [changed for changed, _ in _row(plans, "premise-device_profile")] == [False, False, False]
     chunks = replanned.state["plans"][2]["premises"]["evidence"]
@@ -151,7 +152,7 @@ def test_the_plan_versions_read_in_chinese(client, replanned, admin_user):
     plans = _section(page)
     assert "计划版本" in plans and "版本 3 (生效中)" in _text(plans)
     assert _row(plans, "premise-device_version") == [(False, "v17"), (True, "v18 已变化"), (False, "v18")]
-    assert _row(plans, "premise-approver_role")[2] == (True, "审批人 已变化")
+    assert _row(plans, "premise-approver_role")[2] == (False, "审批人 已确定")
     assert _row(plans, "plan-reason")[:2] == [(False, "报告已受理"), (False, "设备读取发现前提已变化：设备版本")]
     assert _row(plans, "plan-reason")[2][1].startswith("任务等待期间证据发生了变化：文档片段 ")
     [(_, b1), (_, b2), (_, b3)] = _row(plans, "plan-barrier")
@@ -288,3 +289,60 @@ def test_failed_lapsed_in_flight_and_unjoined_reads_read_as_such_in_both_languag
             text = _text(render_to_string("traces/_plans.html", {"plans": trace}))
         for words in expected:
             assert words in text, (language, words)
+
+
+#: the barrier whys and plan reasons the runtime records when it re-plans at resume (apps/agent/authorization.py)
+#: and after an approval was invalidated (apps/agent/reads.py: "<event>: <reason>")
+RESUMED = {
+    "plans": [{"version": 1, "premises": _PREMISES, "reason": "the report was accepted", "barrier": None},
+              {"version": 2, "premises": {**_PREMISES, "device_version": 4, "approver_role": "approver"},
+               "reason": "premises changed while the task waited for its approval: device_version, device_profile",
+               "barrier": {"from_version": 1, "why": "premises changed while the task waited for its approval: "
+                                                     "device_version, device_profile", "continuing": {},
+                           "cancelled": ["device"]}},
+              {"version": 3, "premises": {**_PREMISES, "device_version": 4, "approver_role": "approver",
+                                          "policy_version": 2},
+               "reason": "policy changed since approval (v1 → v2): only admin may approve ticket.create now",
+               "barrier": {"from_version": 2, "why": "approval.invalidated: policy changed since approval (v1 → v2): "
+                                                     "only admin may approve ticket.create now",
+                           "continuing": {}, "cancelled": []}},
+              {"version": 4, "premises": {**_PREMISES, "device_version": 4, "approver_role": "admin",
+                                          "policy_version": 2},
+               "reason": "requester's permissions changed: cited evidence no longer readable",
+               "barrier": {"from_version": 3, "why": "approval.invalidated: requester's permissions changed: cited "
+                                                     "evidence no longer readable", "continuing": {},
+                           "cancelled": []}}],
+    "activities": {},
+}
+
+
+def test_the_reasons_a_task_re_planned_at_resume_read_in_chinese_with_premises_named():
+    trace = plan_columns(RESUMED, [], set())
+    with translation.override("zh-hans"):
+        plans = render_to_string("traces/_plans.html", {"plans": trace})
+    reasons, barriers = [t for _, t in _row(plans, "plan-reason")], [t for _, t in _row(plans, "plan-barrier")]
+    assert reasons[1] == "任务等待审批期间前提发生了变化：设备版本、设备概况（类型、告警）"
+    assert reasons[2] == "审批后审批策略已变化（v1 → v2）：现在只有管理员可以审批 ticket.create"
+    assert reasons[3] == "申请人的权限已变化：所引证据已不可读取"
+    assert barriers[1].startswith("取代版本 1：任务等待审批期间前提发生了变化：设备版本、设备概况（类型、告警）")
+    assert barriers[2].startswith("取代版本 2：审批已失效：审批后审批策略已变化（v1 → v2）：现在只有管理员可以审批")
+    assert barriers[3].startswith("取代版本 3：审批已失效：申请人的权限已变化：所引证据已不可读取")
+    text = _text(plans)
+    for english in ("premises changed", "device_version", "device_profile", "policy changed", "only admin",
+                    "requester's permissions", "approval.invalidated"):
+        assert english not in text, english
+    with translation.override("en"):
+        text = _text(render_to_string("traces/_plans.html", {"plans": trace}))
+    assert "premises changed while the task waited for its approval: device_version, device_profile" in text
+
+
+def test_a_premise_set_for_the_first_time_reads_as_set_not_as_changed():
+    trace = plan_columns(RESUMED, [], set())
+    for language, role, set_mark, changed_mark in (("en", "Approver", "Approver set", "Admin changed"),
+                                                   ("zh-hans", "审批人", "审批人 已确定", "管理员 已变化")):
+        with translation.override(language):
+            plans = render_to_string("traces/_plans.html", {"plans": trace})
+        # v1 had no approver yet: v2 sets one (not a change); v4's is another one (a change)
+        assert _row(plans, "premise-approver_role") == [(False, "—"), (False, set_mark), (False, role),
+                                                        (True, changed_mark)]
+    assert trace.columns[1].changed == ["device_version", "approver_role"], "what is recorded as changed stays"
