@@ -139,7 +139,7 @@ def test_a_policy_that_reserves_a_tool_for_admins_binds_its_approvals(tenant, re
     approval = _pending(task)
     assert (approval.policy_version, approval.approver_roles) == (2, ["admin"])
     assert approval.expires_at - approval.created_at <= timedelta(minutes=30, seconds=5)
-    with pytest.raises(Forbidden, match="only admin"):
+    with pytest.raises(Forbidden, match="only Admin"):
         approval_decide(principal=p(approver), approval_id=approval.pk, decision="approve")
     assert _pending(task).pk == approval.pk
     # A newer policy does not change what an existing approval needs (it was asked under V_p = 2).

@@ -88,8 +88,8 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
     first is decided first), every other view newest first — filtered by ``status`` (one of
     :data:`QUEUE_STATUSES`), ``tool`` and ``device`` (asset tag substring). A constant number of
     queries whatever the queue's size: the page, one query for the other proposals of its tasks
-    (the previous one, and whether a newer one was asked) and one for the ticket mirrors it targets. Unknown filter values are treated as no
-    filter; an out-of-range page is the last page."""
+    (the previous one, and whether a newer one was asked) and one for the ticket mirrors it
+    targets. Unknown filter values are treated as no filter; an out-of-range page is the last page."""
     now = now or timezone.now()
     qs = approval_list(principal=principal)
     if status == "EXPIRED":

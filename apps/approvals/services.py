@@ -60,6 +60,11 @@ def approval_decide(*, principal: Principal, approval_id, decision: str, reason:
                        % {"reason": refused.reason}) from None
 
 
+def _roles_in_words(roles) -> str:
+    """``("approver", "admin")`` as the reader names them: "Approver or Admin"."""
+    return _(" or ").join(str(Role(r).label) if r in Role.values else r for r in roles)
+
+
 class _Refused(Exception):
     def __init__(self, task, event_type: str, payload: dict, reason: str):
         super().__init__(reason)
@@ -86,7 +91,7 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
             raise Forbidden(_("you may not approve your own request"))
         if approval.approver_roles and principal.role not in approval.approver_roles:
             raise Forbidden(_("policy v%(version)s lets only %(roles)s decide this approval") % {
-                "version": approval.policy_version, "roles": _(" or ").join(approval.approver_roles)})
+                "version": approval.policy_version, "roles": _roles_in_words(approval.approver_roles)})
         if approval.status == ApprovalStatus.PENDING:
             current = policy_decide(tenant_id=approval.tenant_id, tool=approval.tool)
             if current.policy_version != approval.policy_version and current.requires_approval \
@@ -96,8 +101,7 @@ def _decide(*, principal: Principal, approval_id, decision: str, reason: str) ->
                 raise Forbidden(_("the approval policy changed since this was requested (v%(old)s → v%(new)s): "
                                   "only %(roles)s may decide it now") % {
                     "old": approval.policy_version, "new": current.policy_version,
-                    "roles": _(" or ").join(str(Role(r).label) if r in Role.values else r
-                                            for r in current.approver_roles)})
+                    "roles": _roles_in_words(current.approver_roles)})
         if approval.status != ApprovalStatus.PENDING:
             raise Conflict(
                 _("approval is already %(status)s") % {"status": str(ApprovalStatus(approval.status).label).lower()},
