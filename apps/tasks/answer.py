@@ -63,8 +63,9 @@ def kind_label(kind: str | None, language: str) -> str:
     return (kind or ("设备" if language == "zh" else "device")).replace("_", " ")
 
 
-#: Why no procedure was cited, in Chinese (the relevance check records why as ``signals.abstention``)
-_NONE_ZH = {
+#: Why no procedure was cited, in Chinese, by the reason the relevance check records
+#: (``signals.abstention``); the trace and the approval queue render a recorded sentence with it
+NO_PROCEDURE_ZH = {
     "no_scopes": "你在此租户中无权读取任何处理规程。",
     "no_content": "报告没有说明出了什么问题，设备也没有报告告警代码，因此无法选择处理规程；会有人向你了解情况。",
     "out_of_scope": "知识库中没有处理规程涵盖这份报告：它说的似乎是{kind}故障以外的事情，设备维护规程不涵盖这类问题。",
@@ -79,13 +80,13 @@ def reason_zh(selection: dict, device: dict) -> str | None:
     why (an event recorded before the check said so; its English reason stands)."""
     signals = selection.get("signals") or {}
     why = signals.get("abstention")
-    if why not in _NONE_ZH:
+    if why not in NO_PROCEDURE_ZH:
         return None
     kind = kind_label(device.get("kind") or (selection.get("query") or {}).get("device_kind"), "zh")
     code = signals.get("subject_code")
     subject = f"{kind}上的 {code}" if code else f"这份关于{kind}的报告"
     scopes = "、".join((selection.get("withheld") or {}).get("scopes") or [])
-    return _NONE_ZH[why].format(kind=kind, subject=subject, scopes=scopes)
+    return NO_PROCEDURE_ZH[why].format(kind=kind, subject=subject, scopes=scopes)
 
 
 def citations_from_evidence(evidence: list[dict]) -> list[dict]:

@@ -20,7 +20,7 @@ from apps.actions.models import ActionStatus, AttemptOutcome
 from apps.approvals.models import ApprovalStatus
 from apps.evidence.guard import refs_flags
 from apps.outbox.models import OutboxStatus
-from apps.tasks.answer import _NONE_ZH, kind_label, reason_zh
+from apps.tasks.answer import NO_PROCEDURE_ZH, kind_label, reason_zh
 from apps.tasks.models import STATUS_LABELS, Urgency, reason_in_words
 from apps.tickets.connectors import CONNECTORS
 from apps.traces.templatetags.plan_labels import recorded_sentence
@@ -172,20 +172,20 @@ def no_procedure_reason(recorded: str) -> str:
         return text
     sentence = text[:-1] if text.endswith(".") else text
     if sentence == "You may read no procedures in this tenant":
-        return _NONE_ZH["no_scopes"]
+        return NO_PROCEDURE_ZH["no_scopes"]
     if sentence == ("The report does not say what is wrong and the device reports no alert code, so no procedure "
                     "can be chosen; a person will ask"):
-        return _NONE_ZH["no_content"]
+        return NO_PROCEDURE_ZH["no_content"]
     if m := re.fullmatch(r"No procedure in the knowledge base covers this report: it reads as being about something "
                          r"other than the (.+)'s faults, which the maintenance procedures do not cover", sentence):
-        return _NONE_ZH["out_of_scope"].format(kind=_kind(m.group(1)))
+        return NO_PROCEDURE_ZH["out_of_scope"].format(kind=_kind(m.group(1)))
     if m := re.fullmatch(r"No procedure you may read covers (.+); a procedure in a scope you cannot read \((.+)\) "
                          r"covers it, and the .+ team holds it", sentence):
         if (subject := _subject_zh(m.group(1))) is not None:
-            return _NONE_ZH["withheld"].format(subject=subject, scopes="、".join(m.group(2).split(", ")))
+            return NO_PROCEDURE_ZH["withheld"].format(subject=subject, scopes="、".join(m.group(2).split(", ")))
     if (m := re.fullmatch(r"No procedure in the knowledge base covers (.+) as reported", sentence)) and \
             (subject := _subject_zh(m.group(1))) is not None:
-        return _NONE_ZH["uncovered"].format(subject=subject)
+        return NO_PROCEDURE_ZH["uncovered"].format(subject=subject)
     return text
 
 
