@@ -118,7 +118,7 @@ def test_a_conflict_rereads_the_ticket_and_carries_the_unchanged_comment_over(fi
     assert conflicted.status == ActionStatus.NOT_SENT and conflicted.last_error["status"] == 412
     assert refadmin.effects(conflicted.idempotency_key) == 0
     old, new = ApprovalRequest.objects.filter(task=task).order_by("created_at")
-    assert old.status == ApprovalStatus.INVALIDATED and "412" in old.reason
+    assert old.status == ApprovalStatus.INVALIDATED and "412" in old.closed_reason
     assert (new.status, new.object_version, new.params["if_match"]) == (ApprovalStatus.APPROVED, 2, 2)
     assert f"carried over from approval {old.pk}" in new.reason and new.decided_by_id == old.decided_by_id
     assert sent.approval_id == new.pk and sent.status == ActionStatus.SUCCEEDED

@@ -46,7 +46,7 @@ def test_an_approver_deactivated_before_the_intent_leaves_no_valid_approval(requ
     _deactivate(approver)
     task = drive(task.pk)
     approval.refresh_from_db()
-    assert approval.status == ApprovalStatus.INVALIDATED and "account is deactivated" in approval.reason
+    assert approval.status == ApprovalStatus.INVALIDATED and "account is deactivated" in approval.closed_reason
     assert not Action.objects.filter(task=task).exists() and refadmin.tickets() == []
     assert task.status == reducer.WAITING_APPROVAL
 
@@ -60,7 +60,7 @@ def test_an_approver_deactivated_after_the_intent_has_no_valid_approval_at_dispa
     action = Action.objects.get(task=task)
     approval.refresh_from_db()
     assert action.status == ActionStatus.NOT_SENT and refadmin.requests(action.idempotency_key) == 0
-    assert approval.status == ApprovalStatus.INVALIDATED and "account is deactivated" in approval.reason
+    assert approval.status == ApprovalStatus.INVALIDATED and "account is deactivated" in approval.closed_reason
 
 
 def test_a_requester_deactivated_after_the_intent_gets_no_ticket(requester, approver, device, kb, refservice,

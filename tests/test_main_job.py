@@ -122,7 +122,7 @@ def test_device_change_after_approval_invalidates_and_reasks(submitted, approver
     assert task.status == reducer.WAITING_APPROVAL
     approvals = list(ApprovalRequest.objects.filter(task=task).order_by("created_at"))
     assert [a.status for a in approvals] == [ApprovalStatus.INVALIDATED, ApprovalStatus.PENDING]
-    assert "device version changed" in approvals[0].reason
+    assert "device version changed" in approvals[0].closed_reason
     assert approvals[1].object_version == 18
     assert refadmin.tickets() == [], "no dispatch on a stale approval"
     _approve(approver, task)

@@ -50,7 +50,7 @@ def test_resume_after_approval_replans_when_the_requester_lost_a_scope(requester
     task = drive(task.pk)
     approvals = list(ApprovalRequest.objects.filter(task=task).order_by("created_at"))
     assert approvals[0].status == ApprovalStatus.INVALIDATED
-    assert "permissions changed" in approvals[0].reason
+    assert "permissions changed" in approvals[0].closed_reason
     assert task.status == reducer.WAITING_APPROVAL
     # re-planned with the narrowed scopes: the fuser procedure is tier2 only, so nothing readable
     # covers the report any more, and the new proposal says so instead of citing it
