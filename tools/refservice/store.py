@@ -12,7 +12,7 @@ Tables:
   the sequential id (``REF-000001``...).
 * ``idempotency_keys`` -- per key: body digest, ticket id, the stored create
   response, the highest fencing token seen and the effects counter.
-* ``webhooks`` -- status-change events to deliver (see :mod:`.webhooks`), written
+* ``webhooks`` -- status-change events to deliver (:mod:`.webhook_outbox`, :mod:`.webhooks`), written
   in the same transaction as the change when ``record_webhooks`` is on.
 * ``attachments`` -- files attached to a ticket (:mod:`.attachments`).
 * ``fences`` -- per key, the highest fencing token seen, whether it came with a
@@ -25,14 +25,12 @@ Tables:
 import json
 import os
 import sqlite3
-import time
-import uuid
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .attachments import ATTACHMENTS_SCHEMA, AttachmentStore
-from .webhooks import event_body
+from .webhook_outbox import WEBHOOKS_SCHEMA, WebhookOutbox
 
 SCHEMA_VERSION = 3
 SCHEMA = """
@@ -51,15 +49,6 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     response_body TEXT NOT NULL,
     highest_fencing_token INTEGER,
     effects INTEGER NOT NULL DEFAULT 0,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS webhooks (
-    event_id TEXT PRIMARY KEY,
-    body TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL NOT NULL,
-    delivered_at TEXT,
-    last_status TEXT,
     created_at TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS fences (
@@ -134,7 +123,7 @@ def format_ticket_id(seq):
     return f"REF-{seq:06d}"
 
 
-class TicketStore(AttachmentStore):
+class TicketStore(AttachmentStore, WebhookOutbox):
     """Tickets and idempotency records in one SQLite file at ``db_path``.
 
     Safe to share between threads: each method opens and closes its own
@@ -155,7 +144,7 @@ class TicketStore(AttachmentStore):
                 raise RuntimeError(f"{self.db_path} has storage schema {found}, newer than this code's "
                                    f"{SCHEMA_VERSION}: refusing to open it (older code would ignore fences)")
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA + ATTACHMENTS_SCHEMA)
+            conn.executescript(SCHEMA + WEBHOOKS_SCHEMA + ATTACHMENTS_SCHEMA)
             # Schema 2 had no fenced_at column.
             columns = {row[1] for row in conn.execute("PRAGMA table_info(fences)")}
             if "fenced_at" not in columns:
@@ -431,42 +420,6 @@ class TicketStore(AttachmentStore):
                 if fencing_token is not None and (highest is None or fencing_token > highest):
                     self._raise_token(conn, key, fencing_token)
             return CreateResult(200, ticket, replayed=False)
-
-    @staticmethod
-    def _webhook_add(conn, event):
-        event = {"event_id": uuid.uuid4().hex, **event}
-        conn.execute(
-            "INSERT INTO webhooks (event_id, body, attempts, next_attempt_at, created_at) VALUES (?, ?, 0, ?, ?)",
-            (event["event_id"], event_body(event), time.time(), utc_now()),
-        )
-
-    def webhooks_due(self, max_attempts):
-        """Return ``[(event_id, body, attempts)]`` of undelivered events due now, oldest first."""
-        with self._read() as conn:
-            return conn.execute(
-                "SELECT event_id, body, attempts FROM webhooks WHERE delivered_at IS NULL AND attempts < ?"
-                " AND next_attempt_at <= ? ORDER BY created_at", (max_attempts, time.time()),
-            ).fetchall()
-
-    def webhook_delivered(self, event_id):
-        """Mark the event delivered."""
-        with self._write() as conn:
-            conn.execute("UPDATE webhooks SET delivered_at = ?, attempts = attempts + 1, last_status = '2xx'"
-                         " WHERE event_id = ?", (utc_now(), event_id))
-
-    def webhook_failed(self, event_id, status, delay_seconds):
-        """Count a failed delivery of the event and schedule the next in ``delay_seconds``."""
-        with self._write() as conn:
-            conn.execute("UPDATE webhooks SET attempts = attempts + 1, last_status = ?, next_attempt_at = ?"
-                         " WHERE event_id = ?", (status, time.time() + delay_seconds, event_id))
-
-    def list_webhooks(self):
-        """Return every webhook event with its delivery state, oldest first."""
-        with self._read() as conn:
-            rows = conn.execute("SELECT event_id, body, attempts, delivered_at, last_status FROM webhooks"
-                                " ORDER BY created_at").fetchall()
-        return [{"event_id": e, "body": json.loads(b), "attempts": a, "delivered_at": d, "last_status": st}
-                for e, b, a, d, st in rows]
 
     def get_ticket(self, ticket_id):
         """Return the ticket dict with id ``ticket_id``, or None."""
