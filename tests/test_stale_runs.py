@@ -78,6 +78,26 @@ def _row(task_id):
                              [task_id]).fetchone()
 
 
+def _b_runs_while_a_reserves(real_reserve, task: Task, seen: dict):
+    """A ``budget_reserve`` for worker A (the main thread): the first time A reserves (inserted, not
+    committed), its session is ended and its lease expired, worker B runs the task in a thread to
+    its next wait, and B's row is kept in ``seen["after_b"]`` (A's fencing token in
+    ``seen["a_token"]``); every other reserve is the real one."""
+
+    def reserve_then_stall(**kwargs):
+        out = real_reserve(**kwargs)
+        if threading.current_thread() is threading.main_thread() and "a_token" not in seen:
+            seen["a_token"] = kwargs["lease_generation"]
+            _end_this_session_and_expire_its_lease(task.pk)
+            t, out_b = _in_thread(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker B
+            t.join()
+            assert "error" not in out_b, out_b
+            seen["after_b"] = _row(task.pk)
+        return out
+
+    return reserve_then_stall
+
+
 def _retrieving(requester, device) -> Task:
     """A task in RETRIEVING with no lease (its reads still to be done)."""
     task = task_submit(principal=p(requester), device_id=device.pk, symptom="Paper jam in tray 2").task
@@ -96,20 +116,8 @@ def test_a_worker_whose_transaction_was_ended_writes_nothing_it_had_not_committe
     log and the row stay replay-equal, with no gap in the sequence."""
     monkeypatch.setattr(reducer, "CURRENT", reducer.v5.VERSION)
     task = _retrieving(requester, device)
-    real_reserve = context_mod.budget_reserve
     seen = {}
-
-    def reserve_then_stall(**kwargs):
-        out = real_reserve(**kwargs)  # budget.reserved inserted, not committed
-        seen["a_token"] = kwargs["lease_generation"]
-        _end_this_session_and_expire_its_lease(task.pk)
-        t, out_b = _in_thread(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker B
-        t.join()
-        assert "error" not in out_b, out_b
-        seen["after_b"] = _row(task.pk)
-        return out
-
-    monkeypatch.setattr(context_mod, "budget_reserve", reserve_then_stall)
+    monkeypatch.setattr(context_mod, "budget_reserve", _b_runs_while_a_reserves(context_mod.budget_reserve, task, seen))
     _wakes(lambda: agent_run(task_id=task.pk, pool=TOOLS))  # worker A wakes up here
     assert seen["after_b"][2] == seen["a_token"] + 1, "B got a fencing token of its own"
     row = Task.objects.get(pk=task.pk)
@@ -159,21 +167,8 @@ def test_a_reducer6_worker_whose_transaction_was_ended_writes_nothing_it_had_not
     with no gap in the sequence and every event after retrieval.started B's."""
     task = _retrieving(requester, device)
     assert task.artifact_bundle["reducer"] == "reducer/6"
-    real_reserve = reads_mod.budget_reserve
     seen = {}
-
-    def reserve_then_stall(**kwargs):
-        out = real_reserve(**kwargs)  # plan.activated and budget.reserved inserted, not committed
-        if threading.current_thread() is threading.main_thread() and "a_token" not in seen:
-            seen["a_token"] = kwargs["lease_generation"]
-            _end_this_session_and_expire_its_lease(task.pk)
-            t, out_b = _in_thread(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker B
-            t.join()
-            assert "error" not in out_b, out_b
-            seen["after_b"] = _row(task.pk)
-        return out
-
-    monkeypatch.setattr(reads_mod, "budget_reserve", reserve_then_stall)
+    monkeypatch.setattr(reads_mod, "budget_reserve", _b_runs_while_a_reserves(reads_mod.budget_reserve, task, seen))
     _wakes(lambda: agent_run(task_id=task.pk, pool=AGENT))  # worker A wakes up here
     assert seen["after_b"][2] == seen["a_token"] + 1, "B got a fencing token of its own"
     row = Task.objects.get(pk=task.pk)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from email.message import EmailMessage
 
 import pytest
@@ -123,6 +124,20 @@ def _run(script, conn):
         conn.close()
 
 
+@contextmanager
+def _raw_relay(settings, answer, **faultdesk):
+    """A raw SMTP server on loopback that talks by ``answer(conn)``, configured as the relay with the
+    ``FAULTDESK`` settings ``faultdesk``; yields its port, closes it after."""
+    server = _raw_smtp(answer)
+    port = server.getsockname()[1]
+    try:
+        use_relay(settings, port)
+        settings.FAULTDESK = {**settings.FAULTDESK, **faultdesk}
+        yield port
+    finally:
+        server.close()
+
+
 def test_a_reply_over_the_cap_is_cut_and_classed(settings):
     def flood(conn):
         for _ in range(1000):
@@ -130,17 +145,11 @@ def test_a_reply_over_the_cap_is_cut_and_classed(settings):
         conn.sendall(b"220 ready\r\n")
         time.sleep(1)
 
-    server = _raw_smtp(flood)
-    port = server.getsockname()[1]
-    try:
-        use_relay(settings, port)
-        settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_SMTP_MAX_REPLY_BYTES": 16384}
+    with _raw_relay(settings, flood, GATEWAY_SMTP_MAX_REPLY_BYTES=16384) as port:
         backend = email_connection(fail_silently=False)
         with pytest.raises(Exception) as caught:
             backend.open()
         assert "longer than 16384 bytes" in str(caught.value)
-    finally:
-        server.close()
     row = GatewayCall.objects.get(tool="notifications.smtp", port=port)
     assert row.outcome == "too_large" and 16384 < row.bytes_received < 16384 + 2048
 
@@ -152,17 +161,11 @@ def test_a_trickling_reply_is_cut_at_the_deadline(settings):
             conn.sendall(b"x")
             time.sleep(0.05)
 
-    server = _raw_smtp(trickle)
-    port = server.getsockname()[1]
-    try:
-        use_relay(settings, port)
-        settings.FAULTDESK = {**settings.FAULTDESK, "GATEWAY_SMTP_DEADLINE_SECONDS": 0.5}
+    with _raw_relay(settings, trickle, GATEWAY_SMTP_DEADLINE_SECONDS=0.5) as port:
         started = time.monotonic()
         with pytest.raises(Exception):  # noqa: B017 - smtplib's own error for the shut connection
             email_connection(fail_silently=False).open()
         assert time.monotonic() - started < 1.5
-    finally:
-        server.close()
     assert GatewayCall.objects.get(tool="notifications.smtp", port=port).outcome == "timeout"
 
 
