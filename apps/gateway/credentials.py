@@ -58,11 +58,15 @@ def _headers_of(value: str) -> dict[str, str]:
     return found
 
 
+def secret_parts(headers: dict[str, str]) -> list[str]:
+    """The secret parts of injected ``headers`` (the token of an ``Authorization`` header, the value
+    of any other; empty values left out), for redaction."""
+    return [v.partition(" ")[2] if k.lower() == "authorization" and " " in v else v for k, v in headers.items() if v]
+
+
 def secret_values(tool: str) -> list[str]:
-    """The secret parts of what :func:`authorization` injects for ``tool`` (the token of an
-    ``Authorization`` header, the value of any other), for redaction. Raises as :func:`secret`."""
-    return [v.partition(" ")[2] if k.lower() == "authorization" and " " in v else v
-            for k, v in authorization(tool).items() if v]
+    """:func:`secret_parts` of what :func:`authorization` injects for ``tool``. Raises as :func:`secret`."""
+    return secret_parts(authorization(tool))
 
 
 def smtp_login() -> tuple[str, str]:

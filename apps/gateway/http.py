@@ -274,8 +274,7 @@ def http_request(tool: str, method: str, url: str, *, timeout: float, params=Non
     except OSError as exc:
         record("bad_credential")
         raise ConnectFailed(tool, f"its credential could not be read ({type(exc).__name__}); nothing sent") from None
-    secrets = [v.partition(" ")[2] if k.lower() == "authorization" and " " in v else v
-               for k, v in injected.items() if v]
+    secrets = credentials.secret_parts(injected)
     if any(not _HEADER_VALUE.fullmatch(v) for v in injected.values()):
         record("bad_credential")
         raise ConnectFailed(tool, "its credential cannot be sent in a header (a line break or a character "

@@ -105,8 +105,9 @@ def holds(text: str, value: str, depth: int = 0) -> bool:
             data = json.loads(text)
         except (ValueError, RecursionError):
             return False
-        return not isinstance(data, str) and _json_holds(data, value, depth) or (
-            isinstance(data, str) and data != text and holds(data, value, depth + 1))
+        if isinstance(data, str):  # a bare JSON string: what it reads as
+            return data != text and holds(data, value, depth + 1)
+        return _json_holds(data, value, depth)
     return False
 
 
