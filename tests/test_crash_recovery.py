@@ -160,8 +160,10 @@ def _stalled_then_taken_over(stack, tmp_path, point: str, seconds: int) -> Task:
 def test_paused_worker_cannot_commit_after_its_lease_passed_on(stack, tmp_path):
     """Worker A stalls after its local reads (reducer/6: the device read and retrieval of the
     dispatching run), before recording the first of them (its run's transaction holds nothing: the
-    reads ran after a checkpoint), past its lease; the sweeper hands the task to worker B, which
-    reads again and commits; when A wakes, its commit is refused and recorded."""
+    reads ran after a checkpoint), past its lease; the sweeper hands the task on under a new lease
+    generation, and whoever takes that message reads again and commits; when A wakes, its commit is
+    refused and recorded. The fencing token, not the process, tells the two apart: on a busy machine
+    worker B may start only after A woke, and then A itself takes the handed-on message."""
     task = _stalled_then_taken_over(stack, tmp_path, "before_commit:device.read", 10)
     deadline = time.monotonic() + 30
     while not RefusedEvent.objects.filter(task=task, type="device.read").exists() \
@@ -170,7 +172,7 @@ def test_paused_worker_cannot_commit_after_its_lease_passed_on(stack, tmp_path):
     refused = RefusedEvent.objects.get(task=task, type="device.read")
     assert "lease lost" in refused.reason
     read = TaskEvent.objects.get(task=task, type="device.read")
-    assert read.actor != refused.actor  # the task holds B's result only
+    # the task holds the result read under the later lease only, never the stalled attempt's
     assert read.lease_generation > refused.lease_generation
 
 
