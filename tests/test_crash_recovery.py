@@ -161,19 +161,31 @@ def test_paused_worker_cannot_commit_after_its_lease_passed_on(stack, tmp_path):
     """Worker A stalls after its local reads (reducer/6: the device read and retrieval of the
     dispatching run), before recording the first of them (its run's transaction holds nothing: the
     reads ran after a checkpoint), past its lease; the sweeper hands the task on under a new lease
-    generation, and whoever takes that message reads again and commits; when A wakes, its commit is
-    refused and recorded. The fencing token, not the process, tells the two apart: on a busy machine
-    worker B may start only after A woke, and then A itself takes the handed-on message."""
-    task = _stalled_then_taken_over(stack, tmp_path, "before_commit:device.read", 10)
+    generation, worker B takes it, reads again and completes the task while A still stalls; when A
+    wakes, its commit is refused and recorded. A is woken only once B has finished, so the order
+    does not depend on how fast a worker starts on a busy machine."""
+    _, _, device = seed_acme(auto_approve=True)
+    fired, wake = tmp_path / "failpoint-fired", tmp_path / "wake"
+    stack.start_worker("paused", pool="solo", FAULTDESK_FAILPOINT="before_commit:device.read",
+                       FAULTDESK_FAILPOINT_ONCE=str(fired), FAULTDESK_FAILPOINT_ACTION=f"wait:{wake}")
+    task_id = _file(stack, device)
+    _wait_for(fired, 120, stack)
+    stalled_generation = Task.objects.get(pk=task_id).lease_generation
+    stack.start_worker("taker")
+    task = _assert_completed_once(stack, task_id)
+    assert not RefusedEvent.objects.filter(task=task).exists()  # A has not tried to commit yet
+    wake.touch()
     deadline = time.monotonic() + 30
     while not RefusedEvent.objects.filter(task=task, type="device.read").exists() \
             and time.monotonic() < deadline:
         time.sleep(0.3)
     refused = RefusedEvent.objects.get(task=task, type="device.read")
     assert "lease lost" in refused.reason
+    assert refused.lease_generation == stalled_generation
     read = TaskEvent.objects.get(task=task, type="device.read")
-    # the task holds the result read under the later lease only, never the stalled attempt's
+    assert read.actor != refused.actor  # the task holds B's result only
     assert read.lease_generation > refused.lease_generation
+    assert Task.objects.get(pk=task_id).version == task.version  # the refused commit appended nothing
 
 
 def test_a_worker_paused_inside_its_runs_transaction_is_not_overtaken(stack, tmp_path):
