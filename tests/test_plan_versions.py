@@ -386,3 +386,24 @@ def test_an_approval_closed_because_the_device_moved_during_the_wait_says_the_de
     assert "device_version" in first.closed_reason, first.closed_reason
     assert (first.reason, first.decided_by_id) == ("ok", approver.pk), "the approver's own decision is kept"
     assert "superseded" not in first.closed_reason and "retired" not in first.closed_reason, first.closed_reason
+
+
+def test_a_replan_during_the_approval_wait_whose_redraft_proposes_the_same_action_keeps_the_approval(
+        requester, approver, device, kb, tenant, refservice):
+    """long-task-runtime.md: a premise that moved while the task waited re-plans and re-drafts; when
+    the re-drafted action is the one approved (same h(a)), the approval stands
+    (``approval.revalidated``) — the approver is not asked again and exactly one ticket is made."""
+    task = _waiting_approval(requester, device)
+    first = ApprovalRequest.objects.get(task=task)
+    approved_digest = task.state["approval"]["digest"]
+    Membership.objects.filter(user=requester, tenant=tenant).update(scopes=["public", "tier2", "security"])
+    approval_decide(principal=p(approver), approval_id=first.pk, decision="approve", reason="ok")
+    task = drive(task.pk)
+    assert len(task.state["plans"]) == 2 and "scopes" in task.state["plans"][1]["barrier"]["changed"]
+    [kept] = _event(task, "approval.revalidated")
+    assert kept.payload["approval_id"] == str(first.pk)
+    assert ApprovalRequest.objects.filter(task=task).count() == 1, "the approver was asked again"
+    first.refresh_from_db()
+    assert first.status == "APPROVED" and first.closed_reason == ""
+    assert task.status == reducer.COMPLETED and task.state["action"]["digest"] == approved_digest
+    assert len(_event(task, "intent.committed")) == 1
