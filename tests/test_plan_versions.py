@@ -407,3 +407,31 @@ def test_a_replan_during_the_approval_wait_whose_redraft_proposes_the_same_actio
     assert first.status == "APPROVED" and first.closed_reason == ""
     assert task.status == reducer.COMPLETED and task.state["action"]["digest"] == approved_digest
     assert len(_event(task, "intent.committed")) == 1
+
+
+def test_the_queue_tells_the_approver_which_cited_evidence_moved_while_the_approval_waited(
+        requester, approver, device, kb, tenant, client):
+    """An approver deciding a pending approval whose cited evidence was superseded or withdrawn
+    since it was asked sees which, and that approving re-drafts first, in English and in Chinese;
+    an approval whose evidence is all current carries no such notice."""
+    from apps.evidence.services import document_retire
+
+    task = _waiting_approval(requester, device)
+    client.force_login(approver)
+    queue = "/approvals/"
+    assert "evidence-moved" not in client.get(queue).content.decode()
+    cited = [r for r in task.state["evidence"]
+             if str(r["chunk_id"]) in set(task.state["proposal"]["params"]["evidence"])]
+    sources = list(dict.fromkeys(r["source"] for r in cited))
+    _supersede(tenant, sources[0], "\n\n## Note\n\nSwitch the printer off before opening the fuser door.\n")
+    html = client.get(queue).content.decode()
+    assert html.count('class="msg error evidence-moved"') == 1
+    title = next(r["document_title"] for r in cited if r["source"] == sources[0])
+    assert f"has changed since it was asked: {title} v" in html
+    assert "superseded since it was asked" in html and "withdrawn since it was asked" not in html
+    assert len(sources) > 1, sources
+    document_retire(tenant=tenant, source=sources[1])
+    html = client.get(queue).content.decode()
+    assert "withdrawn since it was asked" in html and "superseded since it was asked" in html
+    zh = client.get(queue, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "在请求审批之后已变更" in zh and "请求审批后已被新版本取代" in zh and "superseded since it was asked" not in zh

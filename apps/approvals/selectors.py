@@ -10,8 +10,10 @@ from django.core.paginator import Page, Paginator
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
+from apps.accounts.models import AccessScope
 from apps.accounts.principal import Principal
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.evidence.selectors import chunks_status
 from apps.tickets.models import TicketMirror
 
 
@@ -61,6 +63,12 @@ class QueueRow:
     #: one asked, no re-validation under way), else None: the draft's screening and the priority the
     #: rules overrode are read from it
     state: dict | None = None
+    #: for a decidable approval of a task that keeps plan versions: ``{chunk_id: "superseded" |
+    #: "retired" | "unreadable"}`` for each evidence reference it cites whose chunk is no longer the
+    #: current version (empty when all are current). Approving such an approval does not send the
+    #: action as asked: the task re-checks its evidence premise on resume, re-drafts, and asks again
+    #: when the action changes (long-task-runtime.md, resume).
+    evidence_moved: dict[str, str] = field(default_factory=dict)
 
 
 def _state_approval_ids(state: dict) -> set[str]:
@@ -114,6 +122,8 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
         by_task.setdefault(e.task_id, []).append(e)
     tickets = {m.external_id: m.external_version for m in TicketMirror.objects.visible_to(principal).filter(
         external_id__in=[a.object_id for a in approvals if a.object_type == "ticket"])}
+    moved = _evidence_moved(principal, [a for a in approvals
+                                        if a.status == ApprovalStatus.PENDING and a.expires_at > now])
     rows = []
     for a in approvals:
         before = [e for e in by_task.get(a.task_id, []) if e.created_at < a.created_at]
@@ -127,8 +137,28 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
                              version_now=version_now, previous=previous,
                              changes=params_changes(previous.params, a.params) if previous else [],
                              overdue=due is not None and due <= now,
-                             due_soon=due is not None and now < due <= now + DUE_SOON))
+                             due_soon=due is not None and now < due <= now + DUE_SOON,
+                             evidence_moved=moved.get(a.pk, {}) if decidable else {}))
     return page_obj, rows
+
+
+def _cited_chunk_ids(approval: ApprovalRequest) -> list[str]:
+    refs = approval.evidence if isinstance(approval.evidence, list) else []
+    return [str(r["chunk_id"]) for r in refs if isinstance(r, dict) and str(r.get("chunk_id", "")).isdigit()]
+
+
+def _evidence_moved(principal: Principal, pending: list[ApprovalRequest]) -> dict:
+    """``{approval_id: {chunk_id: status}}`` for the ``pending`` approvals of tasks that keep plan
+    versions whose cited chunks are no longer current (:func:`~apps.evidence.selectors.chunks_status`,
+    read over every scope: the approver already sees what is cited, and only its status is added).
+    One query for the page, none when nothing qualifies."""
+    asked = {a.pk: _cited_chunk_ids(a) for a in pending
+             if isinstance(a.task.state, dict) and a.task.state.get("plans")}
+    ids = {c for chunk_ids in asked.values() for c in chunk_ids}
+    if not ids:
+        return {}
+    status = chunks_status(tenant_id=principal.tenant_id, scopes=AccessScope.values, chunk_ids=ids)
+    return {pk: {c: status[c] for c in chunk_ids if status[c] != "current"} for pk, chunk_ids in asked.items()}
 
 
 def params_changes(before: dict, after: dict, *, limit: int = 160) -> list[tuple[str, str, str]]:

@@ -219,6 +219,30 @@ def cited_documents(evidence: object) -> str:
     return ("、" if _chinese() else ", ").join(seen)
 
 
+#: how a chunk an approval cites moved since it was asked (QueueRow.evidence_moved's statuses)
+MOVED_LABELS = {"superseded": gettext_lazy("superseded since it was asked"),
+                "retired": gettext_lazy("withdrawn since it was asked"),
+                "unreadable": gettext_lazy("no longer readable")}
+
+
+@register.filter
+def moved_label(moved: object, chunk_id: object) -> str:
+    """``{{ r.evidence_moved|moved_label:e.chunk_id }}``: the reader's words for how the cited chunk
+    ``chunk_id`` moved since its approval was asked, or ``""`` when it is still current."""
+    status = moved.get(str(chunk_id)) if isinstance(moved, dict) else None
+    return str(MOVED_LABELS.get(status, "")) if status else ""
+
+
+@register.filter
+def moved_documents(evidence: object, moved: object) -> str:
+    """``{{ a.evidence|moved_documents:r.evidence_moved }}``: the documents (as
+    :func:`cited_documents` lists them) of the cited chunks that moved since the approval was asked."""
+    moved = moved if isinstance(moved, dict) else {}
+    refs = [r for r in evidence if isinstance(r, dict) and str(r.get("chunk_id")) in moved] \
+        if isinstance(evidence, list) else []
+    return cited_documents(refs)
+
+
 @register.filter
 def evidence_flags(evidence: object) -> list[dict]:
     """``[{"chunk_id", "source", "flags"}]`` for an approval's own evidence references whose
