@@ -434,4 +434,17 @@ def test_the_queue_tells_the_approver_which_cited_evidence_moved_while_the_appro
     html = client.get(queue).content.decode()
     assert "withdrawn since it was asked" in html and "superseded since it was asked" in html
     zh = client.get(queue, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
-    assert "在请求审批之后已变更" in zh and "请求审批后已被新版本取代" in zh and "superseded since it was asked" not in zh
+    assert "在请求审批之后已变更" in zh and "请求审批后已被新版本取代" in zh
+    assert "superseded since it was asked" not in zh
+    # the approvals API says the same, by chunk
+    first = ApprovalRequest.objects.get(task=task)
+    by_source = {str(r["chunk_id"]): r["source"] for r in cited}
+    expected = {c: ("superseded" if src == sources[0] else "retired") for c, src in by_source.items()
+                if src in sources[:2]}
+    [listed] = client.get("/api/approvals/", {"status": "PENDING"}).json()
+    assert listed["evidence_moved"] == expected
+    assert client.get(f"/api/approvals/{first.pk}/").json()["evidence_moved"] == expected
+    decided = client.post(f"/api/approvals/{first.pk}/decision/", {"decision": "approve"},
+                          content_type="application/json")
+    assert decided.status_code == 200 and decided.json()["evidence_moved"] == {}, "only a pending approval says it"
+    assert client.get(f"/api/approvals/{first.pk}/").json()["evidence_moved"] == {}

@@ -122,8 +122,7 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
         by_task.setdefault(e.task_id, []).append(e)
     tickets = {m.external_id: m.external_version for m in TicketMirror.objects.visible_to(principal).filter(
         external_id__in=[a.object_id for a in approvals if a.object_type == "ticket"])}
-    moved = _evidence_moved(principal, [a for a in approvals
-                                        if a.status == ApprovalStatus.PENDING and a.expires_at > now])
+    moved = evidence_moved(principal=principal, approvals=approvals, now=now)
     rows = []
     for a in approvals:
         before = [e for e in by_task.get(a.task_id, []) if e.created_at < a.created_at]
@@ -138,7 +137,7 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
                              changes=params_changes(previous.params, a.params) if previous else [],
                              overdue=due is not None and due <= now,
                              due_soon=due is not None and now < due <= now + DUE_SOON,
-                             evidence_moved=moved.get(a.pk, {}) if decidable else {}))
+                             evidence_moved=moved.get(a.pk, {})))
     return page_obj, rows
 
 
@@ -147,18 +146,23 @@ def _cited_chunk_ids(approval: ApprovalRequest) -> list[str]:
     return [str(r["chunk_id"]) for r in refs if isinstance(r, dict) and str(r.get("chunk_id", "")).isdigit()]
 
 
-def _evidence_moved(principal: Principal, pending: list[ApprovalRequest]) -> dict:
-    """``{approval_id: {chunk_id: status}}`` for the ``pending`` approvals of tasks that keep plan
-    versions whose cited chunks are no longer current (:func:`~apps.evidence.selectors.chunks_status`,
-    read over every scope: the approver already sees what is cited, and only its status is added).
-    One query for the page, none when nothing qualifies."""
-    asked = {a.pk: _cited_chunk_ids(a) for a in pending
-             if isinstance(a.task.state, dict) and a.task.state.get("plans")}
+def evidence_moved(*, principal: Principal, approvals: list[ApprovalRequest], now=None) -> dict:
+    """``{approval_id: {chunk_id: status}}`` for those of ``approvals`` still decidable (pending,
+    not expired at ``now``) whose task keeps plan versions and whose cited chunks are no longer
+    current — ``superseded``, ``retired`` or ``unreadable``
+    (:func:`~apps.evidence.selectors.chunks_status`, read over every scope: the approver already
+    sees what is cited, and only its status is added). Approvals with nothing moved are left out.
+    One query, none when nothing qualifies (the queue page and the approvals API both use it)."""
+    now = now or timezone.now()
+    asked = {a.pk: _cited_chunk_ids(a) for a in approvals
+             if a.status == ApprovalStatus.PENDING and a.expires_at > now
+             and isinstance(a.task.state, dict) and a.task.state.get("plans")}
     ids = {c for chunk_ids in asked.values() for c in chunk_ids}
     if not ids:
         return {}
     status = chunks_status(tenant_id=principal.tenant_id, scopes=AccessScope.values, chunk_ids=ids)
-    return {pk: {c: status[c] for c in chunk_ids if status[c] != "current"} for pk, chunk_ids in asked.items()}
+    moved = {pk: {c: status[c] for c in chunk_ids if status[c] != "current"} for pk, chunk_ids in asked.items()}
+    return {pk: chunks for pk, chunks in moved.items() if chunks}
 
 
 def params_changes(before: dict, after: dict, *, limit: int = 160) -> list[tuple[str, str, str]]:

@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.api import HasPrincipal, request_principal
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
-from apps.approvals.selectors import approval_get, approval_list
+from apps.approvals.selectors import approval_get, approval_list, evidence_moved
 from apps.approvals.services import approval_decide
 from apps.core.errors import Forbidden, NotFound
 
@@ -23,6 +23,10 @@ class ApprovalSerializer(serializers.ModelSerializer):
     device = serializers.CharField(source="task.device.asset_tag")
     requested_by = serializers.CharField(source="requested_by.username")
     decided_by = serializers.CharField(source="decided_by.username", allow_null=True, default=None)
+    evidence_moved = serializers.SerializerMethodField(
+        help_text="For a pending approval: {chunk_id: superseded | retired | unreadable} for each cited chunk "
+                  "that is no longer current. Approving it re-drafts against the current evidence first, and "
+                  "asks again if the action changes.")
 
     class Meta:
         model = ApprovalRequest
@@ -30,8 +34,19 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "id", "task_id", "device", "tool", "tool_version", "params", "action_digest", "object_type", "object_id",
             "object_version", "policy_version", "approver_roles", "scope", "side_effects", "evidence", "expires_at",
             "status",
-            "requested_by", "decided_by", "decided_at", "reason", "closed_reason", "created_at",
+            "requested_by", "decided_by", "decided_at", "reason", "closed_reason", "created_at", "evidence_moved",
         ]
+
+    def get_evidence_moved(self, approval: ApprovalRequest) -> dict[str, str]:
+        return self.context.get("evidence_moved", {}).get(approval.pk, {})
+
+
+def _serialized(principal, approvals, *, many: bool = False):
+    """The approvals' API shape, with what moved under their cited evidence read in one query."""
+    rows = list(approvals) if many else [approvals]
+    ser = ApprovalSerializer(rows if many else approvals, many=many,
+                             context={"evidence_moved": evidence_moved(principal=principal, approvals=rows)})
+    return ser.data
 
 
 class DecisionSerializer(serializers.Serializer):
@@ -62,7 +77,7 @@ class ApprovalListApi(APIView):
             qs = qs.filter(task_id=task_id) if _is_uuid(task_id) else qs.none()
         if tool := request.query_params.get("tool"):
             qs = qs.filter(tool=tool[:64])
-        return Response(ApprovalSerializer(qs[:100], many=True).data)
+        return Response(_serialized(principal, qs[:100], many=True))
 
 
 class ApprovalDetailApi(APIView):
@@ -70,10 +85,11 @@ class ApprovalDetailApi(APIView):
 
     @extend_schema(responses=ApprovalSerializer)
     def get(self, request, approval_id):
-        approval = approval_get(principal=request_principal(request), approval_id=approval_id)
+        principal = request_principal(request)
+        approval = approval_get(principal=principal, approval_id=approval_id)
         if approval is None:
             raise NotFound(_("approval not found"))
-        return Response(ApprovalSerializer(approval).data)
+        return Response(_serialized(principal, approval))
 
 
 class ApprovalDecisionApi(APIView):
