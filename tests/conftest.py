@@ -146,22 +146,41 @@ def kb(tenant):
         document_ingest(tenant=tenant, source=f"{scope}/{name}", raw=(KB / scope / name).read_text(), scope=scope)
 
 
-@pytest.fixture
-def whole_kb(tenant):
-    """The project's whole knowledge base (every scope, English and Chinese) ingested for
-    ``tenant``, with the planner's statistics refreshed inside the test's transaction: a freshly
-    created test database says the evidence tables are empty, and its nested-loop plans made each
-    chunk lookup cost half a second once hundreds of chunks were in."""
+@pytest.fixture(scope="module")
+def whole_kb_tenant_shared(django_db_setup, django_db_blocker):
+    """The project's whole knowledge base (every scope, English and Chinese, 525 chunks) ingested
+    once per test module for a tenant of its own, committed, with the planner's statistics
+    refreshed; deleted (with its documents, chunks and term statistics) when the module is done.
+    Ingesting it took about 7 s, which every test that read it paid again. Only tests that read
+    it inside their own rolled-back transaction (``db``) may use it: a transactional test's flush
+    would delete it under the module's next tests."""
     from django.db import connection
 
-    from apps.accounts.models import AccessScope
+    from apps.accounts.models import Tenant
     from apps.evidence.services import path_ingest
 
-    for scope in AccessScope.values:
-        path_ingest(tenant=tenant, path=KB / scope, scope=scope)
-    with connection.cursor() as cur:
-        cur.execute("ANALYZE evidence_chunk, evidence_documentversion, evidence_document")
-    return tenant
+    with django_db_blocker.unblock():
+        Tenant.objects.filter(slug="whole-kb").delete()  # left by a run killed inside a module
+        tenant = TenantFactory(slug="whole-kb", name="Whole knowledge base")
+        for scope in AccessScope.values:
+            path_ingest(tenant=tenant, path=KB / scope, scope=scope)
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE evidence_chunk, evidence_documentversion, evidence_document")
+    yield tenant
+    with django_db_blocker.unblock():
+        Tenant.objects.filter(pk=tenant.pk).delete()
+
+
+@pytest.fixture
+def whole_kb(request, whole_kb_tenant_shared, db):
+    """The tenant holding the whole knowledge base (:func:`whole_kb_tenant_shared`), for a test running in
+    its own rolled-back transaction. A freshly created test database says the evidence tables are
+    empty, and its nested-loop plans made each chunk lookup cost half a second once hundreds of
+    chunks were in: the shared ingest refreshes the planner's statistics."""
+    if "transactional_db" in request.fixturenames or any(
+            m.kwargs.get("transaction") for m in request.node.iter_markers("django_db")):
+        pytest.fail("whole_kb is shared by the module's tests: a transactional test would flush it")
+    return whole_kb_tenant_shared
 
 
 @pytest.fixture
