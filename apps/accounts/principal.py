@@ -103,3 +103,16 @@ def principal_current(*, user_id: int, tenant_id: int) -> Principal | None:
     if tenant_id is None:
         return None
     return _principal_row(user_id, tenant_id)
+
+
+def principals_current(*, user_ids, tenant_id: int) -> dict[int, Principal]:
+    """``{user_id: Principal}`` of the active memberships in ``tenant_id`` of ``user_ids`` now (as
+    :func:`principal_current` reads one; a user with none, or deactivated, is absent). One query,
+    for pages that re-check many principals at once (the approval queue's requesters)."""
+    rows = (Membership.objects.filter(tenant_id=tenant_id, user_id__in=list(user_ids), is_active=True,
+                                      user__is_active=True)
+            .select_related("tenant", "user").order_by("user_id", "id"))
+    out: dict[int, Principal] = {}
+    for membership in rows:
+        out.setdefault(membership.user_id, principal_from_membership(membership))
+    return out

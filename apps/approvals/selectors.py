@@ -10,10 +10,9 @@ from django.core.paginator import Page, Paginator
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from apps.accounts.models import AccessScope
-from apps.accounts.principal import Principal
+from apps.accounts.principal import Principal, principals_current
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
-from apps.evidence.selectors import chunks_status
+from apps.evidence.selectors import chunks_now
 from apps.tickets.models import TicketMirror
 
 
@@ -41,6 +40,26 @@ DUE_SOON = timedelta(hours=1)
 QUEUE_STATUSES = ("PENDING", "APPROVED", "REJECTED", "INVALIDATED", "EXPIRED", "ALL")
 
 
+#: what approving does when evidence an approval cites moved while it waited (EvidenceMoved.if_approved)
+ASKS_AGAIN = "asks_again"  # the action cannot come out the same: the agent re-drafts and asks again
+REVALIDATES = "revalidates"  # the agent re-drafts first; the action is sent only if it comes out the same
+SENT_AS_ASKED = "sent_as_asked"  # a task on a reducer without plan versions: the action goes as it was asked
+IF_APPROVED = (ASKS_AGAIN, REVALIDATES, SENT_AS_ASKED)
+#: how a cited chunk can have moved (EvidenceMoved.chunks' values)
+MOVED_STATUSES = ("superseded", "retired", "unreadable")
+
+
+@dataclass(frozen=True)
+class EvidenceMoved:
+    """The chunks a pending approval cites that are no longer what it was asked on —
+    ``{chunk_id: "superseded" | "retired" | "unreadable"}`` (unreadable: deleted, or outside the
+    requester's scopes now) — and ``if_approved``, one of :data:`IF_APPROVED`: what approving does,
+    as the task's resume decides it (long-task-runtime.md, resume; apps.agent.authorization)."""
+
+    chunks: dict[str, str]
+    if_approved: str
+
+
 @dataclass
 class QueueRow:
     """One approval on the queue page with what the approver needs beside it: whether it can
@@ -63,12 +82,9 @@ class QueueRow:
     #: one asked, no re-validation under way), else None: the draft's screening and the priority the
     #: rules overrode are read from it
     state: dict | None = None
-    #: for a decidable approval of a task that keeps plan versions: ``{chunk_id: "superseded" |
-    #: "retired" | "unreadable"}`` for each evidence reference it cites whose chunk is no longer the
-    #: current version (empty when all are current). Approving such an approval does not send the
-    #: action as asked: the task re-checks its evidence premise on resume, re-drafts, and asks again
-    #: when the action changes (long-task-runtime.md, resume).
-    evidence_moved: dict[str, str] = field(default_factory=dict)
+    #: the cited evidence that moved since the approval was asked, and what approving does then
+    #: (:func:`evidence_moved`); None when nothing moved or the approval cannot be decided
+    evidence_moved: EvidenceMoved | None = None
 
 
 def _state_approval_ids(state: dict) -> set[str]:
@@ -137,32 +153,60 @@ def approval_queue(*, principal: Principal, status: str = "PENDING", tool: str =
                              changes=params_changes(previous.params, a.params) if previous else [],
                              overdue=due is not None and due <= now,
                              due_soon=due is not None and now < due <= now + DUE_SOON,
-                             evidence_moved=moved.get(a.pk, {})))
+                             evidence_moved=moved.get(a.pk)))
     return page_obj, rows
 
 
 def _cited_chunk_ids(approval: ApprovalRequest) -> list[str]:
     refs = approval.evidence if isinstance(approval.evidence, list) else []
-    return [str(r["chunk_id"]) for r in refs if isinstance(r, dict) and str(r.get("chunk_id", "")).isdigit()]
+    ids = (str(r.get("chunk_id", "")) for r in refs if isinstance(r, dict))
+    return [c for c in ids if c.isascii() and c.isdecimal()]
+
+
+def _asked_by_the_task(approval: ApprovalRequest) -> bool:
+    """The approval is the one the task's own action waits on (not a compensation's: closing a
+    ticket does not rest on the evidence, and its resume does not re-read it)."""
+    state = approval.task.state if isinstance(approval.task.state, dict) else {}
+    own = state.get("approval")
+    return isinstance(own, dict) and str(own.get("id")) == str(approval.pk)
 
 
 def evidence_moved(*, principal: Principal, approvals: list[ApprovalRequest], now=None) -> dict:
-    """``{approval_id: {chunk_id: status}}`` for those of ``approvals`` still decidable (pending,
-    not expired at ``now``) whose task keeps plan versions and whose cited chunks are no longer
-    current — ``superseded``, ``retired`` or ``unreadable``
-    (:func:`~apps.evidence.selectors.chunks_status`, read over every scope: the approver already
-    sees what is cited, and only its status is added). Approvals with nothing moved are left out.
-    One query, none when nothing qualifies (the queue page and the approvals API both use it)."""
+    """``{approval_id: EvidenceMoved}`` for those of ``approvals`` that are decidable (pending, not
+    expired at ``now``), asked by their task's own action, and whose cited chunks moved since:
+    superseded, retired, or no longer readable by the requester (their scopes now). What approving
+    does follows the resume's order: a cited chunk the requester may no longer read invalidates the
+    approval and the task asks again; on a task that keeps plan versions, a moved chunk the action
+    itself names (``params["evidence"]``) cannot be cited again, so the re-draft differs and the
+    task asks again, and other moved evidence is re-validated (sent only if the action comes out the
+    same); a task without plan versions sends the action as it was asked. Two queries (the chunks,
+    the requesters' memberships), none when no approval cites anything; an approval whose requester
+    is gone is left out (its resume ends the task instead)."""
     now = now or timezone.now()
-    asked = {a.pk: _cited_chunk_ids(a) for a in approvals
-             if a.status == ApprovalStatus.PENDING and a.expires_at > now
-             and isinstance(a.task.state, dict) and a.task.state.get("plans")}
-    ids = {c for chunk_ids in asked.values() for c in chunk_ids}
+    asked = {a.pk: (a, _cited_chunk_ids(a)) for a in approvals
+             if a.status == ApprovalStatus.PENDING and a.expires_at > now and _asked_by_the_task(a)}
+    ids = {c for _, chunk_ids in asked.values() for c in chunk_ids}
     if not ids:
         return {}
-    status = chunks_status(tenant_id=principal.tenant_id, scopes=AccessScope.values, chunk_ids=ids)
-    moved = {pk: {c: status[c] for c in chunk_ids if status[c] != "current"} for pk, chunk_ids in asked.items()}
-    return {pk: chunks for pk, chunks in moved.items() if chunks}
+    chunks = chunks_now(tenant_id=principal.tenant_id, chunk_ids=ids)
+    requesters = principals_current(user_ids={a.task.requester_id for a, _ in asked.values()},
+                                    tenant_id=principal.tenant_id)
+    out = {}
+    for pk, (a, chunk_ids) in asked.items():
+        requester = requesters.get(a.task.requester_id)
+        if requester is None:
+            continue
+        moved = {c: chunks[c].status_for(requester.scopes) for c in chunk_ids}
+        moved = {c: status for c, status in moved.items() if status != "current"}
+        if not moved:
+            continue
+        named = {str(c) for c in (a.params.get("evidence") or [])} if isinstance(a.params, dict) else set()
+        if "unreadable" in moved.values() or (a.task.state.get("plans") and named & set(moved)):
+            if_approved = ASKS_AGAIN
+        else:
+            if_approved = REVALIDATES if a.task.state.get("plans") else SENT_AS_ASKED
+        out[pk] = EvidenceMoved(chunks=moved, if_approved=if_approved)
+    return out
 
 
 def params_changes(before: dict, after: dict, *, limit: int = 160) -> list[tuple[str, str, str]]:
@@ -202,6 +246,10 @@ def approval_queue_row(*, principal: Principal, approval: ApprovalRequest, now=N
         version_now = mirror.external_version if mirror else None
     decidable = approval.status == ApprovalStatus.PENDING and approval.expires_at > now
     current, state = _speaking_for(approval, newer=newer, decidable=decidable)
+    due = approval.respond_by
     return QueueRow(approval=approval, decidable=decidable, current=current, state=state,
                     version_now=version_now, previous=previous,
-                    changes=params_changes(previous.params, approval.params) if previous else [])
+                    changes=params_changes(previous.params, approval.params) if previous else [],
+                    overdue=due is not None and due <= now,
+                    due_soon=due is not None and now < due <= now + DUE_SOON,
+                    evidence_moved=evidence_moved(principal=principal, approvals=[approval], now=now).get(approval.pk))

@@ -305,23 +305,49 @@ def chunk_readable(*, chunk_id: int, tenant_id: int, scopes: list[str] | tuple[s
     )
 
 
+@dataclass(frozen=True)
+class ChunkNow:
+    """What a cited chunk is now, for any reader: ``status`` is ``current``, ``superseded`` (its
+    document has a newer version), ``retired`` (its document was withdrawn) or ``gone`` (deleted,
+    or another tenant's); ``scopes`` are the scope it was written under and its document's
+    current scope, both of which a reader must hold (as :func:`chunk_readable` decides)."""
+
+    status: str
+    scopes: tuple[str, ...] = ()
+
+    def readable_by(self, scopes) -> bool:
+        return self.status != "gone" and all(s in scopes for s in self.scopes)
+
+    def status_for(self, scopes) -> str:
+        """The status a reader holding ``scopes`` sees: ``unreadable`` when they may not read it."""
+        return self.status if self.readable_by(scopes) else "unreadable"
+
+
+def chunks_now(*, tenant_id: int, chunk_ids) -> dict[str, ChunkNow]:
+    """``{str(chunk_id): ChunkNow}`` for ``chunk_ids`` (ints or their decimal strings) in the
+    tenant, whatever the reader: one query. Readers' views come from :meth:`ChunkNow.status_for`."""
+    ids = [int(c) for c in chunk_ids]
+    rows = {pk: (current, retired, scope, doc_scope) for pk, current, retired, scope, doc_scope in
+            Chunk.objects.for_tenant(tenant_id).filter(pk__in=ids).values_list(
+                "pk", "is_current", "document_version__document__retired", "scope",
+                "document_version__document__scope")}
+    out = {}
+    for cid in ids:
+        if cid not in rows:
+            out[str(cid)] = ChunkNow("gone")
+        else:
+            current, retired, scope, doc_scope = rows[cid]
+            out[str(cid)] = ChunkNow("retired" if retired else ("current" if current else "superseded"),
+                                     (scope, doc_scope))
+    return out
+
+
 def chunks_status(*, tenant_id: int, scopes, chunk_ids) -> dict[str, str]:
     """``{str(chunk_id): status}`` for the viewer (tenant + scopes) now: ``current``; ``superseded``
     (its document has a newer version); ``retired`` (its document was withdrawn); ``unreadable``
     (gone, another tenant's, or outside the scopes — as :func:`chunk_readable` decides). One query.
     What a plan's evidence premise records (``reducer/6``)."""
-    ids = [int(c) for c in chunk_ids]
-    rows = {pk: (current, retired) for pk, current, retired in Chunk.objects.for_tenant(tenant_id).filter(
-        pk__in=ids, scope__in=list(scopes), document_version__document__scope__in=list(scopes))
-        .values_list("pk", "is_current", "document_version__document__retired")}
-    out = {}
-    for cid in ids:
-        if cid not in rows:
-            out[str(cid)] = "unreadable"
-        else:
-            current, retired = rows[cid]
-            out[str(cid)] = "retired" if retired else ("current" if current else "superseded")
-    return out
+    return {cid: now.status_for(scopes) for cid, now in chunks_now(tenant_id=tenant_id, chunk_ids=chunk_ids).items()}
 
 
 def readable_chunk_ids(*, tenant_id: int, scopes, chunk_ids) -> set[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.utils.translation import gettext as _
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.api import HasPrincipal, request_principal
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
-from apps.approvals.selectors import approval_get, approval_list, evidence_moved
+from apps.approvals.selectors import IF_APPROVED, MOVED_STATUSES, approval_get, approval_list, evidence_moved
 from apps.approvals.services import approval_decide
 from apps.core.errors import Forbidden, NotFound
 
@@ -24,9 +24,14 @@ class ApprovalSerializer(serializers.ModelSerializer):
     requested_by = serializers.CharField(source="requested_by.username")
     decided_by = serializers.CharField(source="decided_by.username", allow_null=True, default=None)
     evidence_moved = serializers.SerializerMethodField(
-        help_text="For a pending approval: {chunk_id: superseded | retired | unreadable} for each cited chunk "
-                  "that is no longer current. Approving it re-drafts against the current evidence first, and "
-                  "asks again if the action changes.")
+        help_text="For a pending approval the task's own action waits on: {chunk_id: superseded | retired | "
+                  "unreadable} for each cited chunk that moved since the approval was asked (unreadable: deleted, "
+                  "or outside the requester's scopes now); empty when none did.")
+    if_approved = serializers.SerializerMethodField(
+        help_text="When evidence_moved is not empty, what approving does: asks_again (the action cannot be sent "
+                  "as it is; the agent re-drafts and asks again), revalidates (the agent re-drafts first and "
+                  "sends the action only if it comes out the same), sent_as_asked (a task without plan versions: "
+                  "the action is sent as it was asked); null otherwise.")
 
     class Meta:
         model = ApprovalRequest
@@ -35,10 +40,21 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "object_version", "policy_version", "approver_roles", "scope", "side_effects", "evidence", "expires_at",
             "status",
             "requested_by", "decided_by", "decided_at", "reason", "closed_reason", "created_at", "evidence_moved",
+            "if_approved",
         ]
 
+    def _moved(self, approval: ApprovalRequest):
+        return self.context.get("evidence_moved", {}).get(approval.pk)
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "string", "enum": MOVED_STATUSES}})
     def get_evidence_moved(self, approval: ApprovalRequest) -> dict[str, str]:
-        return self.context.get("evidence_moved", {}).get(approval.pk, {})
+        moved = self._moved(approval)
+        return moved.chunks if moved else {}
+
+    @extend_schema_field(serializers.ChoiceField(choices=IF_APPROVED, allow_null=True))
+    def get_if_approved(self, approval: ApprovalRequest) -> str | None:
+        moved = self._moved(approval)
+        return moved.if_approved if moved else None
 
 
 def _serialized(principal, approvals, *, many: bool = False):

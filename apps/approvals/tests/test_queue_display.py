@@ -69,7 +69,9 @@ def test_a_past_approval_is_headed_by_the_evidence_it_cited_not_by_the_tasks_lat
     for headers, heading in (({}, "Evidence cited when it was asked: "), (ZH, "提出时所引证据：")):
         card = _text(_card(client.get(reverse("approval-queue") + "?status=INVALIDATED", **headers).content.decode(),
                            approval.pk))
-        assert f"{heading}{cited['document_title']} v{cited['version']}" in card
+        cited_as = (f"《{cited['document_title']}》v{cited['version']}" if headers
+                    else f"{cited['document_title']} v{cited['version']}")
+        assert f"{heading}{cited_as}" in card
         assert "Later Manual" not in card, "the task's later evidence is not what this approval cited"
         assert f"({len(approval.evidence)})" in card or f"（{len(approval.evidence)}）" in card
     # the task's later selection found nothing: the approval still cited what it cited

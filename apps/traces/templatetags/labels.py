@@ -208,36 +208,42 @@ def recorded_reason(reason: object) -> object:
 
 @register.filter
 def cited_documents(evidence: object) -> str:
-    """The documents an approval's own ``evidence`` cites (``title vN``, each once, in citation
-    order) as a reader lists them."""
+    """The documents an approval's own ``evidence`` cites (``title vN``, in Chinese ``《title》vN``,
+    each once, in citation order) as a reader lists them."""
     seen: list[str] = []
+    chinese = _chinese()
     for ref in evidence if isinstance(evidence, list) else []:
         if isinstance(ref, dict):
-            name = f"{ref.get('document_title') or ref.get('source') or '?'} v{ref.get('version')}"
+            title = ref.get('document_title') or ref.get('source') or '?'
+            name = f"《{title}》v{ref.get('version')}" if chinese else f"{title} v{ref.get('version')}"
             if name not in seen:
                 seen.append(name)
-    return ("、" if _chinese() else ", ").join(seen)
+    return ("、" if chinese else ", ").join(seen)
 
 
 #: how a chunk an approval cites moved since it was asked (QueueRow.evidence_moved's statuses)
 MOVED_LABELS = {"superseded": gettext_lazy("superseded since it was asked"),
                 "retired": gettext_lazy("withdrawn since it was asked"),
-                "unreadable": gettext_lazy("no longer readable")}
+                "unreadable": gettext_lazy("no longer readable by the requester")}
 
 
 @register.filter
 def moved_label(moved: object, chunk_id: object) -> str:
     """``{{ r.evidence_moved|moved_label:e.chunk_id }}``: the reader's words for how the cited chunk
-    ``chunk_id`` moved since its approval was asked, or ``""`` when it is still current."""
-    status = moved.get(str(chunk_id)) if isinstance(moved, dict) else None
+    ``chunk_id`` moved since its approval was asked (``moved``: an
+    :class:`~apps.approvals.selectors.EvidenceMoved` or None), or ``""`` when it did not."""
+    chunks = getattr(moved, "chunks", None)
+    status = chunks.get(str(chunk_id)) if isinstance(chunks, dict) else None
     return str(MOVED_LABELS.get(status, "")) if status else ""
 
 
 @register.filter
 def moved_documents(evidence: object, moved: object) -> str:
     """``{{ a.evidence|moved_documents:r.evidence_moved }}``: the documents (as
-    :func:`cited_documents` lists them) of the cited chunks that moved since the approval was asked."""
-    moved = moved if isinstance(moved, dict) else {}
+    :func:`cited_documents` lists them) of the cited chunks that moved since the approval was asked
+    (``moved``: an :class:`~apps.approvals.selectors.EvidenceMoved` or None)."""
+    chunks = getattr(moved, "chunks", None)
+    moved = chunks if isinstance(chunks, dict) else {}
     refs = [r for r in evidence if isinstance(r, dict) and str(r.get("chunk_id")) in moved] \
         if isinstance(evidence, list) else []
     return cited_documents(refs)
