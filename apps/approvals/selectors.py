@@ -201,10 +201,11 @@ def evidence_moved(*, principal: Principal, approvals: list[ApprovalRequest], no
         if not moved:
             continue
         named = {str(c) for c in (a.params.get("evidence") or [])} if isinstance(a.params, dict) else set()
-        if "unreadable" in moved.values() or (a.task.state.get("plans") and named & set(moved)):
+        keeps_plans = bool(a.task.state.get("plans"))
+        if "unreadable" in moved.values() or (keeps_plans and named & set(moved)):
             if_approved = ASKS_AGAIN
         else:
-            if_approved = REVALIDATES if a.task.state.get("plans") else SENT_AS_ASKED
+            if_approved = REVALIDATES if keeps_plans else SENT_AS_ASKED
         out[pk] = EvidenceMoved(chunks=moved, if_approved=if_approved)
     return out
 
